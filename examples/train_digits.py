@@ -1,0 +1,67 @@
+"""Train a small CNN on scikit-learn's handwritten digits with hvdk8s.
+
+    hvdk8s run -np 2 examples/train_digits.py --epochs 12 --save out/model.keras
+
+The same file runs unchanged as a Kubeflow MPIJob (see mpijob/examples/).
+Only rank 0 prints, checkpoints, saves and writes metrics.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import hvdk8s
+
+hvdk8s.init()
+
+import keras  # noqa: E402  (after init: threads and devices are set first)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="cnn", choices=hvdk8s.models.VARIANTS)
+    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--lr", type=float, default=0.02, help="single-worker learning rate; scaled by size")
+    p.add_argument("--warmup-epochs", type=float, default=2)
+    p.add_argument("--checkpoint-dir", type=Path)
+    p.add_argument("--save", type=Path, help="final .keras model (rank 0)")
+    p.add_argument("--metrics-out", type=Path, help="JSON with the test metrics (rank 0)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    keras.utils.set_random_seed(args.seed + hvdk8s.rank())  # ranks differ; broadcast aligns them
+    (x_train, y_train), (x_test, y_test) = hvdk8s.data.load_digits()
+    train = hvdk8s.data.from_arrays(x_train, y_train, args.batch_size, seed=args.seed)
+
+    model = hvdk8s.models.cnn(args.model, input_shape=x_train.shape[1:])
+    optimizer = hvdk8s.DistributedOptimizer(keras.optimizers.SGD(args.lr * hvdk8s.size(), momentum=0.9))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+
+    initial_epoch = hvdk8s.restore_latest(model, args.checkpoint_dir) if args.checkpoint_dir else 0
+    callbacks = hvdk8s.callbacks(
+        base_lr=args.lr, warmup_epochs=args.warmup_epochs, checkpoint_dir=args.checkpoint_dir
+    )
+    model.fit(
+        train,
+        epochs=args.epochs,
+        initial_epoch=initial_epoch,
+        callbacks=callbacks,
+        verbose=2 if hvdk8s.is_chief() else 0,
+    )
+    loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
+    if hvdk8s.is_chief():
+        print(f"test accuracy {accuracy:.4f} (loss {loss:.4f}) on {len(x_test)} held-out digits", flush=True)
+        if args.save:
+            hvdk8s.save_atomic(model, args.save)
+        if args.metrics_out:
+            args.metrics_out.parent.mkdir(parents=True, exist_ok=True)
+            args.metrics_out.write_text(json.dumps({"accuracy": accuracy, "loss": loss, "model": args.model}))
+
+
+if __name__ == "__main__":
+    main()

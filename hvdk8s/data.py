@@ -1,0 +1,144 @@
+"""Input pipelines: per-rank sharding and loaders for real data on local disk.
+
+Nothing here downloads: the default dataset ships inside scikit-learn, and
+the loaders for user data read a folder or a prepared TFDS ``data_dir``,
+failing with a message that names the missing path.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+
+from hvdk8s import runtime
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
+Arrays = tuple[np.ndarray, np.ndarray]
+
+
+def shard(
+    dataset: tf.data.Dataset,
+    *,
+    rank: int | None = None,
+    size: int | None = None,
+    even: bool = True,
+) -> tf.data.Dataset:
+    """Give each rank every ``size``-th element, starting at its rank.
+
+    With ``even`` (and a dataset of known length) the tail that cannot be
+    split evenly is dropped first, so all ranks run the same number of steps
+    and none waits forever in an allreduce the others never join.
+    """
+    rank = runtime.rank() if rank is None else rank
+    size = runtime.size() if size is None else size
+    if even:
+        n = int(dataset.cardinality())
+        if n >= 0:
+            dataset = dataset.take(n - n % size)
+    return dataset.shard(size, rank)
+
+
+def from_arrays(
+    x: np.ndarray,
+    y: np.ndarray,
+    batch_size: int,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    shard_by_rank: bool = True,
+) -> tf.data.Dataset:
+    """Sharded, shuffled, batched pipeline over in-memory arrays.
+
+    ``batch_size`` is per rank; the global batch is ``batch_size × size``.
+    Batches are full (drop_remainder) so every rank steps in lockstep.
+    """
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    if shard_by_rank:
+        ds = shard(ds)
+    if shuffle:
+        ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
+    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def load_digits(image_size: int = 28, test_fraction: float = 0.2, seed: int = 0) -> tuple[Arrays, Arrays]:
+    """scikit-learn's bundled 8×8 handwritten digits (1,797 images, real data).
+
+    Pixels are scaled to [0, 1] and resized to ``image_size`` square with one
+    channel, the input a small MNIST-style CNN expects. The train/test split
+    is stratified and fixed by ``seed``, so every rank and every run agree.
+    """
+    from sklearn.datasets import load_digits as sk_digits
+    from sklearn.model_selection import train_test_split
+
+    bunch = sk_digits()
+    images = (bunch.images.astype("float32") / 16.0)[..., None]
+    if image_size != 8:
+        images = tf.image.resize(images, (image_size, image_size), method="bilinear").numpy()
+    images = np.clip(images, 0.0, 1.0).astype("float32")
+    labels = bunch.target.astype("int64")
+    x_train, x_test, y_train, y_test = train_test_split(
+        images, labels, test_size=test_fraction, random_state=seed, stratify=labels
+    )
+    return (x_train, y_train), (x_test, y_test)
+
+
+def image_folder(
+    path: str | os.PathLike[str],
+    image_size: tuple[int, int],
+    *,
+    color_mode: str = "rgb",
+    shuffle: bool = True,
+    seed: int = 0,
+) -> tuple[tf.data.Dataset, list[str]]:
+    """Unbatched (image in [0, 1], label) pairs from ``path/<class>/<image>``.
+
+    One sub-folder per class, JPEG or PNG files inside; returns the dataset and
+    the class names in label order. Shard and batch it like any dataset.
+    """
+    import keras
+
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"image folder {root}: no such directory")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if not classes:
+        raise ValueError(f"image folder {root}: expected one sub-folder per class, found none")
+    if not any(f.suffix.lower() in IMAGE_EXTENSIONS for c in classes for f in (root / c).iterdir()):
+        raise ValueError(f"image folder {root}: no {'/'.join(IMAGE_EXTENSIONS)} files in {classes}")
+    ds = keras.utils.image_dataset_from_directory(
+        root,
+        labels="inferred",
+        class_names=classes,
+        color_mode=color_mode,
+        image_size=image_size,
+        batch_size=None,
+        shuffle=shuffle,
+        seed=seed,
+        verbose=runtime.is_chief() if runtime.initialized() else True,
+    )
+    return ds.map(lambda x, y: (x / 255.0, y), num_parallel_calls=tf.data.AUTOTUNE), classes
+
+
+def tfds_dataset(name: str, split: str, data_dir: str | os.PathLike[str]) -> tf.data.Dataset:
+    """A TFDS dataset already prepared under ``data_dir`` (never downloaded).
+
+    Yields (image in [0, 1], label) for datasets with ``image``/``label``
+    features. Prepare the data once where the internet is reachable
+    (``tfds build NAME --data_dir DIR``) and ship the folder with the job.
+    """
+    import tensorflow_datasets as tfds
+
+    try:
+        builder = tfds.builder(name, data_dir=os.fspath(data_dir), try_gcs=False)
+    except tfds.core.registered.DatasetNotFoundError as err:
+        raise ValueError(f"tfds dataset {name!r}: unknown to tensorflow-datasets ({err})") from None
+    if not builder.is_prepared():
+        raise FileNotFoundError(
+            f"tfds dataset {name!r}: not prepared under data_dir {data_dir} "
+            f"(expected {builder.data_dir}); run `tfds build {name} --data_dir {data_dir}` "
+            "on a machine with internet access and copy the folder here"
+        )
+    ds = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
+    return ds.map(lambda x, y: (tf.cast(x, tf.float32) / 255.0, y), num_parallel_calls=tf.data.AUTOTUNE)

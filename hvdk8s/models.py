@@ -1,0 +1,39 @@
+"""Small image classifiers used by the examples, model selection and benchmarks."""
+from __future__ import annotations
+
+import keras
+from keras import layers
+
+VARIANTS = ("cnn", "cnn_dropout", "cnn_bn")
+
+
+def cnn(
+    variant: str = "cnn",
+    input_shape: tuple[int, int, int] = (28, 28, 1),
+    num_classes: int = 10,
+    seed: int | None = None,
+) -> keras.Model:
+    """A two-block CNN, plain, with dropout, or with batch normalisation.
+
+    The three candidates the model-selection step compares. ``seed`` fixes the
+    initial weights (ranks may still start different: training broadcasts
+    rank 0's).
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"model variant {variant!r}: expected one of {VARIANTS}")
+    init = keras.initializers.GlorotUniform(seed=seed)
+    bn = variant == "cnn_bn"
+    model = keras.Sequential(name=variant)
+    model.add(keras.Input(shape=input_shape, name="image"))
+    for filters in (32, 64):
+        model.add(layers.Conv2D(filters, 3, padding="same", use_bias=not bn, kernel_initializer=init))
+        if bn:
+            model.add(layers.BatchNormalization())
+        model.add(layers.Activation("relu"))
+        model.add(layers.MaxPooling2D())
+    model.add(layers.Flatten())
+    if variant == "cnn_dropout":
+        model.add(layers.Dropout(0.3, seed=seed))
+    model.add(layers.Dense(128, activation="relu", kernel_initializer=init))
+    model.add(layers.Dense(num_classes, activation="softmax", kernel_initializer=init, name="probabilities"))
+    return model

@@ -1,0 +1,77 @@
+"""Process-level set-up: Horovod init, device pinning and thread budgets.
+
+Everything that must happen once per process, before TensorFlow builds its
+runtime, lives here so the rest of the library can assume it has happened.
+"""
+from __future__ import annotations
+
+import os
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+_initialized = False
+
+
+def init(*, threads_per_rank: int | None = None) -> None:
+    """Initialise Horovod and give this rank its share of the machine.
+
+    On GPU hosts each rank sees only the GPU of its local rank (memory growth
+    on), the layout NCCL and the MPI Operator's ``slotsPerWorker`` assume. On
+    CPU hosts the cores are split between the ranks of the host, otherwise N
+    ranks each start ``cores`` threads and the host is oversubscribed N times.
+    ``threads_per_rank`` (or ``HVDK8S_THREADS_PER_RANK``) overrides the split.
+    Safe to call more than once.
+    """
+    global _initialized
+    if _initialized:
+        return
+    hvd.init()
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:
+        gpu = gpus[hvd.local_rank() % len(gpus)]
+        tf.config.experimental.set_memory_growth(gpu, True)
+        tf.config.set_visible_devices(gpu, "GPU")
+    else:
+        threads = threads_per_rank or int(os.environ.get("HVDK8S_THREADS_PER_RANK", 0))
+        threads = threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+    _initialized = True
+
+
+def initialized() -> bool:
+    """True once ``init()`` has run in this process."""
+    return _initialized
+
+
+def rank() -> int:
+    """Global rank of this process (0 … size-1)."""
+    return hvd.rank()
+
+
+def size() -> int:
+    """Number of processes in the job."""
+    return hvd.size()
+
+
+def local_rank() -> int:
+    """Rank of this process among the processes on its host."""
+    return hvd.local_rank()
+
+
+def local_size() -> int:
+    """Number of processes on this host."""
+    return hvd.local_size()
+
+
+def is_chief() -> bool:
+    """True on rank 0, the one rank that writes checkpoints, logs and exports."""
+    return hvd.rank() == 0
+
+
+def shutdown() -> None:
+    """Shut Horovod down (tests and elastic restarts)."""
+    global _initialized
+    hvd.shutdown()
+    _initialized = False

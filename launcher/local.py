@@ -1,0 +1,72 @@
+"""``hvdk8s run``: launch N ranks with mpirun and stream their output.
+
+The side-effecting edge around ``mpirun_argv``: picks the interpreter, the
+environment to forward, root flags, then relays output with rank prefixes and
+turns mpirun's failure report into one line that names the failing rank.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+from hvdk8s.errors import UserError
+from hvdk8s.launcher import mpirun
+
+
+def script_command(command: Sequence[str]) -> list[str]:
+    """Run ``*.py`` files with this interpreter, anything else as given."""
+    if command and command[0].endswith(".py"):
+        if not os.path.isfile(command[0]):
+            raise UserError(f"script {command[0]}: no such file")
+        return [sys.executable, "-u", *command]
+    return list(command)
+
+
+def run(
+    np: int,
+    command: Sequence[str],
+    *,
+    hosts: str | None = None,
+    env: Sequence[str] = (),
+    timeline: str | None = None,
+    out: TextIO = sys.stdout,
+) -> int:
+    """Run ``command`` on ``np`` ranks; return the job's exit status."""
+    if shutil.which("mpirun") is None:
+        raise UserError("mpirun not found: install Open MPI (make setup does)")
+    if np < 1:
+        raise UserError(f"-np {np}: must be >= 1")
+    environ = dict(os.environ)
+    for item in env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UserError(f"--env {item!r}: expected NAME=VALUE")
+        environ[name] = value
+    if timeline:
+        environ["HOROVOD_TIMELINE"] = os.path.abspath(timeline)
+    environ.setdefault("PYTHONUNBUFFERED", "1")
+    argv = mpirun.mpirun_argv(
+        np,
+        script_command(command),
+        hosts=hosts,
+        env_names=mpirun.forwarded_env(environ),
+        allow_run_as_root=os.geteuid() == 0,
+    )
+    tail: list[str] = []
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ, bufsize=1) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            rank, text = mpirun.untag(line.rstrip("\n"))
+            if rank is None:
+                tail = (tail + [text])[-60:]
+                print(text, file=out, flush=True)
+            else:
+                print(f"[{rank}] {text}", file=out, flush=True)
+    if proc.returncode != 0:
+        reason = mpirun.failed_rank("\n".join(tail)) or f"mpirun exited with code {proc.returncode}"
+        print(f"hvdk8s run: job failed: {reason}", file=sys.stderr, flush=True)
+    return proc.returncode

@@ -1,0 +1,85 @@
+"""The mpirun command line, as one pure function shared by every launch path.
+
+``hvdk8s run`` executes it on localhost and the MPIJob renderer puts the very
+same argv into the launcher pod, so a command that works on a laptop is the
+command the cluster runs.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+# Variables worth forwarding to remote ranks (mpirun -x): process basics plus
+# every knob of the libraries involved.
+FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONUNBUFFERED")
+FORWARD_PREFIXES = ("HOROVOD_", "NCCL_", "HVDK8S_", "TF_", "OMP_")
+
+# Horovod's recommended Open MPI settings: no core binding (TensorFlow runs its
+# own thread pools), ranks placed slot by slot, the TCP/ob1 transport that works
+# in every container network.
+BASE_FLAGS = ("-bind-to", "none", "-map-by", "slot", "--tag-output", "-mca", "pml", "ob1", "-mca", "btl", "^openib")
+
+
+def forwarded_env(environ: Mapping[str, str], extra: Iterable[str] = ()) -> list[str]:
+    """Names from ``environ`` to pass with ``-x``, in a stable order."""
+    names = {n for n in environ if n in FORWARD_NAMES or n.startswith(FORWARD_PREFIXES)}
+    return sorted(names | set(extra))
+
+
+def mpirun_argv(
+    np: int,
+    command: Sequence[str],
+    *,
+    hosts: str | None = None,
+    env_names: Sequence[str] = (),
+    allow_run_as_root: bool = False,
+    mca: Mapping[str, str] | None = None,
+) -> list[str]:
+    """Build ``mpirun`` argv for ``np`` ranks running ``command``.
+
+    ``hosts`` is Open MPI's ``-H`` list (``host1:2,host2:2``); without it
+    mpirun uses localhost or the hostfile the MPI Operator configures.
+    """
+    if np < 1:
+        raise ValueError(f"np={np}: must be >= 1")
+    if not command:
+        raise ValueError("command: empty")
+    argv = ["mpirun", "-np", str(np)]
+    if allow_run_as_root:
+        argv.append("--allow-run-as-root")
+    if hosts:
+        argv += ["-H", hosts]
+    argv += BASE_FLAGS
+    for key, value in sorted((mca or {}).items()):
+        argv += ["-mca", key, value]
+    for name in env_names:
+        argv += ["-x", name]
+    return argv + list(command)
+
+
+_TAG = r"\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:"
+_TAGGED = re.compile(rf"^{_TAG}(.*)$")
+_INNER_TAG = re.compile(_TAG)
+_FAILED_EXIT = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\].*?Exit code:\s*(\d+)", re.S)
+_FAILED_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+
+
+def untag(line: str) -> tuple[int | None, str]:
+    """Split mpirun's ``--tag-output`` prefix off a line: (rank or None, text).
+
+    mpirun tags every write, not every line, so an unbuffered ``print`` can
+    leave a second, empty tag inside the line; it is removed too.
+    """
+    match = _TAGGED.match(line)
+    if not match:
+        return None, line
+    return int(match.group(1)), _INNER_TAG.sub("", match.group(2))
+
+
+def failed_rank(output: str) -> str | None:
+    """mpirun's report of the first failing rank, as one readable sentence."""
+    if match := _FAILED_SIGNAL.search(output):
+        return f"rank {match.group(1)} on {match.group(2)} was killed by signal {match.group(3)}"
+    if match := _FAILED_EXIT.search(output):
+        return f"rank {match.group(1)} exited with code {match.group(2)}"
+    return None
