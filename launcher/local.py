@@ -57,6 +57,8 @@ def run(
         allow_run_as_root=os.geteuid() == 0,
     )
     tail: list[str] = []
+    ranks: set[int] = set()
+    collateral: set[int] = set()
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ, bufsize=1) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -65,8 +67,11 @@ def run(
                 tail = (tail + [text])[-60:]
                 print(text, file=out, flush=True)
             else:
+                ranks.add(rank)
+                if mpirun.HOROVOD_SHUTDOWN in text:
+                    collateral.add(rank)
                 print(f"[{rank}] {text}", file=out, flush=True)
     if proc.returncode != 0:
-        reason = mpirun.failed_rank("\n".join(tail)) or f"mpirun exited with code {proc.returncode}"
+        reason = mpirun.failure_summary("\n".join(tail), proc.returncode, ranks, collateral)
         print(f"hvdk8s run: job failed: {reason}", file=sys.stderr, flush=True)
     return proc.returncode

@@ -76,10 +76,34 @@ def untag(line: str) -> tuple[int | None, str]:
     return int(match.group(1)), _INNER_TAG.sub("", match.group(2))
 
 
+# Printed by ranks that Horovod stopped because another rank left the job.
+HOROVOD_SHUTDOWN = "Horovod has been shut down"
+
+
 def failed_rank(output: str) -> str | None:
-    """mpirun's report of the first failing rank, as one readable sentence."""
+    """mpirun's report of the first rank to exit badly, as one readable sentence."""
     if match := _FAILED_SIGNAL.search(output):
         return f"rank {match.group(1)} on {match.group(2)} was killed by signal {match.group(3)}"
     if match := _FAILED_EXIT.search(output):
         return f"rank {match.group(1)} exited with code {match.group(2)}"
     return None
+
+
+def failure_summary(output: str, returncode: int, ranks: Iterable[int], collateral: Iterable[int]) -> str:
+    """One line naming the rank that failed the job.
+
+    mpirun names the first rank to *exit*, which is often a healthy rank that
+    Horovod shut down after the faulty one left. Ranks that printed Horovod's
+    shutdown message are therefore reported as collateral, and the ranks that
+    did not are named as where to look.
+    """
+    first = failed_rank(output) or f"mpirun exited with code {returncode}"
+    collateral = set(collateral)
+    suspects = sorted(set(ranks) - collateral)
+    if collateral and suspects:
+        ranks_word = "rank" if len(suspects) == 1 else "ranks"
+        return (
+            f"{ranks_word} {', '.join(map(str, suspects))} left the job first; "
+            f"ranks {', '.join(map(str, sorted(collateral)))} were stopped by Horovod as a result ({first})"
+        )
+    return first

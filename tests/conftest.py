@@ -1,0 +1,27 @@
+"""Shared fixtures: run the real ``hvdk8s`` CLI (and so real mpirun) in a subprocess."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
+HVDK8S = str(Path(sys.executable).parent / "hvdk8s")
+
+
+def hvdk8s_cli(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run ``hvdk8s ARGS`` from the repo root; fail the test with its output on error."""
+    proc = subprocess.run(
+        [HVDK8S, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        pytest.fail(f"hvdk8s {' '.join(args)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def run_ranks(np: int, script: str, *args: str, **kw) -> subprocess.CompletedProcess[str]:
+    """Launch ``tests/mpi_scripts/SCRIPT`` on ``np`` ranks through ``hvdk8s run``."""
+    return hvdk8s_cli("run", "-np", str(np), str(SCRIPTS / script), *args, **kw)

@@ -1,0 +1,66 @@
+"""Train a fixed model on fixed data; each rank saves its final weights.
+
+Run with N ranks and per-rank batch B, or 1 rank and batch N×B: with SGD and
+averaged gradients both must end at the same weights.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import hvdk8s
+
+hvdk8s.init()
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+p = argparse.ArgumentParser()
+p.add_argument("--batch", type=int, required=True)
+p.add_argument("--steps", type=int, default=6)
+p.add_argument("--passes", type=int, default=1, help="backward_passes_per_step")
+p.add_argument("--mode", choices=["fit", "tape"], default="fit")
+p.add_argument("--seed-per-rank", action="store_true", help="different initial weights on each rank")
+p.add_argument("--out", type=Path, required=True)
+args = p.parse_args()
+
+seed = 7 + (hvdk8s.rank() if args.seed_per_rank else 0)
+keras.utils.set_random_seed(seed)
+(x, y), _ = hvdk8s.data.load_digits(image_size=12)
+global_batch = args.batch * hvdk8s.size()
+n = global_batch * args.steps
+x, y = x[:n], y[:n]
+data = hvdk8s.data.from_arrays(x, y, args.batch, shuffle=False)
+
+model = keras.Sequential([
+    keras.Input((12, 12, 1)),
+    keras.layers.Conv2D(4, 3, activation="tanh", kernel_initializer=keras.initializers.GlorotUniform(seed)),
+    keras.layers.Flatten(),
+    keras.layers.Dense(10, activation="softmax", kernel_initializer=keras.initializers.GlorotUniform(seed + 1)),
+])
+loss_fn = keras.losses.SparseCategoricalCrossentropy()
+
+if args.mode == "fit":
+    opt = hvdk8s.DistributedOptimizer(keras.optimizers.SGD(0.5), backward_passes_per_step=args.passes)
+    model.compile(optimizer=opt, loss=loss_fn)
+    model.fit(data, epochs=1, callbacks=hvdk8s.callbacks(), verbose=0)
+    iterations = int(opt.iterations.numpy())
+else:
+    opt = keras.optimizers.SGD(0.5)
+    opt.build(model.trainable_variables)
+    hvdk8s.collectives.broadcast_variables(model.variables)
+
+    @tf.function
+    def step(xb: tf.Tensor, yb: tf.Tensor) -> None:
+        with hvdk8s.DistributedGradientTape() as tape:
+            loss = loss_fn(yb, model(xb, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply(grads, model.trainable_variables)
+
+    for xb, yb in data:
+        step(xb, yb)
+    iterations = int(opt.iterations.numpy())
+
+args.out.mkdir(parents=True, exist_ok=True)
+np.savez(args.out / f"rank{hvdk8s.rank()}.npz", iterations=iterations, *model.get_weights())

@@ -1,0 +1,54 @@
+"""``hvdk8s run``: real mpirun, rank-prefixed output, failures named by rank."""
+from __future__ import annotations
+
+from hvdk8s.launcher import mpirun
+
+from conftest import run_ranks
+
+
+def test_failing_rank_fails_the_job_and_is_named() -> None:
+    proc = run_ranks(2, "fail_on_rank.py", check=False, timeout=120)
+    assert proc.returncode != 0
+    assert "[0] hello from rank 0" in proc.stdout
+    assert "[1] hello from rank 1" in proc.stdout
+    # mpirun may name either rank first; the summary must point at rank 1
+    assert "job failed: rank 1 left the job first" in proc.stderr or "job failed: rank 1 exited with code 3" in proc.stderr
+
+
+def test_missing_script_is_a_clear_error() -> None:
+    proc = run_ranks(2, "no_such_script.py", check=False, timeout=30)
+    assert proc.returncode == 2
+    assert "no_such_script.py: no such file" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_mpirun_argv_exact() -> None:
+    argv = mpirun.mpirun_argv(
+        4, ["python", "train.py", "--epochs", "3"], hosts="a:2,b:2", env_names=["PATH", "NCCL_DEBUG"], allow_run_as_root=True
+    )
+    assert argv == [
+        "mpirun", "-np", "4", "--allow-run-as-root", "-H", "a:2,b:2",
+        "-bind-to", "none", "-map-by", "slot", "--tag-output", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
+        "-x", "PATH", "-x", "NCCL_DEBUG",
+        "python", "train.py", "--epochs", "3",
+    ]
+
+
+def test_forwarded_env_picks_library_knobs_only() -> None:
+    environ = {"PATH": "/bin", "HOROVOD_FUSION_THRESHOLD": "0", "NCCL_DEBUG": "INFO", "HOME": "/root", "SECRET": "x"}
+    assert mpirun.forwarded_env(environ) == ["HOROVOD_FUSION_THRESHOLD", "NCCL_DEBUG", "PATH"]
+
+
+def test_untag_and_failure_report() -> None:
+    assert mpirun.untag("[1,0]<stdout>:accuracy 0.97[1,0]<stdout>:") == (0, "accuracy 0.97")
+    assert mpirun.untag("[3]<stderr>:boom") == (3, "boom")
+    assert mpirun.untag("no tag") == (None, "no tag")
+    report = "mpirun noticed that process rank 1 with PID 77 on node w1 exited on signal 9 (Killed)."
+    assert mpirun.failed_rank(report) == "rank 1 on w1 was killed by signal 9"
+    assert mpirun.failed_rank("all good") is None
+    exit_report = "The first process to do so was:\n\n  Process name: [[20259,1],0]\n  Exit code:    1\n"
+    assert mpirun.failure_summary(exit_report, 1, ranks={0, 1}, collateral={0}) == (
+        "rank 1 left the job first; ranks 0 were stopped by Horovod as a result (rank 0 exited with code 1)"
+    )
+    assert mpirun.failure_summary(exit_report, 1, ranks={0, 1}, collateral=()) == "rank 0 exited with code 1"
+    assert mpirun.failure_summary("", 7, ranks={0}, collateral=()) == "mpirun exited with code 7"
