@@ -1,0 +1,109 @@
+"""Checkpoints: rank 0 only, atomic, and a killed job resumes where it stopped."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import keras
+import pytest
+
+from hvdk8s import checkpoint
+
+from conftest import HVDK8S, REPO, hvdk8s_cli, run_ranks
+
+
+def test_only_rank_0_writes_and_old_checkpoints_are_pruned(tmp_path: Path) -> None:
+    run_ranks(2, "checkpoint_per_rank.py", str(tmp_path))
+    assert [p.name for _, p in checkpoint.list_checkpoints(tmp_path / "rank0")] == ["ckpt-0002.keras", "ckpt-0003.keras"]
+    assert not (tmp_path / "rank1").exists()
+
+
+def tiny_model() -> keras.Model:
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile("sgd", "mse")
+    return model
+
+
+def test_failed_save_keeps_previous_checkpoint_and_leaves_no_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model()
+    good = checkpoint.save_atomic(model, checkpoint.checkpoint_path(tmp_path, 1))
+    before = good.read_bytes()
+
+    def crash_midway(path: os.PathLike[str]) -> None:
+        Path(path).write_bytes(b"half a zip")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(model, "save", crash_midway)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save_atomic(model, checkpoint.checkpoint_path(tmp_path, 1))
+    assert good.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-0001.keras"]
+
+
+def test_listing_ignores_temporaries_and_other_files(tmp_path: Path) -> None:
+    for name in ("ckpt-0002.keras", "ckpt-0010.keras", ".tmp-99-ckpt-0011.keras", "notes.txt", "ckpt-3.keras"):
+        (tmp_path / name).write_text("x")
+    assert [e for e, _ in checkpoint.list_checkpoints(tmp_path)] == [2, 10]
+    assert checkpoint.list_checkpoints(tmp_path / "missing") == []
+
+
+def test_killed_job_resumes_from_last_checkpoint(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    args = ["run", "-np", "2", "examples/train_digits.py", "--checkpoint-dir", str(ckpt), "--warmup-epochs", "0"]
+    job = subprocess.Popen(
+        [HVDK8S, *args, "--epochs", "60"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not checkpoint.checkpoint_path(ckpt, 3).exists():
+            assert job.poll() is None, "training ended before it could be killed"
+            assert time.monotonic() < deadline, "no checkpoint after 240 s"
+            time.sleep(0.2)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    killed_at = checkpoint.list_checkpoints(ckpt)[-1][0]
+    assert 3 <= killed_at < 60
+
+    resumed = hvdk8s_cli(*args, "--epochs", str(killed_at + 2))
+    assert f"resumed from {checkpoint.checkpoint_path(ckpt, killed_at)} (epoch {killed_at})" in resumed.stdout
+    epochs_run = [int(e) for e in re.findall(r"^\[0\] Epoch (\d+)/", resumed.stdout, re.M)]
+    assert epochs_run == [killed_at + 1, killed_at + 2]
+    assert checkpoint.list_checkpoints(ckpt)[-1][0] == killed_at + 2
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("demo")
+    run_ranks_demo = hvdk8s_cli(
+        "run", "-np", "2", "examples/train_digits.py", "--epochs", "12",
+        "--save", str(out / "model.keras"), "--metrics-out", str(out / "metrics.json"),
+    )
+    assert re.search(r"^\[0\] Epoch 12/12", run_ranks_demo.stdout, re.M)
+    assert not re.search(r"^\[1\] (Epoch|test accuracy)", run_ranks_demo.stdout, re.M)  # rank 0 only
+    return out
+
+
+def test_demo_training_reaches_95_percent_on_held_out_digits(demo_run: Path) -> None:
+    metrics = json.loads((demo_run / "metrics.json").read_text())
+    assert metrics["accuracy"] >= 0.95, metrics
+
+
+def test_saved_model_loads_with_plain_keras(demo_run: Path) -> None:
+    code = (
+        "import sys, keras\n"
+        f"m = keras.models.load_model({str(demo_run / 'model.keras')!r})\n"
+        "assert 'hvdk8s' not in sys.modules and 'horovod' not in sys.modules\n"
+        "print(type(m.optimizer).__name__, int(m.optimizer.iterations.numpy()))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    name, iterations = proc.stdout.split()
+    assert name == "SGD"
+    assert int(iterations) == 12 * 22  # 12 epochs of 22 steps: optimizer state was saved
