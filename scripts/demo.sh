@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/demo}
-mkdir -p "$OUT"
+rm -rf "$OUT" && mkdir -p "$OUT"
 
 echo "== 1. train a CNN on 2 ranks (Horovod ring-allreduce over MPI)"
 hvdk8s run -np 2 examples/train_digits.py --epochs 12 \
