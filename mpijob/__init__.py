@@ -1,0 +1,22 @@
+"""Kubeflow MPIJobs (kubeflow.org/v2beta1) from typed hvdk8s job specs.
+
+    spec = load_spec("job.yaml")      # strict parse, defaults, the operator's rules
+    manifest = render(spec)           # dict for kubectl apply / the API
+    print(to_yaml(manifest))
+"""
+from hvdk8s.mpijob.files import SpecError, load_spec, manifest_from_file, to_yaml
+from hvdk8s.mpijob.render import launcher_command, render, render_podmonitor
+from hvdk8s.mpijob.spec import JobSpec
+from hvdk8s.mpijob.validate import check_manifest
+
+__all__ = [
+    "JobSpec",
+    "SpecError",
+    "check_manifest",
+    "launcher_command",
+    "load_spec",
+    "manifest_from_file",
+    "render",
+    "render_podmonitor",
+    "to_yaml",
+]

@@ -1,0 +1,89 @@
+"""``hvdk8s render``: a job spec (file and/or flags) -> MPIJob YAML for ``kubectl apply -f``."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+SPEC_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    render = sub.add_parser(
+        "render",
+        help="print (or write) the Kubeflow MPIJob manifest of a job spec",
+        description="Render an hvdk8s job spec as a kubeflow.org/v2beta1 MPIJob. Either give "
+        "JOB.yaml (flags then override its fields), or build the spec from flags alone: "
+        "hvdk8s render --name digits --image IMAGE --workers 2 -- python /app/examples/train_digits.py",
+    )
+    render.add_argument(
+        "args", nargs="*", metavar="JOB.yaml | COMMAND",
+        help="job-spec file (or MPIJob manifest), and/or the training command after --",
+    )  # fmt: skip
+    render.add_argument("-o", "--output", metavar="FILE", help="write here (atomically) instead of stdout")
+    render.add_argument("--podmonitor", action="store_true", help="append a Prometheus Operator PodMonitor")
+    render.add_argument("--name", help="job name")
+    render.add_argument("--namespace", help="namespace (default: default)")
+    render.add_argument("--image", help="container image for launcher and workers")
+    render.add_argument("--workers", type=int, metavar="N", help="worker pods")
+    render.add_argument("--slots", dest="slots_per_worker", type=int, metavar="N", help="ranks per worker (= GPUs with --gpu)")
+    render.add_argument("--gpu", action="store_true", default=None, help="one GPU per slot")
+    render.set_defaults(handler=_render)
+
+
+def spec_source(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The job-spec mapping (the file's fields with the flags laid over them) and its origin."""
+    from hvdk8s.errors import UserError
+    from hvdk8s.mpijob.files import read_yaml
+
+    positional = list(args.args)
+    data: dict[str, Any] = {}
+    origin = "command line"
+    if positional and positional[0].endswith(SPEC_SUFFIXES):
+        origin = positional.pop(0)
+        data = read_yaml(origin)
+        if not isinstance(data, dict):
+            raise UserError(f"{origin}: must be a mapping of job-spec fields")
+    elif not (args.name and args.image):
+        raise UserError("give JOB.yaml, or --name, --image and the training command after --")
+    flags = {
+        "name": args.name,
+        "namespace": args.namespace,
+        "image": args.image,
+        "workers": args.workers,
+        "slotsPerWorker": args.slots_per_worker,
+        "gpu": args.gpu,
+        "command": positional or None,
+    }
+    overrides = {key: value for key, value in flags.items() if value is not None}
+    if overrides and data.get("kind") == "MPIJob":
+        raise UserError(f"{origin}: an MPIJob manifest is used as is; flags cannot change it")
+    return data | overrides, origin
+
+
+def _render(args: argparse.Namespace) -> int:
+    from hvdk8s.errors import UserError
+    from hvdk8s.mpijob.files import load_spec, manifest_from_file, to_yaml, write_atomic
+    from hvdk8s.mpijob.render import render, render_podmonitor
+
+    data, origin = spec_source(args)
+    if data.get("kind") == "MPIJob":
+        if args.podmonitor:
+            raise UserError(f"{origin}: --podmonitor needs a job spec, not an MPIJob manifest")
+        manifests = [manifest_from_file(origin)]
+    else:
+        spec = load_spec(data, origin=origin)
+        manifests = [render(spec)]
+        if args.podmonitor:
+            if not spec.metrics.enabled:
+                raise UserError(f"{origin}: --podmonitor needs metrics.enabled: true")
+            manifests.append(render_podmonitor(spec))
+    text = to_yaml(*manifests)
+    if args.output:
+        try:
+            write_atomic(args.output, text)
+        except OSError as exc:
+            raise UserError(f"-o {args.output}: {exc.strerror}") from None
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,123 @@
+"""Mapping (parsed YAML) -> typed dataclasses, rejecting unknown fields.
+
+The MPIJob CRD has no ``additionalProperties: false``, so the API server
+silently drops a misspelled field (``slotPerWorker: 4`` becomes the default 1).
+Job-spec files are therefore read strictly: every key must be a field of the
+model, every value of its type; all problems are collected with their paths.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+_MISSING = dataclasses.MISSING
+
+
+def camel(name: str) -> str:
+    """``slots_per_worker`` -> ``slotsPerWorker`` (the YAML key of a field)."""
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def from_mapping(cls: type[T], data: Any, errors: list[str], path: str = "") -> T | None:
+    """Build ``cls`` from ``data``; append ``"path: problem"`` to ``errors``.
+
+    Returns None when ``data`` is unusable at this level (errors say why).
+    Missing optional fields take the dataclass defaults.
+    """
+    if not isinstance(data, Mapping):
+        errors.append(f"{path or '<top level>'}: must be a mapping, got {_kind(data)}")
+        return None
+    fields = {camel(f.name): f for f in dataclasses.fields(cls) if f.init}
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for key, raw in data.items():
+        where = join(path, str(key))
+        f = fields.get(key) if isinstance(key, str) else None
+        if f is None:
+            errors.append(f"{where}: unknown field{_suggest(key, fields)}")
+            continue
+        before = len(errors)
+        value = _convert(hints[f.name], raw, errors, where)
+        if len(errors) == before:
+            values[f.name] = value
+    for key, f in fields.items():
+        required = f.default is _MISSING and f.default_factory is _MISSING
+        if required and key not in data:
+            errors.append(f"{join(path, key)}: required")
+    if any(f.name not in values for f in fields.values() if f.default is _MISSING and f.default_factory is _MISSING):
+        return None
+    return cls(**values)
+
+
+def _convert(tp: Any, raw: Any, errors: list[str], where: str) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if raw is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(inner, raw, errors, where)
+    if dataclasses.is_dataclass(tp):
+        return from_mapping(tp, raw, errors, where)
+    if origin is tuple:
+        if not isinstance(raw, list):
+            errors.append(f"{where}: must be a list, got {_kind(raw)}")
+            return None
+        return tuple(_convert(args[0], item, errors, join(where, i)) for i, item in enumerate(raw))
+    if origin is dict:
+        if not isinstance(raw, Mapping):
+            errors.append(f"{where}: must be a mapping, got {_kind(raw)}")
+            return None
+        return {str(k): _convert(args[1], v, errors, join(where, str(k))) for k, v in raw.items()}
+    return _scalar(tp, raw, errors, where)
+
+
+def _scalar(tp: type, raw: Any, errors: list[str], where: str) -> Any:
+    # YAML's true/false are ints to Python: never accept them as numbers or text.
+    if tp is bool:
+        if isinstance(raw, bool):
+            return raw
+    elif tp is int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+    elif tp is str:
+        if isinstance(raw, str):
+            return raw
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return str(raw)  # `--epochs, 5` and `cpu: 2` mean the text
+    else:  # pragma: no cover - the model only uses the types above
+        raise TypeError(f"unsupported field type {tp!r}")
+    hint = " (quote it)" if tp is str and isinstance(raw, bool) else ""
+    errors.append(f"{where}: must be {_NAMES[tp]}, got {_kind(raw)}{hint}")
+    return None
+
+
+_NAMES = {bool: "true or false", int: "an integer", str: "a string"}
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"number {value}"
+    if isinstance(value, str):
+        return f"string {value!r}"
+    return {list: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
+
+
+def _suggest(key: Any, fields: Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(fields))})"

@@ -1,0 +1,256 @@
+"""JobSpec -> kubeflow.org/v2beta1 MPIJob manifest (and an optional PodMonitor).
+
+Pure functions building plain dicts in Kubernetes' usual key order. The
+launcher runs ``hvdk8s.launcher.mpirun.mpirun_argv`` -- the very command
+``hvdk8s run`` runs locally -- against the hostfile the MPI Operator mounts;
+workers run sshd and wait for it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from hvdk8s.launcher.mpirun import forwarded_env, mpirun_argv
+from hvdk8s.mpijob.spec import (
+    DISCOVER_HOSTS,
+    GPU_RESOURCE,
+    LAUNCHER_CONTAINER,
+    WORKER_CONTAINER,
+    JobSpec,
+    Toleration,
+)
+
+API_VERSION = "kubeflow.org/v2beta1"
+KIND = "MPIJob"
+SHM_VOLUME = "dshm"
+SHARED_VOLUME = "shared"
+# Variables an ssh-started rank would not see otherwise: orted's session gets
+# sshd's minimal environment, so the image's PATH (its Python) and library
+# path travel with ``mpirun -x`` like every variable hvdk8s sets.
+IMAGE_ENV = ("PATH", "LD_LIBRARY_PATH")
+# Names hvdk8s sets itself, with the job-spec field that controls each.
+GENERATED_ENV = {
+    "HVDK8S_JOB_NAME": "name",
+    "HVDK8S_METRICS_PORT": "metrics.port",
+    "HOROVOD_FUSION_THRESHOLD": "horovod.fusionThreshold",
+    "HOROVOD_TIMELINE": "horovod.timeline",
+    "NCCL_DEBUG": "nccl.debug",
+    "PYTHONUNBUFFERED": "(always 1, so logs stream)",
+}
+
+
+def labels(spec: JobSpec, component: str | None = None) -> dict[str, str]:
+    """Recommended app labels; the PodMonitor selects workers by them."""
+    out = {"app.kubernetes.io/name": "hvdk8s", "app.kubernetes.io/instance": spec.name}
+    if component:
+        out["app.kubernetes.io/component"] = component
+    return out
+
+
+def pod_env(spec: JobSpec) -> dict[str, str]:
+    """Environment of every container (and, via ``-x``, of every rank)."""
+    env = {"HVDK8S_JOB_NAME": spec.name}
+    if spec.metrics.enabled:
+        env["HVDK8S_METRICS_PORT"] = str(spec.metrics.port)
+    env["HOROVOD_FUSION_THRESHOLD"] = str(spec.horovod.fusion_threshold)
+    if spec.horovod.timeline:
+        env["HOROVOD_TIMELINE"] = spec.horovod.timeline
+    env["NCCL_DEBUG"] = spec.nccl.debug
+    env["PYTHONUNBUFFERED"] = "1"
+    return env | spec.env
+
+
+def launcher_command(spec: JobSpec) -> list[str]:
+    """mpirun (or, for elastic jobs, horovodrun) argv of the launcher container."""
+    if spec.elastic:
+        # Horovod elastic runs over Gloo and forwards the launcher's whole
+        # environment itself; the operator keeps discover_hosts.sh listing the
+        # running workers, one host per line, hence --slots.
+        slots = spec.slots_per_worker
+        return [
+            "horovodrun",
+            "-np", str(spec.np),
+            "--min-np", str(spec.elastic.min_workers * slots),
+            "--max-np", str(spec.elastic.max_workers * slots),
+            "--slots", str(slots),
+            "--host-discovery-script", DISCOVER_HOSTS,
+            *spec.command,
+        ]  # fmt: skip
+    names = forwarded_env(pod_env(spec), extra=(*IMAGE_ENV, *spec.env))
+    return mpirun_argv(spec.np, spec.command, env_names=names, allow_run_as_root=spec.user is None)
+
+
+def render(spec: JobSpec) -> dict[str, Any]:
+    """The MPIJob manifest for ``kubectl apply -f`` (``spec`` must be validated)."""
+    run_policy: dict[str, Any] = {
+        "cleanPodPolicy": spec.run_policy.clean_pod_policy,
+        "backoffLimit": spec.run_policy.backoff_limit,
+    }
+    _put(run_policy, "ttlSecondsAfterFinished", spec.run_policy.ttl_seconds_after_finished)
+    _put(run_policy, "activeDeadlineSeconds", spec.run_policy.active_deadline_seconds)
+    if policy := spec.run_policy.scheduling_policy:
+        gang: dict[str, Any] = {}
+        _put(gang, "minAvailable", policy.min_available)
+        _put(gang, "queue", policy.queue)
+        _put(gang, "priorityClass", policy.priority_class)
+        _put(gang, "scheduleTimeoutSeconds", policy.schedule_timeout_seconds)
+        _put(gang, "minResources", policy.min_resources)
+        run_policy["schedulingPolicy"] = gang
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels(spec)},
+        "spec": {
+            "slotsPerWorker": spec.slots_per_worker,
+            "runPolicy": run_policy,
+            "launcherCreationPolicy": spec.launcher_creation_policy,
+            "mpiImplementation": spec.mpi_implementation,
+            "sshAuthMountPath": spec.ssh_auth_mount_path,
+            "mpiReplicaSpecs": {
+                "Launcher": {
+                    "replicas": 1,
+                    "restartPolicy": spec.restart_policy.launcher,
+                    "template": _launcher_template(spec),
+                },
+                "Worker": {
+                    "replicas": spec.workers,
+                    "restartPolicy": spec.restart_policy.worker,
+                    "template": _worker_template(spec),
+                },
+            },
+        },
+    }
+
+
+def render_podmonitor(spec: JobSpec) -> dict[str, Any]:
+    """A Prometheus Operator PodMonitor scraping every rank of the job's workers."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels(spec)},
+        "spec": {
+            "selector": {"matchLabels": labels(spec, "worker")},
+            "podMetricsEndpoints": [
+                {"port": port["name"], "path": spec.metrics.path} for port in _metrics_ports(spec)
+            ],
+        },
+    }
+
+
+def _launcher_template(spec: JobSpec) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": LAUNCHER_CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": launcher_command(spec),
+        "env": _env_list(spec),
+        "resources": _resources(spec.resources.launcher.cpu, spec.resources.launcher.memory),
+    }
+    _put(container, "volumeMounts", _mounts(spec, shm=False))
+    pod = _pod_spec(spec, container, shm=False)
+    return {"metadata": {"labels": labels(spec, "launcher")}, "spec": pod}
+
+
+def _worker_template(spec: JobSpec) -> dict[str, Any]:
+    sshd = ["/usr/sbin/sshd", "-De"]
+    if spec.user:  # non-root sshd: its own config (port, host key, pid file) in $HOME
+        sshd += ["-f", f"{spec.home}/.sshd_config"]
+    resources = _resources(spec.resources.worker.cpu, spec.resources.worker.memory)
+    if spec.gpu:
+        resources["limits"][GPU_RESOURCE] = spec.slots_per_worker
+    container: dict[str, Any] = {
+        "name": WORKER_CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": sshd,
+        "env": _env_list(spec),
+        "ports": [{"name": "ssh", "containerPort": spec.ssh_port}, *_metrics_ports(spec)],
+        # Ready = sshd accepts connections: what WaitForWorkersReady waits for
+        # before it creates the launcher.
+        "readinessProbe": {"tcpSocket": {"port": spec.ssh_port}, "periodSeconds": 2},
+        "resources": resources,
+    }
+    _put(container, "volumeMounts", _mounts(spec, shm=True))
+    metadata: dict[str, Any] = {"labels": labels(spec, "worker")}
+    if spec.metrics.enabled:
+        # The annotation convention names one port: local rank 0's. The
+        # PodMonitor (render --podmonitor) scrapes every rank's named port.
+        metadata["annotations"] = {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(spec.metrics.port),
+            "prometheus.io/path": spec.metrics.path,
+        }
+    pod = _pod_spec(spec, container, shm=True)
+    node_selector = dict(spec.scheduling.node_selector)
+    if spec.scheduling.gpu_product:
+        node_selector[spec.scheduling.gpu_product_label] = spec.scheduling.gpu_product
+    _put(pod, "nodeSelector", node_selector)
+    _put(pod, "tolerations", [_toleration(t) for t in spec.scheduling.tolerations or ()])
+    return {"metadata": metadata, "spec": pod}
+
+
+def _pod_spec(spec: JobSpec, container: dict[str, Any], *, shm: bool) -> dict[str, Any]:
+    pod: dict[str, Any] = {"containers": [container]}
+    _put(pod, "priorityClassName", spec.scheduling.priority_class_name)
+    if spec.user:
+        uid = spec.user.uid
+        pod["securityContext"] = {"runAsUser": uid, "runAsGroup": uid, "runAsNonRoot": True, "fsGroup": uid}
+    _put(pod, "volumes", _volumes(spec, shm=shm))
+    return pod
+
+
+def _volumes(spec: JobSpec, *, shm: bool) -> list[dict[str, Any]]:
+    volumes = []
+    if shm and spec.shm_size is not None:
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}})
+    if spec.shared_volume:
+        claim = {"claimName": spec.shared_volume.claim_name}
+        if spec.shared_volume.read_only:
+            claim["readOnly"] = True
+        volumes.append({"name": SHARED_VOLUME, "persistentVolumeClaim": claim})
+    return volumes
+
+
+def _mounts(spec: JobSpec, *, shm: bool) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = []
+    if shm and spec.shm_size is not None:
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    if spec.shared_volume:
+        mount = {"name": SHARED_VOLUME, "mountPath": spec.shared_volume.mount_path}
+        if spec.shared_volume.read_only:
+            mount["readOnly"] = True
+        mounts.append(mount)
+    return mounts
+
+
+def _metrics_ports(spec: JobSpec) -> list[dict[str, Any]]:
+    if not spec.metrics.enabled:
+        return []
+    return [
+        {"name": f"metrics-{i}", "containerPort": spec.metrics.port + i}
+        for i in range(spec.slots_per_worker)
+    ]
+
+
+def _env_list(spec: JobSpec) -> list[dict[str, str]]:
+    return [{"name": name, "value": value} for name, value in pod_env(spec).items()]
+
+
+def _resources(cpu: str, memory: str) -> dict[str, dict[str, Any]]:
+    return {"requests": {"cpu": cpu, "memory": memory}, "limits": {"cpu": cpu, "memory": memory}}
+
+
+def _toleration(t: Toleration) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    _put(out, "key", t.key)
+    out["operator"] = t.operator
+    _put(out, "value", t.value)
+    _put(out, "effect", t.effect)
+    _put(out, "tolerationSeconds", t.toleration_seconds)
+    return out
+
+
+def _put(target: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``key`` only when it has a value, so manifests carry no nulls or empties."""
+    if value is not None and value != [] and value != {}:
+        target[key] = value
+

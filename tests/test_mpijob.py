@@ -1,0 +1,471 @@
+"""hvdk8s.mpijob: strict job-spec parsing, defaulting, the MPI Operator's rules,
+exact rendered manifests, elastic and metrics wiring, and ``hvdk8s render``."""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hvdk8s.errors import UserError
+from hvdk8s.launcher.mpirun import mpirun_argv, untag
+from hvdk8s.mpijob import (
+    SpecError,
+    check_manifest,
+    cli,
+    load_spec,
+    manifest_from_file,
+    render,
+    to_yaml,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "mpijob" / "examples"
+BASE = {"name": "digits", "image": "img:1", "command": ["python", "/app/examples/train_digits.py"]}
+FORWARDED = ["HOROVOD_FUSION_THRESHOLD", "HVDK8S_JOB_NAME", "HVDK8S_METRICS_PORT", "LD_LIBRARY_PATH",
+             "NCCL_DEBUG", "PATH", "PYTHONUNBUFFERED"]  # fmt: skip
+
+
+def errors_of(fields: dict[str, Any]) -> list[str]:
+    with pytest.raises(SpecError) as info:
+        load_spec(fields)
+    return info.value.errors
+
+
+def launcher(manifest: dict[str, Any]) -> dict[str, Any]:
+    return manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+
+
+def worker_pod(manifest: dict[str, Any]) -> dict[str, Any]:
+    return manifest["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+
+
+def run_render(*argv: str) -> int:
+    parser = argparse.ArgumentParser(prog="hvdk8s")
+    cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["render", *argv])
+    return args.handler(args)
+
+
+# ---- checked-in examples (goldens) -----------------------------------------
+
+
+@pytest.mark.parametrize("name", ["cpu", "gpu", "elastic"])
+def test_examples_match_what_render_produces(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    checked_in = (EXAMPLES / f"{name}.mpijob.yaml").read_text()
+    assert run_render(str(EXAMPLES / f"{name}.yaml")) == 0
+    rendered = capsys.readouterr().out
+    assert rendered == checked_in, (
+        f"mpijob/examples/{name}.mpijob.yaml is stale; regenerate with:\n"
+        f"  hvdk8s render mpijob/examples/{name}.yaml -o mpijob/examples/{name}.mpijob.yaml"
+    )
+    assert run_render(str(EXAMPLES / f"{name}.yaml"), "-o", str(tmp_path / "out.yaml")) == 0
+    assert (tmp_path / "out.yaml").read_text() == checked_in
+    assert [p.name for p in tmp_path.iterdir()] == ["out.yaml"]  # no temp file left behind
+
+
+def test_cpu_example_exact_launcher_and_worker():
+    manifest = render(load_spec(EXAMPLES / "cpu.yaml"))
+    expected_argv = [
+        "mpirun", "-np", "2", "--allow-run-as-root", "-bind-to", "none", "-map-by", "slot", "--tag-output",
+        "-mca", "pml", "ob1", "-mca", "btl", "^openib",
+        "-x", "HOROVOD_FUSION_THRESHOLD", "-x", "HVDK8S_JOB_NAME", "-x", "HVDK8S_METRICS_PORT",
+        "-x", "LD_LIBRARY_PATH", "-x", "NCCL_DEBUG", "-x", "PATH", "-x", "PYTHONUNBUFFERED",
+        "python", "/app/examples/train_digits.py", "--epochs", "12",
+    ]  # fmt: skip
+    assert launcher(manifest)["command"] == expected_argv
+    # ... which is exactly what `hvdk8s run` builds locally.
+    command = ["python", "/app/examples/train_digits.py", "--epochs", "12"]
+    assert expected_argv == mpirun_argv(2, command, env_names=FORWARDED, allow_run_as_root=True)
+    assert launcher(manifest)["resources"] == {"requests": {"cpu": "500m", "memory": "1Gi"},
+                                               "limits": {"cpu": "500m", "memory": "1Gi"}}  # fmt: skip
+    assert "volumeMounts" not in launcher(manifest)
+    pod = worker_pod(manifest)
+    assert pod["containers"][0]["command"] == ["/usr/sbin/sshd", "-De"]
+    assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}]
+    assert pod["containers"][0]["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+    assert "tolerations" not in pod and "nodeSelector" not in pod and "securityContext" not in pod
+    assert manifest["spec"] | {"mpiReplicaSpecs": None} == {
+        "slotsPerWorker": 1,
+        "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0, "ttlSecondsAfterFinished": 86400},
+        "launcherCreationPolicy": "WaitForWorkersReady",
+        "mpiImplementation": "OpenMPI",
+        "sshAuthMountPath": "/root/.ssh",
+        "mpiReplicaSpecs": None,
+    }
+
+
+def test_gpu_example_wiring():
+    spec = load_spec(EXAMPLES / "gpu.yaml")
+    manifest = render(spec)
+    command = launcher(manifest)["command"]
+    assert command[:3] == ["mpirun", "-np", "8"] and "--allow-run-as-root" not in command
+    assert ["-x", "TF_GPU_ALLOCATOR"] == command[command.index("TF_GPU_ALLOCATOR") - 1 : command.index("TF_GPU_ALLOCATOR") + 1]
+    assert "nvidia.com/gpu" not in str(launcher(manifest)["resources"])  # the launcher never takes a GPU
+    pod = worker_pod(manifest)
+    container = pod["containers"][0]
+    assert container["resources"]["limits"] == {"cpu": "32", "memory": "128Gi", "nvidia.com/gpu": 4}
+    assert container["command"] == ["/usr/sbin/sshd", "-De", "-f", "/home/mpiuser/.sshd_config"]
+    assert manifest["spec"]["sshAuthMountPath"] == "/home/mpiuser/.ssh"
+    assert pod["securityContext"] == {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True, "fsGroup": 1000}
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["priorityClassName"] == "training-high"
+    launcher_pod = manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    assert launcher_pod["priorityClassName"] == "training-high" and "nodeSelector" not in launcher_pod
+    # the shared volume is mounted at the same path in every pod
+    shared = {"name": "shared", "mountPath": "/shared"}
+    assert shared in container["volumeMounts"] and shared in launcher(manifest)["volumeMounts"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
+    assert manifest["spec"]["runPolicy"]["schedulingPolicy"] == {"queue": "training"}
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["NCCL_DEBUG"] == "INFO" and env["HOROVOD_FUSION_THRESHOLD"] == "134217728"
+    assert env["HOROVOD_TIMELINE"] == "/shared/digits-gpu/timeline.json"
+
+
+# ---- strict parsing ---------------------------------------------------------
+
+
+def test_unknown_fields_rejected_with_paths_all_at_once():
+    errors = errors_of(BASE | {
+        "slotPerWorker": 4,
+        "resources": {"worker": {"cpu": "1", "memory": "1Gi", "gpus": 1}},
+        "scheduling": {"tolerations": [{"key": "a", "operator": "Exists"}, {"key": "b", "efect": "NoSchedule"}]},
+        "runPolicy": {"cleanupPolicy": "All"},
+    })  # fmt: skip
+    assert errors == [
+        "slotPerWorker: unknown field (did you mean 'slotsPerWorker'?)",
+        "resources.worker.gpus: unknown field (known: cpu, memory)",
+        "scheduling.tolerations[1].efect: unknown field (did you mean 'effect'?)",
+        "runPolicy.cleanupPolicy: unknown field (did you mean 'cleanPodPolicy'?)",
+    ]
+
+
+def test_types_and_required_fields():
+    errors = errors_of({"image": "img:1", "workers": "two", "gpu": "yes", "command": "python t.py",
+                        "env": {"A": True}, "elastic": {"minWorkers": 1}})  # fmt: skip
+    assert errors == [
+        "workers: must be an integer, got string 'two'",
+        "gpu: must be true or false, got string 'yes'",
+        "command: must be a list, got string 'python t.py'",
+        "env.A: must be a string, got boolean true (quote it)",
+        "elastic.maxWorkers: required",
+        "name: required",
+    ]
+
+
+def test_scalars_become_text_and_defaults_fill_in():
+    spec = load_spec(BASE | {"command": ["python", "t.py", "--epochs", 5, "--lr", 0.1],
+                             "resources": {"worker": {"cpu": 4, "memory": "8Gi"}}})  # fmt: skip
+    assert spec.command == ("python", "t.py", "--epochs", "5", "--lr", "0.1")
+    assert spec.resources.worker.cpu == "4"
+    assert spec.resources.launcher.cpu == "500m"  # sibling default kept
+    assert (spec.namespace, spec.workers, spec.slots_per_worker, spec.np) == ("default", 2, 1, 2)
+    assert spec.ssh_auth_mount_path == "/root/.ssh" and spec.scheduling.tolerations == ()
+
+
+def test_file_errors_name_the_file(tmp_path: Path):
+    with pytest.raises(UserError, match=r"nope\.yaml: no such file"):
+        load_spec(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(UserError, match=r"bad\.yaml: not valid YAML"):
+        load_spec(bad)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(yaml.safe_dump(BASE | {"worker": 3}))
+    with pytest.raises(SpecError) as info:
+        load_spec(typo)
+    assert str(info.value) == f"{typo}: invalid:\n  worker: unknown field (did you mean 'workers'?)"
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- name: x\n")
+    with pytest.raises(SpecError) as info:
+        load_spec(listing)
+    assert info.value.errors == ["<top level>: must be a mapping, got a list"]
+    mpijob = tmp_path / "job.yaml"
+    mpijob.write_text(to_yaml(render(load_spec(BASE))))
+    with pytest.raises(UserError, match="is an MPIJob manifest, not an hvdk8s job spec"):
+        load_spec(mpijob)
+
+
+# ---- the operator's rules, as job-spec errors --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"workers": 0}, "workers: must be >= 1, got 0"),
+        ({"slotsPerWorker": 0}, "slotsPerWorker: must be >= 1, got 0"),
+        ({"restartPolicy": {"worker": "Always"}}, "restartPolicy.worker: 'Always' is not one of Never, OnFailure"),
+        ({"restartPolicy": {"launcher": "ExitCode"}}, "restartPolicy.launcher: 'ExitCode' is not one of Never, OnFailure"),
+        ({"runPolicy": {"cleanPodPolicy": "Finished"}}, "runPolicy.cleanPodPolicy: 'Finished' is not one of None, Running, All"),
+        ({"runPolicy": {"backoffLimit": -1}}, "runPolicy.backoffLimit: must be >= 0, got -1"),
+        ({"runPolicy": {"activeDeadlineSeconds": 0}}, "runPolicy.activeDeadlineSeconds: must be >= 1, got 0"),
+        ({"launcherCreationPolicy": "Eager"}, "launcherCreationPolicy: 'Eager' is not one of AtStartup, WaitForWorkersReady"),
+        ({"mpiImplementation": "MPICH"}, "mpiImplementation: 'MPICH': hvdk8s launches with Open MPI's mpirun; only OpenMPI"),
+        ({"name": "Digits"}, "name: pod hostname 'Digits-worker-1' is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)"),
+        ({"name": "1digits"}, "name: pod hostname '1digits-worker-1' is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)"),
+        ({"resources": {"worker": {"cpu": "2 cores", "memory": "4G"}}}, "resources.worker.cpu: '2 cores' is not a Kubernetes quantity (e.g. 500m, 2, 4Gi)"),
+        ({"env": {"NCCL_DEBUG": "INFO"}}, "env.NCCL_DEBUG: set by hvdk8s from nccl.debug; set it there"),
+        ({"env": {"1BAD": "x"}}, "env.1BAD: not a valid environment variable name"),
+        ({"scheduling": {"gpuProduct": "NVIDIA-A100"}}, "scheduling.gpuProduct: only for GPU jobs (gpu: true)"),
+        ({"gpu": True, "scheduling": {"gpuProduct": "NVIDIA A100"}}, "scheduling.gpuProduct: 'NVIDIA A100' is not a node label value, e.g. NVIDIA-A100-SXM4-80GB"),
+        ({"scheduling": {"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}}, "scheduling.tolerations[0].value: must be empty when operator is Exists"),
+        ({"sharedVolume": {"claimName": "data", "mountPath": "/dev"}}, "sharedVolume.mountPath: '/dev' overlaps /dev/shm (shmSize)"),
+        ({"sharedVolume": {"claimName": "Data_1"}}, "sharedVolume.claimName: 'Data_1' is not a valid PersistentVolumeClaim name"),
+        ({"user": {"uid": 0}}, "user.uid: must be >= 1, got 0"),
+        ({"metrics": {"port": 2221}, "slotsPerWorker": 2}, "metrics.port: ranks use ports 2221..2222, which include sshPort 2222"),
+        ({"metrics": {"port": 65535}, "slotsPerWorker": 2}, "metrics.port: ranks use ports 65535..65536, past 65535"),
+        ({"nccl": {"debug": "LOUD"}}, "nccl.debug: 'LOUD' is not one of VERSION, WARN, INFO, TRACE"),
+        ({"horovod": {"timeline": "timeline.json"}}, "horovod.timeline: 'timeline.json' must be an absolute path"),
+    ],
+)  # fmt: skip
+def test_rule_violations(fields: dict[str, Any], expected: str):
+    assert errors_of(BASE | fields) == [expected]
+
+
+def test_longest_valid_name_passes_and_one_more_fails():
+    name = "a" * (63 - len("-worker-99"))
+    assert load_spec(BASE | {"name": name, "workers": 100}).name == name
+    assert errors_of(BASE | {"name": name + "a", "workers": 100}) == [
+        f"name: pod hostname '{name}a-worker-99' is 64 characters; a DNS-1035 label has at most 63 (shorten the name)"
+    ]
+
+
+def test_many_errors_reported_together():
+    assert errors_of(BASE | {"workers": 0, "slotsPerWorker": -1, "nccl": {"debug": "x"}}) == [
+        "workers: must be >= 1, got 0",
+        "slotsPerWorker: must be >= 1, got -1",
+        "nccl.debug: 'x' is not one of VERSION, WARN, INFO, TRACE",
+    ]
+
+
+# ---- the operator's rules on MPIJob manifests ---------------------------------
+
+
+def _manifest(**fields: Any) -> dict[str, Any]:
+    return copy.deepcopy(render(load_spec(BASE | fields)))
+
+
+def test_rendered_manifests_pass_the_operator_rules():
+    for fields in ({}, {"gpu": True, "slotsPerWorker": 4}, {"elastic": {"minWorkers": 1, "maxWorkers": 3}}):
+        assert check_manifest(render(load_spec(BASE | fields))) == []
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (lambda m: m["spec"]["mpiReplicaSpecs"]["Worker"].update(replicas=0),
+         "spec.mpiReplicaSpecs[Worker].replicas: 0: must be >= 1"),
+        (lambda m: m["spec"]["mpiReplicaSpecs"]["Launcher"].update(replicas=2),
+         "spec.mpiReplicaSpecs[Launcher].replicas: 2: must be 1"),
+        (lambda m: m["spec"]["mpiReplicaSpecs"].pop("Launcher"),
+         "spec.mpiReplicaSpecs[Launcher]: must have Launcher replica spec"),
+        (lambda m: m["spec"]["mpiReplicaSpecs"]["Worker"].update(restartPolicy="Always"),
+         "spec.mpiReplicaSpecs[Worker].restartPolicy: 'Always' is not one of Never, OnFailure"),
+        (lambda m: m["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"].update(containers=[]),
+         "spec.mpiReplicaSpecs[Worker].template.spec.containers: must define at least one container"),
+        (lambda m: m["metadata"].update(name="x" * 60),
+         f"metadata.name: pod hostname '{'x' * 60}-worker-1' is 69 characters; a DNS-1035 label has at most 63 (shorten the name)"),
+        (lambda m: m["spec"]["runPolicy"].update(cleanPodPolicy="Never"),
+         "spec.runPolicy.cleanPodPolicy: 'Never' is not one of None, Running, All"),
+        (lambda m: m["spec"]["runPolicy"].update(backoffLimit=-2),
+         "spec.runPolicy.backoffLimit: must be >= 0, got -2"),
+        (lambda m: m["spec"].update(mpiImplementation="LAM"),
+         "spec.mpiImplementation: 'LAM' is not one of OpenMPI, Intel, MPICH"),
+        (lambda m: m["spec"].update(sshAuthMountPath=""),
+         "spec.sshAuthMountPath: must have a mount path for SSH credentials"),
+        (lambda m: m["spec"].update(slotPerWorker=2),
+         "spec.slotPerWorker: unknown field (known: launcherCreationPolicy, mpiImplementation, mpiReplicaSpecs, "
+         "runLauncherAsWorker, runPolicy, slotsPerWorker, sshAuthMountPath)"),
+        (lambda m: m["spec"].update(slotsPerWorker=2),
+         "spec.mpiReplicaSpecs[Launcher].template.spec.containers[0].command: mpirun -np 2, "
+         "but Worker replicas x slotsPerWorker = 4"),
+        (lambda m: m["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+         .update({"nvidia.com/gpu": 2}),
+         "spec.mpiReplicaSpecs[Worker].template.spec.containers[0].resources.limits.nvidia.com/gpu: 2, "
+         "but slotsPerWorker = 1 (one rank per GPU)"),
+    ],
+)  # fmt: skip
+def test_manifest_rule_violations(edit, expected: str):
+    manifest = _manifest()
+    edit(manifest)
+    assert check_manifest(manifest) == [expected]
+
+
+def test_operator_defaulting_before_validation():
+    """Fields the operator defaults may be absent from a hand-written MPIJob."""
+    manifest = _manifest()
+    for key in ("slotsPerWorker", "sshAuthMountPath", "mpiImplementation", "launcherCreationPolicy", "runPolicy"):
+        del manifest["spec"][key]
+    for replica in manifest["spec"]["mpiReplicaSpecs"].values():
+        del replica["restartPolicy"]
+    del manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["replicas"]
+    assert check_manifest(manifest) == []
+
+
+def test_manifest_from_file(tmp_path: Path):
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(BASE))
+    rendered = manifest_from_file(job)
+    assert rendered == render(load_spec(BASE))
+    as_is = tmp_path / "mpijob.yaml"
+    hand_edited = copy.deepcopy(rendered)
+    hand_edited["metadata"]["annotations"] = {"note": "kept"}
+    as_is.write_text(to_yaml(hand_edited))
+    assert manifest_from_file(as_is) == hand_edited
+    hand_edited["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = 0
+    as_is.write_text(to_yaml(hand_edited))
+    with pytest.raises(SpecError) as info:
+        manifest_from_file(as_is)
+    assert info.value.errors == ["spec.mpiReplicaSpecs[Worker].replicas: 0: must be >= 1"]
+
+
+# ---- elastic ----------------------------------------------------------------
+
+
+def test_elastic_launcher_command_and_bounds():
+    manifest = render(load_spec(BASE | {"workers": 3, "slotsPerWorker": 2, "elastic": {"minWorkers": 2, "maxWorkers": 5}}))
+    assert launcher(manifest)["command"] == [
+        "horovodrun", "-np", "6", "--min-np", "4", "--max-np", "10", "--slots", "2",
+        "--host-discovery-script", "/etc/mpi/discover_hosts.sh",
+        "python", "/app/examples/train_digits.py",
+    ]  # fmt: skip
+    assert manifest["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 3
+    assert check_manifest(manifest) == []
+    assert errors_of(BASE | {"workers": 6, "elastic": {"minWorkers": 2, "maxWorkers": 5}}) == [
+        "workers: must be between elastic.minWorkers (2) and elastic.maxWorkers (5)"
+    ]
+    assert errors_of(BASE | {"elastic": {"minWorkers": 3, "maxWorkers": 2}}) == [
+        "elastic.maxWorkers: must be >= elastic.minWorkers (3)"
+    ]
+    assert errors_of(BASE | {"workers": 1, "elastic": {"minWorkers": 0, "maxWorkers": 2}}) == [
+        "elastic.minWorkers: must be >= 1, got 0"
+    ]
+    # hostnames are checked for the largest worker index the job can scale to
+    name = "a" * (63 - len("-worker-99"))
+    assert errors_of(BASE | {"name": name, "elastic": {"minWorkers": 1, "maxWorkers": 101}}) == [
+        f"name: pod hostname '{name}-worker-100' is 64 characters; a DNS-1035 label has at most 63 (shorten the name)"
+    ]
+
+
+# ---- metrics -----------------------------------------------------------------
+
+
+def test_metrics_wiring_per_local_rank():
+    manifest = render(load_spec(BASE | {"slotsPerWorker": 3, "metrics": {"port": 9400, "path": "/prom"}}))
+    template = manifest["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+    container = template["spec"]["containers"][0]
+    assert container["ports"] == [
+        {"name": "ssh", "containerPort": 2222},
+        {"name": "metrics-0", "containerPort": 9400},
+        {"name": "metrics-1", "containerPort": 9401},
+        {"name": "metrics-2", "containerPort": 9402},
+    ]
+    assert template["metadata"]["annotations"] == {
+        "prometheus.io/scrape": "true", "prometheus.io/port": "9400", "prometheus.io/path": "/prom"}  # fmt: skip
+    for c in (container, launcher(manifest)):
+        env = {e["name"]: e["value"] for e in c["env"]}
+        assert (env["HVDK8S_METRICS_PORT"], env["HVDK8S_JOB_NAME"]) == ("9400", "digits")
+    assert "HVDK8S_METRICS_PORT" in launcher(manifest)["command"]  # forwarded to every rank
+
+    off = render(load_spec(BASE | {"metrics": {"enabled": False}}))
+    template = off["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+    assert "annotations" not in template["metadata"]
+    assert template["spec"]["containers"][0]["ports"] == [{"name": "ssh", "containerPort": 2222}]
+    assert "HVDK8S_METRICS_PORT" not in launcher(off)["command"]
+
+
+def test_user_env_is_set_and_forwarded():
+    manifest = render(load_spec(BASE | {"env": {"DATA_DIR": "/shared/data", "TF_CPP_MIN_LOG_LEVEL": "2"}}))
+    command = launcher(manifest)["command"]
+    names = [command[i + 1] for i, arg in enumerate(command) if arg == "-x"]
+    assert names == sorted([*FORWARDED, "DATA_DIR", "TF_CPP_MIN_LOG_LEVEL"])
+    assert launcher(manifest)["env"][-2:] == [{"name": "DATA_DIR", "value": "/shared/data"},
+                                              {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"}]  # fmt: skip
+
+
+def test_shm_can_be_turned_off():
+    pod = worker_pod(render(load_spec(BASE | {"shmSize": None})))
+    assert "volumes" not in pod and "volumeMounts" not in pod["containers"][0]
+
+
+# ---- CLI ----------------------------------------------------------------------
+
+
+def test_render_from_flags_only(capsys: pytest.CaptureFixture[str]):
+    assert run_render("--name", "quick", "--image", "img:2", "--workers", "3", "--slots", "2", "--gpu",
+                      "--", "python", "train.py", "--epochs", "1") == 0  # fmt: skip
+    manifest = yaml.safe_load(capsys.readouterr().out)
+    assert manifest == render(load_spec({"name": "quick", "image": "img:2", "workers": 3, "slotsPerWorker": 2,
+                                         "gpu": True, "command": ["python", "train.py", "--epochs", "1"]}))  # fmt: skip
+
+
+def test_render_flags_override_file_and_podmonitor(capsys: pytest.CaptureFixture[str]):
+    assert run_render(str(EXAMPLES / "cpu.yaml"), "--workers", "4", "--podmonitor") == 0
+    job, monitor = yaml.safe_load_all(capsys.readouterr().out)
+    assert job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 4
+    assert launcher(job)["command"][:3] == ["mpirun", "-np", "4"]
+    assert monitor["kind"] == "PodMonitor" and monitor["metadata"]["name"] == "digits-cpu"
+
+
+def test_render_errors_are_user_errors(tmp_path: Path):
+    with pytest.raises(UserError, match="give JOB.yaml, or --name, --image"):
+        run_render("--name", "x")
+    with pytest.raises(SpecError) as info:
+        run_render("--name", "x", "--image", "i", "--workers", "0", "--", "python", "t.py")
+    assert str(info.value) == "command line: invalid:\n  workers: must be >= 1, got 0"
+    mpijob = tmp_path / "m.yaml"
+    mpijob.write_text((EXAMPLES / "cpu.mpijob.yaml").read_text())
+    with pytest.raises(UserError, match="flags cannot change it"):
+        run_render(str(mpijob), "--workers", "3")
+    with pytest.raises(UserError, match="--podmonitor needs a job spec"):
+        run_render(str(mpijob), "--podmonitor")
+    with pytest.raises(UserError, match="-o .*/missing/out.yaml: No such file or directory"):
+        run_render(str(EXAMPLES / "cpu.yaml"), "-o", str(tmp_path / "missing" / "out.yaml"))
+
+
+def test_render_passes_mpijob_files_through(capsys: pytest.CaptureFixture[str]):
+    assert run_render(str(EXAMPLES / "gpu.mpijob.yaml")) == 0
+    assert capsys.readouterr().out == (EXAMPLES / "gpu.mpijob.yaml").read_text()
+
+
+def test_to_yaml_is_stable_and_alias_free():
+    spec = load_spec(BASE)
+    text = to_yaml(render(spec))
+    assert text == to_yaml(render(load_spec(BASE)))
+    assert "&id" not in text and "*id" not in text
+    assert text.splitlines()[:3] == ["apiVersion: kubeflow.org/v2beta1", "kind: MPIJob", "metadata:"]
+    assert to_yaml({"a": 1}, {"b": 2}) == "a: 1\n---\nb: 2\n"
+
+
+# ---- the launcher command under a real Open MPI --------------------------------
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI not installed")
+def test_launcher_command_runs_against_an_operator_style_hostfile(tmp_path: Path):
+    """The rendered argv is accepted by Open MPI and its -np exactly fills the
+    hostfile the operator writes (workers x slotsPerWorker slots; one more rank
+    would fail with "not enough slots"). Single host, so no ssh and no proof of
+    -x forwarding: the network-namespace test runs it across hosts."""
+    probe = "import os, sys; sys.stdout.write(f\"rank-env {os.environ['HVDK8S_JOB_NAME']} {os.environ['DATA_DIR']}\\n\")"
+    spec = load_spec(BASE | {"workers": 1, "slotsPerWorker": 2, "command": [sys.executable, "-c", probe],
+                             "env": {"DATA_DIR": "/shared/data"}})  # fmt: skip
+    container = launcher(render(spec))
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")  # what the operator writes for 1 worker x 2 slots
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "HVDK8S_"))}
+    env |= {e["name"]: e["value"] for e in container["env"]}
+    env |= {"OMPI_MCA_orte_default_hostfile": str(hostfile), "OMPI_MCA_orte_keep_fqdn_hostnames": "true"}
+    proc = subprocess.run(container["command"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(untag(line) for line in proc.stdout.splitlines() if "rank-env" in line) == [
+        (0, "rank-env digits /shared/data"),
+        (1, "rank-env digits /shared/data"),
+    ]
