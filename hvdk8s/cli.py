@@ -13,7 +13,11 @@ from collections.abc import Sequence
 from hvdk8s import __version__
 from hvdk8s.errors import UserError
 
-COMMAND_MODULES = ("hvdk8s.launcher.cli",)
+COMMAND_MODULES = (
+    "hvdk8s.launcher.cli",
+    "hvdk8s.mpijob.cli",
+    "hvdk8s.serving.manifests_cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
