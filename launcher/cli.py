@@ -1,4 +1,5 @@
-"""Launcher commands of the ``hvdk8s`` CLI."""
+"""Launcher commands of the ``hvdk8s`` CLI: ``run`` locally; ``submit``, ``status``, ``logs``, ``delete``
+on Kubernetes (MPI Operator MPIJobs, kubeflow.org/v2beta1)."""
 from __future__ import annotations
 
 import argparse
@@ -17,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--timeline", metavar="FILE", help="write a Horovod timeline (Chrome trace) to FILE")
     run.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args] or any command")
     run.set_defaults(handler=_run)
+    _register_cluster(sub)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -26,3 +28,103 @@ def _run(args: argparse.Namespace) -> int:
     if not args.command:
         raise UserError("run: give the script to run, e.g. hvdk8s run -np 2 train.py")
     return local.run(args.np, args.command, hosts=args.hosts, env=args.env, timeline=args.timeline)
+
+
+def _cluster_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, "
+                        "else the in-cluster service account)")
+    parser.add_argument("--context", help="kubeconfig context (default: its current-context)")
+    parser.add_argument("-n", "--namespace", help="namespace (default: the manifest's, else the context's, "
+                        "else default)")
+
+
+def _register_cluster(sub: argparse._SubParsersAction) -> None:
+    submit = sub.add_parser(
+        "submit", help="create an MPIJob on Kubernetes from a job spec or MPIJob YAML",
+        description="Create the MPIJob (kubeflow.org/v2beta1) and, with --wait, report its conditions and "
+        "replica counts as they change until it ends: exit 0 when it Succeeded, 1 when it Failed.")
+    submit.add_argument("file", help="hvdk8s job spec or MPIJob manifest (YAML)")
+    submit.add_argument("--wait", action="store_true", help="follow the job's status until it ends")
+    submit.add_argument("--follow", action="store_true", help="--wait and stream the launcher's logs")
+    submit.add_argument("--dry-run", choices=("none", "server"), default="none",
+                        help="server: have the API server validate and default it, create nothing, print it")
+    _cluster_flags(submit)
+    submit.set_defaults(handler=_submit)
+
+    status = sub.add_parser("status", help="an MPIJob's conditions and replica counts",
+                            description="One-shot summary of an MPIJob: phase, conditions, replica counts.")
+    status.add_argument("name", help="MPIJob name")
+    _cluster_flags(status)
+    status.set_defaults(handler=_status)
+
+    logs = sub.add_parser("logs", help="the MPIJob launcher's logs",
+                          description="Print the log of the job's newest launcher pod.")
+    logs.add_argument("name", help="MPIJob name")
+    logs.add_argument("-f", "--follow", action="store_true", help="wait for the launcher and stream until it exits")
+    _cluster_flags(logs)
+    logs.set_defaults(handler=_logs)
+
+    delete = sub.add_parser(
+        "delete", help="delete an MPIJob and (foreground) its pods",
+        description="Delete with foreground propagation: the MPIJob stays, marked for deletion, until its "
+        "pods, services and secrets are gone, so resubmitting the same name cannot collide with them.")
+    delete.add_argument("name", help="MPIJob name")
+    delete.add_argument("--wait", action="store_true", help="return once the MPIJob and its pods are gone")
+    _cluster_flags(delete)
+    delete.set_defaults(handler=_delete)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    import yaml
+
+    from hvdk8s.errors import UserError
+    from hvdk8s.launcher import kube, watch
+    from hvdk8s.mpijob import manifest_from_file
+
+    dry_run = args.dry_run == "server"
+    if dry_run and (args.wait or args.follow):
+        raise UserError("--wait/--follow cannot be combined with --dry-run=server: nothing is created")
+    manifest = manifest_from_file(args.file)
+    cluster = kube.connect(args.kubeconfig, args.context)
+    namespace = kube.resolve_namespace(args.namespace, manifest.get("metadata", {}).get("namespace"),
+                                       cluster.namespace)
+    job = kube.create_job(cluster, manifest, namespace, dry_run=dry_run)
+    name = job["metadata"]["name"]
+    if dry_run:
+        print(f"# mpijob.kubeflow.org/{name} accepted by the API server (dry run: nothing was created)")
+        print(yaml.safe_dump(job, sort_keys=False), end="")
+        return 0
+    print(f"mpijob.kubeflow.org/{name} created in namespace {namespace}", flush=True)
+    if not (args.wait or args.follow):
+        return 0
+    return watch.wait_for_job(cluster, namespace, name, follow_logs=args.follow)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from hvdk8s.launcher import jobstatus, kube
+
+    cluster = kube.connect(args.kubeconfig, args.context)
+    job = kube.get_job(cluster, args.namespace or cluster.namespace, args.name)
+    print("\n".join(jobstatus.summary(job)))
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from hvdk8s.launcher import kube, watch
+
+    cluster = kube.connect(args.kubeconfig, args.context)
+    return watch.show_logs(cluster, args.namespace or cluster.namespace, args.name, args.follow)
+
+
+def _delete(args: argparse.Namespace) -> int:
+    from hvdk8s.launcher import kube, watch
+
+    cluster = kube.connect(args.kubeconfig, args.context)
+    namespace = args.namespace or cluster.namespace
+    kube.delete_job(cluster, namespace, args.name)
+    print(f"mpijob.kubeflow.org/{args.name} deletion requested ({kube.PROPAGATION.lower()}: "
+          "removed once its pods, services and secrets are gone)", flush=True)
+    if args.wait:
+        watch.wait_deleted(cluster, namespace, args.name)
+        print(f"mpijob.kubeflow.org/{args.name} deleted")
+    return 0

@@ -1,0 +1,92 @@
+"""Turn Kubernetes API failures into messages a user can act on.
+
+Pure: takes the HTTP status and body the API server sent (a ``Status`` object,
+or plain text for unknown paths) plus what hvdk8s was trying to do, and says
+what went wrong and what to run next. No traceback ever reaches the user.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+MPIJOBS = "mpijobs.kubeflow.org"
+OPERATOR_VERSION = "v0.8.2"
+OPERATOR_MANIFEST = (f"https://raw.githubusercontent.com/kubeflow/mpi-operator/{OPERATOR_VERSION}"
+                     "/deploy/v2beta1/mpi-operator.yaml")
+INSTALL_OPERATOR = f"kubectl apply --server-side -f {OPERATOR_MANIFEST}"
+
+
+@dataclass(frozen=True)
+class Action:
+    """What hvdk8s asked the API server: ``create mpijobs.kubeflow.org "x" in namespace "ns"``."""
+
+    verb: str
+    resource: str
+    namespace: str
+    name: str | None = None
+
+    def __str__(self) -> str:
+        named = f' "{self.name}"' if self.name else ""
+        return f'{self.verb} {self.resource}{named} in namespace "{self.namespace}"'
+
+
+def parse_status(body: str | bytes | None) -> dict:
+    """The ``Status`` object of an error response, or {} when the body is not one."""
+    try:
+        parsed = json.loads(body or "")
+    except (TypeError, ValueError):
+        return {}
+    return parsed if isinstance(parsed, dict) and parsed.get("kind") == "Status" else {}
+
+
+def api_error_message(code: int, body: str | bytes | None, action: Action) -> str:
+    status = parse_status(body)
+    said = status.get("message") or (body.decode() if isinstance(body, bytes) else body or "").strip()
+    if code == 404 and action.resource == MPIJOBS and not status:
+        return crd_missing_message()
+    if code == 404:
+        return f'{action.resource} "{action.name}" not found in namespace "{action.namespace}"' + (
+            f' (list them: kubectl get mpijobs -n {action.namespace})' if action.resource == MPIJOBS else "")
+    if code == 409 and status.get("reason") == "AlreadyExists":
+        return (f'an MPIJob named "{action.name}" already exists in namespace "{action.namespace}": delete it '
+                f"first (hvdk8s delete {action.name} -n {action.namespace}) or change metadata.name")
+    if code == 403:
+        return (f"forbidden by RBAC: you may not {action}. The API server said: {said}. "
+                f"Check with: kubectl auth can-i {action.verb} {action.resource} -n {action.namespace}; "
+                "ask a cluster admin for a Role and RoleBinding that grant it")
+    if code == 401:
+        return ("the API server rejected the credentials (401 Unauthorized): refresh them in the kubeconfig "
+                "(log in again) or choose another --context")
+    if code == 422:
+        return invalid_message(status, action)
+    if code == 400 and "unknown field" in said:
+        return (f'the API server rejected MPIJob "{action.name}": {said} (misspelled, or not a field of '
+                "kubeflow.org/v2beta1 MPIJobs)")
+    return f"could not {action}: the API server answered {code} {status.get('reason', '')}: {said}".replace(
+        "  ", " ")
+
+
+def invalid_message(status: dict, action: Action) -> str:
+    """422 Invalid: one line per cause, each naming its field path."""
+    causes = (status.get("details") or {}).get("causes") or []
+    lines = [f"  {c.get('field', '?')}: {c.get('message', c.get('reason', ''))}" for c in causes]
+    if not lines:
+        lines = [f"  {status.get('message', 'no details given')}"]
+    return f'the API server rejected MPIJob "{action.name}" as invalid:\n' + "\n".join(lines)
+
+
+def crd_missing_message() -> str:
+    return ("the cluster does not serve kubeflow.org/v2beta1 MPIJobs: the MPI Operator is not installed "
+            f"(or only the older kubeflow.org/v1 MPIJob CRD is). Install it with:\n  {INSTALL_OPERATOR}\n"
+            "then check: kubectl get crd mpijobs.kubeflow.org")
+
+
+def unreachable_message(host: str, error: BaseException | str) -> str:
+    """No answer at all: say where hvdk8s looked and the low-level cause, briefly."""
+    text = str(getattr(error, "reason", None) or error)
+    match = re.search(r"Failed to establish a new connection: [^\"')]+|Read timed out[^\"')]*|\[Errno[^\]]*\][^\"')]*",
+                      text)
+    cause = match.group(0).strip() if match else text
+    return (f"cannot reach the Kubernetes API server at {host}: {cause}. Is the cluster up and is this the "
+            "right kubeconfig context? Check with: kubectl cluster-info (choose one with --kubeconfig/--context)")

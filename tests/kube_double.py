@@ -1,0 +1,594 @@
+"""A local HTTP double of the Kubernetes API, just the calls ``hvdk8s`` makes.
+
+No cluster can run in CI, so the cluster client is tested against this server
+through the real ``kubernetes`` client and a generated kubeconfig. It answers
+the way a real API server does for: create (with ``dryRun=All``), get, list
+(with ``fieldSelector=metadata.name=``), watch (chunked JSON events, bookmarks,
+server-side timeouts, ``410 Gone``) and delete (Foreground/Background) of
+``kubeflow.org/v2beta1`` MPIJobs; listing pods by label selector; reading a
+pod's log, following it as lines arrive. Create bodies are pruned, defaulted
+and validated against the REAL CRD schema (``shared/schemas``); invalid ones
+get ``422 Invalid`` with per-field causes like the API server's.
+
+Per test it can play: the CRD not installed (``404 page not found``), RBAC
+denials (``403`` naming user, verb, resource, namespace) and a scripted MPI
+Operator that walks an MPIJob through its conditions, replica counts and a
+launcher pod that writes log lines.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import itertools
+import json
+import re
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+from werkzeug.routing import Map, Rule
+from werkzeug.serving import WSGIRequestHandler, make_server
+from werkzeug.wrappers import Request, Response
+
+GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v2beta1", "mpijobs", "MPIJob"
+CRD_PATH = Path(__file__).resolve().parents[2] / "shared" / "schemas" / "mpijob-v2beta1-crd.yaml"
+LAUNCHER_LABELS = ("training.kubeflow.org/operator-name", "training.kubeflow.org/job-name",
+                   "training.kubeflow.org/job-role")
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+@functools.cache
+def crd_schema(version: str = VERSION) -> dict:
+    """openAPIV3Schema of one version of the real MPIJob CRD (read once: it is 9,000 lines)."""
+    crd = yaml.load(CRD_PATH.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    return next(v for v in crd["spec"]["versions"] if v["name"] == version)["schema"]["openAPIV3Schema"]
+
+
+# ---------------------------------------------------------------- schema: what the API server does to a body
+
+
+def prune(obj: Any, schema: dict, where: str = "", dropped: list[str] | None = None) -> Any:
+    """Drop fields the structural schema does not know, as the API server does; their paths go
+    to ``dropped`` (``fieldValidation=Strict`` turns them into an error)."""
+    dropped = [] if dropped is None else dropped
+    if isinstance(obj, dict) and schema.get("type") == "object":
+        if "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+            known = schema["properties"]
+            dropped += [f"{where}{k}" for k in obj if k not in known]
+            return {k: prune(v, known[k], f"{where}{k}.", dropped) for k, v in obj.items() if k in known}
+        if isinstance(schema.get("additionalProperties"), dict):
+            return {k: prune(v, schema["additionalProperties"], f"{where}{k}.", dropped) for k, v in obj.items()}
+    if isinstance(obj, list) and "items" in schema:
+        return [prune(v, schema["items"], f"{where.rstrip('.')}[{i}].", dropped) for i, v in enumerate(obj)]
+    return obj
+
+
+def apply_defaults(obj: Any, schema: dict) -> None:
+    """Fill schema ``default``s into objects that exist, as structural defaulting does."""
+    if isinstance(obj, dict):
+        for key, sub in schema.get("properties", {}).items():
+            if key not in obj and "default" in sub:
+                obj[key] = copy.deepcopy(sub["default"])
+            if key in obj:
+                apply_defaults(obj[key], sub)
+        if isinstance(schema.get("additionalProperties"), dict):
+            for value in obj.values():
+                apply_defaults(value, schema["additionalProperties"])
+    elif isinstance(obj, list) and "items" in schema:
+        for value in obj:
+            apply_defaults(value, schema["items"])
+
+
+def field_path(schema: dict, path: Iterable[Any]) -> str:
+    """Kubernetes field path: ``spec.mpiReplicaSpecs[Worker].template.spec.containers[0]``."""
+    out, node = "", schema
+    for part in path:
+        if isinstance(part, int):
+            out, node = f"{out}[{part}]", node.get("items", {})
+        elif part in node.get("properties", {}):
+            out, node = f"{out}.{part}" if out else part, node["properties"][part]
+        else:
+            out, node = f"{out}[{part}]", node.get("additionalProperties", {})
+    return out
+
+
+def _go_type(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", float: "number",
+            int: "integer", type(None): "null"}[type(value)]
+
+
+def schema_causes(body: dict, schema: dict) -> list[dict]:
+    """Validate like the API server; one StatusCause per problem, sorted by field."""
+    causes = []
+    for err in jsonschema.Draft4Validator(schema).iter_errors(body):
+        where = field_path(schema, err.absolute_path)
+        if err.validator == "required":
+            missing = [p for p in err.validator_value if p not in err.instance]
+            causes += [_cause("FieldValueRequired", f"{where}.{p}" if where else p, "Required value")
+                       for p in missing]
+        elif err.validator == "type":
+            got = _go_type(err.instance)
+            causes.append(_cause("FieldValueTypeInvalid", where, f'Invalid value: "{got}": {where} in body '
+                                 f'must be of type {err.validator_value}: "{got}"'))
+        elif err.validator == "enum":
+            allowed = ", ".join(json.dumps(v) for v in err.validator_value)
+            causes.append(_cause("FieldValueNotSupported", where,
+                                 f"Unsupported value: {json.dumps(err.instance)}: supported values: {allowed}"))
+        else:
+            causes.append(_cause("FieldValueInvalid", where,
+                                 f"Invalid value: {json.dumps(err.instance)}: {err.message}"))
+    unique = {(c["field"], c["message"]): c for c in causes}
+    return sorted(unique.values(), key=lambda c: (c["field"], c["message"]))
+
+
+def _cause(reason: str, field_: str, message: str) -> dict:
+    return {"reason": reason, "message": message, "field": field_}
+
+
+def metadata_causes(meta: dict) -> list[dict]:
+    name = meta.get("name")
+    if not name and not meta.get("generateName"):
+        return [_cause("FieldValueRequired", "metadata.name", "Required value: name or generateName is required")]
+    if name and (not DNS1123_SUBDOMAIN.fullmatch(name) or len(name) > 253):
+        return [_cause("FieldValueInvalid", "metadata.name",
+                       f'Invalid value: "{name}": a lowercase RFC 1123 subdomain must consist of lower case '
+                       "alphanumeric characters, '-' or '.', and must start and end with an alphanumeric "
+                       "character (e.g. 'example.com', regex used for validation is "
+                       "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')")]
+    return []
+
+
+# ---------------------------------------------------------------- the scripted operator
+
+
+@dataclass
+class Step:
+    """One thing the emulated operator does to an MPIJob, ``delay`` seconds after the previous step.
+
+    ``condition`` is (type, status, reason, message) with ``{ns}``/``{name}`` filled in;
+    ``replicas`` replaces ``status.replicaStatuses``; ``launcher`` sets the phase of the
+    launcher pod (``new_launcher`` first creates a fresh one, as after a restart);
+    ``logs`` are appended to the launcher's log; ``until_log_follower`` holds the job
+    here until a client follows the launcher's log (so a test of live following is not a race).
+    """
+
+    condition: tuple[str, str, str, str] | None = None
+    replicas: dict[str, dict[str, int]] | None = None
+    launcher: str | None = None
+    new_launcher: bool = False
+    logs: tuple[str, ...] = ()
+    until_log_follower: bool = False
+    delay: float = 0.05
+
+
+def succeeding(logs: Iterable[str], workers: int = 2, live: bool = False) -> list[Step]:
+    """The MPI Operator's path of a job that trains and finishes (its real reasons and messages).
+
+    ``live``: the launcher writes its log only once someone follows it, one line every 0.05 s.
+    """
+    return [
+        Step(condition=("Created", "True", "MPIJobCreated", "MPIJob {ns}/{name} is created."),
+             replicas={"Launcher": {}, "Worker": {}}),
+        Step(replicas={"Launcher": {}, "Worker": {"active": workers}}, launcher="Pending", new_launcher=True),
+        Step(condition=("Running", "True", "MPIJobRunning", "MPIJob {ns}/{name} is running."),
+             replicas={"Launcher": {"active": 1}, "Worker": {"active": workers}}, launcher="Running"),
+        *([Step(until_log_follower=True)] if live else []),
+        *[Step(logs=(line,), delay=0.05 if live else 0.02) for line in logs],
+        Step(condition=("Succeeded", "True", "MPIJobSucceeded", "MPIJob {ns}/{name} successfully completed."),
+             replicas={"Launcher": {"succeeded": 1}, "Worker": {}}, launcher="Succeeded"),
+    ]
+
+
+def failing(reason: str, message: str, logs: Iterable[str] = (), workers: int = 2) -> list[Step]:
+    """A job whose launcher fails for good: the operator copies the launcher Job's reason."""
+    *start, _ = succeeding(logs, workers)
+    return [*start, Step(condition=("Failed", "True", reason, message),
+                         replicas={"Launcher": {"failed": 1}, "Worker": {}}, launcher="Failed")]
+
+
+# ---------------------------------------------------------------- the server
+
+
+@dataclass
+class Pod:
+    manifest: dict
+    log: list[str] = field(default_factory=list)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status_body(code: int, reason: str, message: str, details: dict | None = None) -> dict:
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+    if details:
+        body["details"] = details
+    return body
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str, details: dict | None = None):
+        super().__init__(message)
+        self.body = status_body(code, reason, message, details)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log(self, *args: object) -> None:  # tests read self.requests instead of an access log
+        pass
+
+
+class KubeDouble:
+    """The fake API server. Use as a context manager; ``write_kubeconfig`` points the client at it.
+
+    crd_installed: False answers every kubeflow.org/v2beta1 call with a plain ``404 page not found``.
+    forbidden: (verb, resource) pairs this user may not do, e.g. ("create", "mpijobs"), ("get", "pods/log").
+    lifecycle: the steps the scripted operator takes after each (non-dry-run) create.
+    max_watch_seconds: end every watch this soon (as a server's timeout), forcing the client to resume.
+    expire_watches: answer this many watches that name a resourceVersion with ``410 Gone``.
+    """
+
+    def __init__(self, *, crd_installed: bool = True, forbidden: Iterable[tuple[str, str]] = (),
+                 lifecycle: list[Step] | None = None, max_watch_seconds: float = 30.0,
+                 expire_watches: int = 0, foreground_delay: float = 0.1, user: str = "alice"):
+        self.crd_installed = crd_installed
+        self.forbidden = set(forbidden)
+        self.lifecycle = lifecycle
+        self.max_watch_seconds = max_watch_seconds
+        self.expire_watches = expire_watches
+        self.foreground_delay = foreground_delay
+        self.user = user
+        self.schema = crd_schema()
+        self.jobs: dict[tuple[str, str], dict] = {}
+        self.pods: dict[tuple[str, str], Pod] = {}
+        self.events: list[tuple[int, str, dict]] = []
+        self.requests: list[tuple[str, str, dict]] = []
+        self.log_reads: list[tuple[str, bool, str]] = []  # (pod, follow, its phase when asked)
+        self._rv = itertools.count(100)
+        self._uids = itertools.count(1)
+        self._cond = threading.Condition()
+        self._closing = threading.Event()
+        self._threads: list[threading.Thread] = []
+        prefix = f"/apis/{GROUP}/{VERSION}/namespaces/<ns>/{PLURAL}"
+        self._routes = Map([
+            Rule(prefix, methods=["GET", "POST"], endpoint="jobs"),
+            Rule(f"{prefix}/<name>", methods=["GET", "DELETE"], endpoint="job"),
+            Rule("/api/v1/namespaces/<ns>/pods", methods=["GET"], endpoint="pods"),
+            Rule("/api/v1/namespaces/<ns>/pods/<name>/log", methods=["GET"], endpoint="log"),
+        ])
+
+    # ------------------------------------------------------------ lifecycle of the server
+
+    def __enter__(self) -> KubeDouble:
+        self._server = make_server("127.0.0.1", 0, self._wsgi, threaded=True, request_handler=_QuietHandler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_port}"
+        self._spawn(self._server.serve_forever, 0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._closing.set()
+        with self._cond:
+            self._cond.notify_all()
+        self._server.shutdown()
+        self._server.server_close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+
+    def _spawn(self, target, *args) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self._threads.append(thread)
+        thread.start()
+
+    def write_kubeconfig(self, path: Path, namespace: str | None = None, context: str = "double") -> Path:
+        """A kubeconfig whose current context points at this server (with a bearer token)."""
+        ctx = {"cluster": "double", "user": self.user} | ({"namespace": namespace} if namespace else {})
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": context,
+            "clusters": [{"name": "double", "cluster": {"server": self.url}}],
+            "users": [{"name": self.user, "user": {"token": "test-token"}}],
+            "contexts": [{"name": context, "context": ctx}],
+        }))
+        return path
+
+    # ------------------------------------------------------------ state changes (hold self._cond)
+
+    def _record(self, kind: str, obj: dict) -> None:
+        obj["metadata"]["resourceVersion"] = str(next(self._rv))
+        self.events.append((int(obj["metadata"]["resourceVersion"]), kind, copy.deepcopy(obj)))
+        self._cond.notify_all()
+
+    def job(self, namespace: str, name: str) -> dict | None:
+        with self._cond:
+            return copy.deepcopy(self.jobs.get((namespace, name)))
+
+    def remove(self, namespace: str, name: str) -> None:
+        """Someone else deletes the MPIJob (background cascade): watchers see DELETED."""
+        with self._cond:
+            self._remove(namespace, name)
+
+    def launcher_pods(self, namespace: str, job: str) -> list[dict]:
+        with self._cond:
+            return [copy.deepcopy(p.manifest) for (ns, _), p in self.pods.items()
+                    if ns == namespace and p.manifest["metadata"]["labels"][LAUNCHER_LABELS[1]] == job]
+
+    # ------------------------------------------------------------ HTTP
+
+    @Request.application
+    def _wsgi(self, request: Request) -> Response:
+        self.requests.append((request.method, request.path, dict(request.args)))
+        adapter = self._routes.bind_to_environ(request.environ)
+        try:
+            endpoint, params = adapter.match()
+        except Exception:  # werkzeug NotFound / MethodNotAllowed: what the real server says for unknown paths
+            return Response("404 page not found\n", status=404, mimetype="text/plain")
+        if endpoint in ("jobs", "job") and not self.crd_installed:
+            return Response("404 page not found\n", status=404, mimetype="text/plain")
+        try:
+            return getattr(self, f"_{endpoint}")(request, **params)
+        except ApiError as err:
+            return _json(err.body, err.body["code"])
+
+    def _authorize(self, verb: str, resource: str, ns: str, name: str | None = None) -> None:
+        if (verb, resource) not in self.forbidden:
+            return
+        base, _, _ = resource.partition("/")
+        group = GROUP if base == PLURAL else ""
+        what = f"{base}.{group}" if group else base
+        subject = f'{what} "{name}"' if name else what
+        raise ApiError(403, "Forbidden",
+                       f'{subject} is forbidden: User "{self.user}" cannot {verb} resource "{resource}" '
+                       f'in API group "{group}" in the namespace "{ns}"',
+                       {"name": name, "group": group, "kind": base} if name else {"group": group, "kind": base})
+
+    def _jobs(self, request: Request, ns: str) -> Response:
+        if request.method == "POST":
+            self._authorize("create", PLURAL, ns)
+            return self._create(request, ns)
+        watching = request.args.get("watch") in ("true", "1")
+        self._authorize("watch" if watching else "list", PLURAL, ns)
+        match = _field_selector(request.args.get("fieldSelector", ""))
+        if watching:
+            return Response(self._watch(ns, match, request.args), mimetype="application/json")
+        with self._cond:
+            items = [copy.deepcopy(j) for (n, name), j in sorted(self.jobs.items()) if n == ns and match(j)]
+            rv = str(self.events[-1][0]) if self.events else "1"
+        return _json({"apiVersion": f"{GROUP}/{VERSION}", "kind": f"{KIND}List",
+                      "metadata": {"resourceVersion": rv}, "items": items})
+
+    def _create(self, request: Request, ns: str) -> Response:
+        body = request.get_json(force=True)
+        meta = body.setdefault("metadata", {})
+        if meta.get("namespace", ns) != ns:
+            raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the "
+                           "namespace sent on the request")
+        if meta.get("generateName") and not meta.get("name"):
+            meta["name"] = f"{meta['generateName']}{next(self._uids):05d}"
+        body.pop("status", None)  # status is a subresource: ignored on create
+        dropped: list[str] = []
+        body = prune(body, self.schema, dropped=dropped)
+        if dropped and request.args.get("fieldValidation") == "Strict":
+            unknown = ", ".join(f'unknown field "{p}"' for p in dropped)
+            raise ApiError(400, "BadRequest", f'{KIND} in version "{VERSION}" cannot be handled as a {KIND}: '
+                           f"strict decoding error: {unknown}")
+        apply_defaults(body, self.schema)
+        name = meta.get("name") or ""
+        causes = metadata_causes(body["metadata"]) + schema_causes(body, self.schema)
+        if causes:
+            listed = [f"{c['field']}: {c['message']}" for c in causes]
+            summary = listed[0] if len(listed) == 1 else "[" + ", ".join(listed) + "]"
+            raise ApiError(422, "Invalid", f'{KIND}.{GROUP} "{name}" is invalid: {summary}',
+                           {"name": name, "group": GROUP, "kind": KIND, "causes": causes})
+        dry_run = request.args.get("dryRun")
+        if dry_run not in (None, "All"):
+            raise ApiError(400, "BadRequest", f'Invalid dry run value: "{dry_run}": supported values: "All"')
+        body["metadata"] |= {"namespace": ns, "uid": f"uid-{next(self._uids)}", "generation": 1,
+                             "creationTimestamp": _now()}
+        with self._cond:
+            if (ns, name) in self.jobs:
+                raise ApiError(409, "AlreadyExists", f'{PLURAL}.{GROUP} "{name}" already exists',
+                               {"name": name, "group": GROUP, "kind": PLURAL})
+            if dry_run:
+                body["metadata"]["resourceVersion"] = ""
+                return _json(body, 201)
+            self.jobs[(ns, name)] = body
+            self._record("ADDED", body)
+            created = copy.deepcopy(body)
+        if self.lifecycle:
+            self._spawn(self._operate, ns, name, self.lifecycle)
+        return _json(created, 201)
+
+    def _job(self, request: Request, ns: str, name: str) -> Response:
+        verb = "get" if request.method == "GET" else "delete"
+        self._authorize(verb, PLURAL, ns, name)
+        with self._cond:
+            job = self.jobs.get((ns, name))
+            if job is None:
+                raise ApiError(404, "NotFound", f'{PLURAL}.{GROUP} "{name}" not found',
+                               {"name": name, "group": GROUP, "kind": PLURAL})
+            if verb == "get":
+                return _json(job)
+            options = request.get_json(force=True, silent=True) or {}
+            policy = request.args.get("propagationPolicy") or options.get("propagationPolicy") or "Background"
+            if policy == "Foreground":
+                job["metadata"] |= {"deletionTimestamp": _now(), "finalizers": ["foregroundDeletion"]}
+                self._record("MODIFIED", job)
+                self._spawn(self._finish_delete, ns, name)
+                return _json(job)
+            self._remove(ns, name)
+        return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                      "details": {"name": name, "group": GROUP, "kind": PLURAL, "uid": job["metadata"]["uid"]}})
+
+    def _remove(self, ns: str, name: str) -> None:
+        job = self.jobs.pop((ns, name))
+        for key in [k for k, p in self.pods.items()
+                    if k[0] == ns and p.manifest["metadata"]["labels"][LAUNCHER_LABELS[1]] == name]:
+            del self.pods[key]
+        self._record("DELETED", job)
+
+    def _finish_delete(self, ns: str, name: str) -> None:
+        """Foreground deletion: the garbage collector removes dependents first, then the owner."""
+        time.sleep(self.foreground_delay)
+        with self._cond:
+            if (ns, name) in self.jobs:
+                self._remove(ns, name)
+
+    def _watch(self, ns: str, match, args) -> Iterator[bytes]:
+        rv = args.get("resourceVersion")
+        deadline = time.monotonic() + min(float(args.get("timeoutSeconds", 1800)), self.max_watch_seconds)
+        with self._cond:
+            if rv and self.expire_watches:
+                self.expire_watches -= 1
+                yield _event("ERROR", status_body(410, "Expired", f"too old resource version: {rv} "
+                                                  f"({self.events[-1][0] if self.events else 1})"))
+                return
+            if rv in (None, "", "0"):  # no version: the current state first, as ADDED events
+                backlog = [("ADDED", j) for (n, _), j in sorted(self.jobs.items()) if n == ns and match(j)]
+                seen = self.events[-1][0] if self.events else 0
+            else:
+                backlog, seen = [], int(rv)
+        for kind, obj in backlog:
+            yield _event(kind, obj)
+        while not self._closing.is_set():
+            with self._cond:
+                fresh = [(v, k, o) for v, k, o in self.events if v > seen]
+                if not fresh:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(timeout=min(left, 0.2))
+                    continue
+            for version, kind, obj in fresh:
+                seen = version
+                if obj["metadata"].get("namespace") == ns and match(obj):
+                    yield _event(kind, obj)
+        if args.get("allowWatchBookmarks") in ("true", "1") and not self._closing.is_set():
+            yield _event("BOOKMARK", {"kind": KIND, "apiVersion": f"{GROUP}/{VERSION}",
+                                      "metadata": {"resourceVersion": str(seen)}})
+
+    def _pods(self, request: Request, ns: str) -> Response:
+        self._authorize("list", "pods", ns)
+        wanted = dict(part.split("=", 1) for part in request.args.get("labelSelector", "").split(",") if part)
+        with self._cond:
+            items = [copy.deepcopy(p.manifest) for (n, _), p in sorted(self.pods.items())
+                     if n == ns and wanted.items() <= p.manifest["metadata"]["labels"].items()]
+        return _json({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": items})
+
+    def _log(self, request: Request, ns: str, name: str) -> Response:
+        self._authorize("get", "pods/log", ns, name)
+        with self._cond:
+            pod = self.pods.get((ns, name))
+            if pod is None:
+                raise ApiError(404, "NotFound", f'pods "{name}" not found', {"name": name, "kind": "pods"})
+            container = pod.manifest["spec"]["containers"][0]["name"]
+            if request.args.get("container", container) != container:
+                raise ApiError(400, "BadRequest", f"container {request.args['container']} is not valid for "
+                               f"pod {name}")
+            if pod.manifest["status"]["phase"] == "Pending":
+                raise ApiError(400, "BadRequest", f'container "{container}" in pod "{name}" is waiting to '
+                               "start: ContainerCreating")
+            follow = request.args.get("follow") in ("true", "1")
+            self.log_reads.append((name, follow, pod.manifest["status"]["phase"]))
+            self._cond.notify_all()
+        return Response(self._log_lines(pod, follow), mimetype="text/plain")
+
+    def _log_lines(self, pod: Pod, follow: bool) -> Iterator[bytes]:
+        sent = 0
+        while not self._closing.is_set():
+            with self._cond:
+                lines, done = pod.log[sent:], pod.manifest["status"]["phase"] in ("Succeeded", "Failed")
+                if not lines and follow and not done:
+                    self._cond.wait(timeout=0.2)
+                    continue
+            sent += len(lines)
+            if lines:
+                yield "".join(f"{line}\n" for line in lines).encode()
+            if not follow or done and not lines:
+                return
+
+    # ------------------------------------------------------------ the emulated MPI Operator
+
+    def _operate(self, ns: str, name: str, steps: list[Step]) -> None:
+        launcher: tuple[str, str] | None = None
+        for step in steps:
+            if self._closing.wait(step.delay):
+                return
+            with self._cond:
+                job = self.jobs.get((ns, name))
+                if job is None or "deletionTimestamp" in job["metadata"]:
+                    return
+                if step.until_log_follower and launcher:
+                    followed = (launcher[1], True)
+                    self._cond.wait_for(lambda f=followed: any(r[:2] == f for r in self.log_reads)
+                                        or self._closing.is_set(), timeout=10)
+                if step.new_launcher:
+                    launcher = self._new_launcher(job)
+                pod = self.pods.get(launcher) if launcher else None
+                if pod and step.launcher:
+                    pod.manifest["status"]["phase"] = step.launcher
+                if pod and step.logs:
+                    pod.log.extend(step.logs)
+                    self._cond.notify_all()
+                if step.condition or step.replicas is not None:
+                    _set_status(job, step, ns, name)
+                    self._record("MODIFIED", job)
+
+    def _new_launcher(self, job: dict) -> tuple[str, str]:
+        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        template = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]
+        pod_name = f"{name}-launcher-{next(self._uids):05d}"
+        labels = dict(zip(LAUNCHER_LABELS, ("mpi-operator", name, "launcher"), strict=True))
+        self.pods[(ns, pod_name)] = Pod({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod_name, "namespace": ns, "uid": f"uid-{next(self._uids)}",
+                         "labels": labels | {"batch.kubernetes.io/job-name": f"{name}-launcher"},
+                         "creationTimestamp": _now()},
+            "spec": {"containers": [{"name": c["name"], "image": c.get("image", "")}
+                                    for c in template["spec"]["containers"]]},
+            "status": {"phase": "Pending"},
+        })
+        return ns, pod_name
+
+
+def _set_status(job: dict, step: Step, ns: str, name: str) -> None:
+    """The operator's setCondition: replace by type; a terminal condition turns Running off."""
+    status = job.setdefault("status", {})
+    now = _now()
+    status.setdefault("startTime", now)
+    if step.replicas is not None:
+        status["replicaStatuses"] = copy.deepcopy(step.replicas)
+    if step.condition:
+        ctype, cstatus, reason, message = step.condition
+        conditions = [c for c in status.get("conditions", []) if c["type"] != ctype]
+        if ctype in ("Succeeded", "Failed"):
+            for cond in conditions:
+                if cond["type"] == "Running":
+                    cond["status"] = "False"
+            status["completionTime"] = now
+        conditions.append({"type": ctype, "status": cstatus, "reason": reason,
+                           "message": message.format(ns=ns, name=name),
+                           "lastTransitionTime": now, "lastUpdateTime": now})
+        status["conditions"] = conditions
+
+
+def _field_selector(selector: str):
+    wanted = dict(part.split("=", 1) for part in selector.split(",") if part)
+    unknown = set(wanted) - {"metadata.name", "metadata.namespace"}
+    if unknown:
+        raise ApiError(400, "BadRequest", f'"{sorted(unknown)[0]}" is not a known field selector: only '
+                       '"metadata.name", "metadata.namespace"')
+    return lambda obj: all(obj["metadata"].get(k.split(".")[1]) == v for k, v in wanted.items())
+
+
+def _event(kind: str, obj: dict) -> bytes:
+    return (json.dumps({"type": kind, "object": obj}) + "\n").encode()
+
+
+def _json(body: dict, code: int = 200) -> Response:
+    return Response(json.dumps(body), status=code, mimetype="application/json")

@@ -1,0 +1,357 @@
+"""``hvdk8s submit/status/logs/delete`` end to end: the real ``kubernetes`` client, through a
+generated kubeconfig, against the local API double (tests/kube_double.py), which validates
+create bodies with the real MPIJob CRD schema and plays the MPI Operator. Not a real cluster."""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hvdk8s import mpijob
+from hvdk8s.cli import main
+from hvdk8s.errors import UserError
+from hvdk8s.launcher import kube, kubeerrors, watch
+
+from kube_double import KubeDouble, failing, succeeding
+
+NS = "team"
+WATCH = f"/apis/kubeflow.org/v2beta1/namespaces/{NS}/mpijobs"
+TRAINING_LOG = [f"epoch {i}/6 loss={1 / i:.3f}" for i in range(1, 7)]
+
+PI = {
+    "apiVersion": "kubeflow.org/v2beta1",
+    "kind": "MPIJob",
+    "metadata": {"name": "pi"},
+    "spec": {
+        "slotsPerWorker": 1,
+        "runPolicy": {"cleanPodPolicy": "Running"},
+        "mpiReplicaSpecs": {
+            "Launcher": {"replicas": 1, "template": {"spec": {"containers": [
+                {"name": "mpi-launcher", "image": "hvdk8s:cpu",
+                 "command": ["mpirun", "-np", "2", "python", "/app/train.py"]}]}}},
+            "Worker": {"replicas": 2, "template": {"spec": {"containers": [
+                {"name": "mpi-worker", "image": "hvdk8s:cpu"}]}}},
+        },
+    },
+}
+
+
+@pytest.fixture(autouse=True)
+def _fast_pod_polls(monkeypatch):
+    monkeypatch.setattr(watch, "POD_POLL_SECONDS", 0.05)
+
+
+@pytest.fixture
+def api(tmp_path):
+    """start(**double options) -> (double, cluster flags); the double stops after the test."""
+    with ExitStack() as stack:
+        def start(namespace: str | None = NS, **options) -> tuple[KubeDouble, list[str]]:
+            double = stack.enter_context(KubeDouble(**options))
+            config = double.write_kubeconfig(tmp_path / "kubeconfig", namespace=namespace)
+            return double, ["--kubeconfig", str(config)]
+        yield start
+
+
+@pytest.fixture
+def manifest(tmp_path) -> Path:
+    path = tmp_path / "pi.yaml"
+    path.write_text(yaml.safe_dump(PI))
+    return path
+
+
+def run(capsys, *argv: str) -> tuple[int, list[str], str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), err
+
+
+def status_lines(out: list[str]) -> list[str]:
+    return [line.removeprefix("mpijob/pi: ") for line in out if line.startswith("mpijob/pi: ")]
+
+
+def test_submit_follow_reports_each_transition_streams_logs_and_exits_0(api, manifest, capsys):
+    # watches end every 0.2 s and the first resumed one gets 410 Gone: the client must
+    # resume / re-list without losing or repeating a transition
+    double, flags = api(lifecycle=succeeding(TRAINING_LOG, live=True), max_watch_seconds=0.2, expire_watches=1)
+
+    code, out, err = run(capsys, "submit", str(manifest), "--follow", *flags)
+
+    assert (code, err) == (0, "")
+    assert out[0] == "mpijob.kubeflow.org/pi created in namespace team"
+    said = status_lines(out)
+    assert [s for s in said if not s.startswith(("replicas:", "logs of"))] == [
+        "Created: MPIJob team/pi is created. [MPIJobCreated]",
+        "Running: MPIJob team/pi is running. [MPIJobRunning]",
+        "Succeeded: MPIJob team/pi successfully completed. [MPIJobSucceeded]",
+    ]
+    assert "replicas: Launcher 1 active; Worker 2 active" in said
+    assert said[-1] == "replicas: Launcher 1 succeeded; Worker none"
+    pod = double.launcher_pods(NS, "pi")[0]["metadata"]["name"]
+    start = out.index(f"mpijob/pi: logs of launcher pod {pod}:")
+    assert out[start + 1:start + 1 + len(TRAINING_LOG)] == TRAINING_LOG
+    assert out.index("mpijob/pi: Succeeded: MPIJob team/pi successfully completed. [MPIJobSucceeded]") > start
+    # followed live: the log was opened with follow=true while the launcher was still running
+    assert double.log_reads[0] == (pod, True, "Running")
+    watches = [q for m, p, q in double.requests if p == WATCH and q.get("watch") == "true"]
+    lists = [q for m, p, q in double.requests if p == WATCH and m == "GET" and "watch" not in q]
+    assert len(watches) >= 3 and len(lists) >= 2  # resumed after timeouts, re-listed after 410
+
+
+def test_submit_wait_on_a_failing_job_exits_1_with_the_operators_reason(api, manifest, capsys):
+    _, flags = api(lifecycle=failing("BackoffLimitExceeded", "Job has reached the specified backoff limit"))
+
+    code, out, err = run(capsys, "submit", str(manifest), "--wait", *flags)
+
+    assert code == 1
+    assert status_lines(out)[-2:] == [
+        "Failed: Job has reached the specified backoff limit [BackoffLimitExceeded]",
+        "replicas: Launcher 1 failed; Worker none"]
+    assert err == ("hvdk8s: MPIJob team/pi failed (BackoffLimitExceeded): "
+                   "Job has reached the specified backoff limit\n")
+    assert not any("logs of" in line for line in out)  # --wait alone streams no logs
+
+
+def test_submit_without_wait_creates_and_returns(api, manifest, capsys):
+    double, flags = api()
+    assert run(capsys, "submit", str(manifest), *flags) == (
+        0, ["mpijob.kubeflow.org/pi created in namespace team"], "")
+    stored = double.job(NS, "pi")
+    assert stored["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+    assert stored["spec"]["launcherCreationPolicy"] == "AtStartup"  # the CRD's default, applied by the double
+
+
+def test_dry_run_prints_what_the_server_accepted_and_creates_nothing(api, manifest, capsys):
+    double, flags = api()
+    code, out, err = run(capsys, "submit", str(manifest), "--dry-run=server", *flags)
+
+    assert (code, err) == (0, "")
+    assert out[0] == "# mpijob.kubeflow.org/pi accepted by the API server (dry run: nothing was created)"
+    accepted = yaml.safe_load("\n".join(out[1:]))
+    assert accepted["metadata"]["namespace"] == NS
+    assert accepted["spec"]["mpiImplementation"] == "OpenMPI"  # server-side defaulting shows
+    assert accepted["spec"]["mpiReplicaSpecs"] == PI["spec"]["mpiReplicaSpecs"]
+    assert double.job(NS, "pi") is None
+    assert [q.get("dryRun") for m, p, q in double.requests if m == "POST"] == ["All"]
+    assert run(capsys, "status", "pi", *flags)[0] == 2  # really not there
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[1] / "mpijob" / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_checked_in_examples_are_accepted_by_the_crd_schema(api, example, capsys):
+    """hvdk8s job specs (rendered by hvdk8s.mpijob) and MPIJob files pass the server's real-schema check."""
+    _, flags = api()
+    code, out, err = run(capsys, "submit", str(example), "--dry-run=server", *flags)
+    assert (code, err) == (0, "")
+    assert yaml.safe_load("\n".join(out[1:]))["kind"] == "MPIJob"
+
+
+def test_dry_run_with_wait_is_refused(api, manifest, capsys):
+    _, flags = api()
+    code, _, err = run(capsys, "submit", str(manifest), "--dry-run=server", "--wait", *flags)
+    assert code == 2 and "cannot be combined with --dry-run=server" in err
+
+
+def test_name_taken_says_so_and_how_to_free_it(api, manifest, capsys):
+    _, flags = api()
+    assert run(capsys, "submit", str(manifest), *flags)[0] == 0
+    code, _, err = run(capsys, "submit", str(manifest), *flags)
+    assert code == 2
+    assert err == ('hvdk8s submit: error: an MPIJob named "pi" already exists in namespace "team": delete it first '
+                   "(hvdk8s delete pi -n team) or change metadata.name\n")
+
+
+def test_forbidden_names_verb_resource_namespace_and_the_check(api, manifest, capsys):
+    double, flags = api(forbidden=[("create", "mpijobs")])
+    code, _, err = run(capsys, "submit", str(manifest), *flags)
+    assert code == 2
+    assert 'forbidden by RBAC: you may not create mpijobs.kubeflow.org "pi" in namespace "team"' in err
+    assert 'User "alice" cannot create resource "mpijobs" in API group "kubeflow.org"' in err
+    assert "kubectl auth can-i create mpijobs.kubeflow.org -n team" in err
+    assert "Traceback" not in err and double.job(NS, "pi") is None
+
+
+def test_forbidden_logs_name_the_pod_log_resource(api, manifest, capsys):
+    _, flags = api(lifecycle=succeeding(["hello"]), forbidden=[("get", "pods/log")])
+    assert run(capsys, "submit", str(manifest), "--wait", *flags)[0] == 0
+    code, _, err = run(capsys, "logs", "pi", *flags)
+    assert code == 2 and "you may not get pods/log" in err and "kubectl auth can-i get pods/log -n team" in err
+
+
+def test_crd_not_installed_says_how_to_install_the_operator(api, manifest, capsys):
+    _, flags = api(crd_installed=False)
+    for argv in (("submit", str(manifest)), ("status", "pi"), ("delete", "pi")):
+        code, _, err = run(capsys, *argv, *flags)
+        assert code == 2
+        assert "the MPI Operator is not installed" in err
+        assert kubeerrors.INSTALL_OPERATOR in err
+
+
+def test_invalid_spec_prints_the_servers_causes_with_field_paths(api, capsys):
+    _, flags = api()
+    cluster = kube.connect(flags[1])
+    bad = yaml.safe_load(yaml.safe_dump(PI))
+    bad["spec"]["slotsPerWorker"] = "two"
+    bad["spec"]["mpiImplementation"] = "OpenMP"
+    bad["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = "2"
+    with pytest.raises(UserError) as raised:
+        kube.create_job(cluster, bad, NS)
+    assert str(raised.value) == "\n".join([
+        'the API server rejected MPIJob "pi" as invalid:',
+        '  spec.mpiImplementation: Unsupported value: "OpenMP": supported values: "OpenMPI", "Intel", "MPICH"',
+        '  spec.mpiReplicaSpecs[Worker].replicas: Invalid value: "string": spec.mpiReplicaSpecs[Worker].replicas '
+        'in body must be of type integer: "string"',
+        '  spec.slotsPerWorker: Invalid value: "string": spec.slotsPerWorker in body must be of type integer: '
+        '"string"',
+    ])
+
+
+def test_misspelled_field_is_refused_not_silently_dropped(api):
+    double, flags = api()
+    typo = yaml.safe_load(yaml.safe_dump(PI))
+    typo["spec"]["slotsPerWorkr"] = typo["spec"].pop("slotsPerWorker")
+    with pytest.raises(UserError) as raised:
+        kube.create_job(kube.connect(flags[1]), typo, NS)
+    assert str(raised.value) == (
+        'the API server rejected MPIJob "pi": MPIJob in version "v2beta1" cannot be handled as a MPIJob: strict '
+        'decoding error: unknown field "spec.slotsPerWorkr" (misspelled, or not a field of kubeflow.org/v2beta1 '
+        "MPIJobs)")
+    assert double.job(NS, "pi") is None
+
+
+def test_invalid_spec_through_the_cli_is_exit_2_without_traceback(api, manifest, capsys, monkeypatch):
+    _, flags = api()
+    bad = yaml.safe_load(yaml.safe_dump(PI))
+    del bad["spec"]["mpiReplicaSpecs"]
+    monkeypatch.setattr(mpijob, "manifest_from_file", lambda path: bad, raising=False)
+    code, _, err = run(capsys, "submit", str(manifest), *flags)
+    assert (code, err) == (2, 'hvdk8s submit: error: the API server rejected MPIJob "pi" as invalid:\n'
+                              "  spec.mpiReplicaSpecs: Required value\n")
+
+
+def test_unreachable_cluster(tmp_path, manifest, capsys):
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = tmp_path / "kubeconfig"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "gone",
+        "clusters": [{"name": "gone", "cluster": {"server": f"http://127.0.0.1:{port}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "gone", "context": {"cluster": "gone", "user": "u"}}]}))
+    code, _, err = run(capsys, "submit", str(manifest), "--kubeconfig", str(config))
+    assert code == 2
+    assert err.startswith(f"hvdk8s submit: error: cannot reach the Kubernetes API server at http://127.0.0.1:{port}: "
+                          "Failed to establish a new connection: [Errno 111] Connection refused")
+    assert "kubectl cluster-info" in err
+
+
+def test_no_kubeconfig_anywhere(tmp_path, manifest, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    code, _, err = run(capsys, "submit", str(manifest))
+    assert code == 2
+    assert f"no cluster configured: no kubeconfig at {tmp_path}/.kube/config" in err
+
+
+def test_unknown_context_lists_the_known_ones(api, manifest, capsys):
+    _, flags = api()
+    code, _, err = run(capsys, "status", "pi", "--context", "prod", *flags)
+    assert code == 2 and "has no context 'prod' (it has: double); choose with --context" in err
+
+
+def test_namespace_comes_from_manifest_then_context_and_may_not_conflict(api, tmp_path, capsys):
+    double, flags = api(namespace=None)  # context without a namespace: "default"
+    path = tmp_path / "pi.yaml"
+    path.write_text(yaml.safe_dump(PI))
+    assert run(capsys, "submit", str(path), *flags)[1] == ["mpijob.kubeflow.org/pi created in namespace default"]
+    path.write_text(yaml.safe_dump(PI | {"metadata": {"name": "pi", "namespace": "research"}}))
+    assert run(capsys, "submit", str(path), *flags)[1] == ["mpijob.kubeflow.org/pi created in namespace research"]
+    assert double.job("default", "pi") and double.job("research", "pi")
+    code, _, err = run(capsys, "submit", str(path), "-n", "other", *flags)
+    assert code == 2 and 'metadata.namespace "research" but --namespace is "other"' in err
+
+
+def test_status_summarises_conditions_and_replicas(api, manifest, capsys):
+    _, flags = api(lifecycle=succeeding(["done"]))
+    assert run(capsys, "submit", str(manifest), "--wait", *flags)[0] == 0
+    code, out, err = run(capsys, "status", "pi", *flags)
+    assert (code, err) == (0, "")
+    assert out[:5] == [
+        "MPIJob team/pi: Succeeded",
+        "  Created: MPIJob team/pi is created. [MPIJobCreated]",
+        "  Running=False: MPIJob team/pi is running. [MPIJobRunning]",
+        "  Succeeded: MPIJob team/pi successfully completed. [MPIJobSucceeded]",
+        "  replicas: Launcher 1 succeeded; Worker none",
+    ]
+    assert len(out) == 7 and out[5].startswith("  started 20") and out[6].startswith("  completed 20")
+
+
+def test_status_of_a_missing_job(api, capsys):
+    _, flags = api()
+    code, _, err = run(capsys, "status", "nope", *flags)
+    assert (code, err) == (2, 'hvdk8s status: error: mpijobs.kubeflow.org "nope" not found in namespace "team" '
+                              "(list them: kubectl get mpijobs -n team)\n")
+
+
+def test_logs_after_the_job_and_follow_while_it_runs(api, manifest, capsys):
+    lines = ["step 1", "step 2", "step 3"]
+    double, flags = api(lifecycle=succeeding(lines, live=True))
+    assert run(capsys, "submit", str(manifest), *flags)[0] == 0
+    assert run(capsys, "logs", "pi", "--follow", *flags) == (0, lines, "")  # waits for the launcher, follows
+    assert double.log_reads[0][1:] == (True, "Running")
+    assert run(capsys, "logs", "pi", *flags) == (0, lines, "")
+
+
+def test_logs_before_the_launcher_exists(api, manifest, capsys):
+    _, flags = api()  # no operator: nothing ever happens to the job
+    assert run(capsys, "submit", str(manifest), *flags)[0] == 0
+    code, _, err = run(capsys, "logs", "pi", *flags)
+    assert code == 2 and "MPIJob team/pi (Pending) has no launcher pod" in err
+
+
+def test_delete_is_foreground_and_waits_until_gone(api, manifest, capsys):
+    double, flags = api(lifecycle=succeeding(["x"]), foreground_delay=0.3)
+    assert run(capsys, "submit", str(manifest), "--wait", *flags)[0] == 0
+    code, out, err = run(capsys, "delete", "pi", "--wait", *flags)
+    assert (code, err) == (0, "")
+    assert out == ["mpijob.kubeflow.org/pi deletion requested (foreground: removed once its pods, services and "
+                   "secrets are gone)", "mpijob.kubeflow.org/pi deleted"]
+    assert double.job(NS, "pi") is None and double.launcher_pods(NS, "pi") == []
+    assert [q.get("propagationPolicy") for m, p, q in double.requests if m == "DELETE"] == ["Foreground"]
+    assert run(capsys, "submit", str(manifest), *flags)[0] == 0  # the name is free again
+
+
+def test_delete_missing_job(api, capsys):
+    _, flags = api()
+    code, _, err = run(capsys, "delete", "nope", *flags)
+    assert code == 2 and 'mpijobs.kubeflow.org "nope" not found in namespace "team"' in err
+
+
+def test_wait_hints_at_a_missing_operator_and_notices_deletion(api, manifest, capsys, monkeypatch):
+    monkeypatch.setattr(watch, "OPERATOR_HINT_SECONDS", 0.1)
+    double, flags = api(max_watch_seconds=0.2)  # no operator answers
+    threading.Timer(0.6, double.remove, [NS, "pi"]).start()
+    code, out, err = run(capsys, "submit", str(manifest), "--wait", *flags)
+    assert code == 1
+    assert "mpijob/pi: no status yet: is the MPI Operator running?" in out[1]
+    assert err == "hvdk8s: MPIJob team/pi was deleted before it finished\n"
+
+
+def test_installed_entry_point_exit_codes(api, manifest):
+    """The console script, as a user runs it: exit status and output, no traceback."""
+    _, flags = api(lifecycle=failing("MPIJobFailed", "MPIJob team/pi has failed", logs=["boom"]))
+    hvdk8s = str(Path(sys.executable).parent / "hvdk8s")
+    proc = subprocess.run([hvdk8s, "submit", str(manifest), "--follow", *flags],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "boom" in proc.stdout.splitlines()
+    assert proc.stderr == "hvdk8s: MPIJob team/pi failed (MPIJobFailed): MPIJob team/pi has failed\n"

@@ -1,0 +1,143 @@
+"""The pure core of the cluster client: status lines and API-error messages, no HTTP."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hvdk8s.errors import UserError
+from hvdk8s.launcher import jobstatus, kubeerrors
+from hvdk8s.launcher.kube import resolve_namespace
+from hvdk8s.launcher.kubeerrors import MPIJOBS, Action
+
+
+def cond(type_: str, status: str = "True", reason: str = "", message: str = "") -> dict:
+    return {"type": type_, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}
+
+
+CREATED = cond("Created", reason="MPIJobCreated", message="MPIJob ns/j is created.")
+RUNNING = cond("Running", reason="MPIJobRunning", message="MPIJob ns/j is running.")
+
+
+def test_phase_is_the_most_telling_true_condition():
+    assert jobstatus.phase(None) == "Pending"
+    assert jobstatus.phase({"conditions": [CREATED]}) == "Created"
+    assert jobstatus.phase({"conditions": [CREATED, RUNNING]}) == "Running"
+    assert jobstatus.phase({"conditions": [CREATED, RUNNING | {"status": "False"},
+                                           cond("Succeeded", reason="MPIJobSucceeded")]}) == "Succeeded"
+    assert jobstatus.phase({"conditions": [CREATED, cond("Suspended", reason="MPIJobSuspended")]}) == "Suspended"
+    assert jobstatus.phase({"conditions": [CREATED, RUNNING, cond("Restarting")]}) == "Restarting"
+
+
+def test_outcome_only_for_true_terminal_conditions():
+    assert jobstatus.outcome({"conditions": [CREATED, RUNNING]}) is None
+    assert jobstatus.outcome({"conditions": [cond("Failed", "False")]}) is None
+    failed = jobstatus.outcome({"conditions": [CREATED, cond("Failed", reason="BackoffLimitExceeded", message="m")]})
+    assert failed == jobstatus.Condition("Failed", "True", "BackoffLimitExceeded", "m")
+
+
+def test_replica_line_orders_roles_and_leaves_out_zeros():
+    assert jobstatus.replica_line({}) is None
+    status = {"replicaStatuses": {"Worker": {"active": 2, "failed": 1}, "Launcher": {"succeeded": 1},
+                                  "Horker": {}}}
+    assert jobstatus.replica_line(status) == "replicas: Launcher 1 succeeded; Worker 2 active, 1 failed; Horker none"
+
+
+def test_transitions_report_what_changed_and_skip_running_turning_off():
+    start = {"conditions": [CREATED], "replicaStatuses": {"Launcher": {}, "Worker": {}}}
+    running = {"conditions": [CREATED, RUNNING], "replicaStatuses": {"Launcher": {"active": 1},
+                                                                     "Worker": {"active": 2}}}
+    done = {"conditions": [CREATED, RUNNING | {"status": "False"},
+                           cond("Succeeded", reason="MPIJobSucceeded", message="MPIJob ns/j successfully completed.")],
+            "replicaStatuses": {"Launcher": {"succeeded": 1}, "Worker": {}}}
+    assert jobstatus.transitions(None, start) == ["Created: MPIJob ns/j is created. [MPIJobCreated]",
+                                                  "replicas: Launcher none; Worker none"]
+    assert jobstatus.transitions(start, running) == ["Running: MPIJob ns/j is running. [MPIJobRunning]",
+                                                     "replicas: Launcher 1 active; Worker 2 active"]
+    assert jobstatus.transitions(running, running) == []
+    assert jobstatus.transitions(running, done) == [
+        "Succeeded: MPIJob ns/j successfully completed. [MPIJobSucceeded]",
+        "replicas: Launcher 1 succeeded; Worker none"]
+
+
+def test_transitions_report_a_resume():
+    suspended = {"conditions": [CREATED, cond("Suspended", reason="MPIJobSuspended", message="MPIJob suspended")]}
+    resumed = {"conditions": [CREATED, cond("Suspended", "False", "MPIJobResumed", "MPIJob resumed")]}
+    assert jobstatus.transitions(None, suspended)[-1] == "Suspended: MPIJob suspended [MPIJobSuspended]"
+    assert jobstatus.transitions(suspended, resumed) == ["Suspended=False: MPIJob resumed [MPIJobResumed]"]
+
+
+def test_summary_and_failure_message():
+    job = {"metadata": {"name": "j", "namespace": "ns"},
+           "status": {"conditions": [CREATED, cond("Failed", reason="MPIJobFailed", message="MPIJob ns/j has failed")],
+                      "replicaStatuses": {"Launcher": {"failed": 1}}, "startTime": "t0", "completionTime": "t1"}}
+    assert jobstatus.summary(job) == [
+        "MPIJob ns/j: Failed",
+        "  Created: MPIJob ns/j is created. [MPIJobCreated]",
+        "  Failed: MPIJob ns/j has failed [MPIJobFailed]",
+        "  replicas: Launcher 1 failed",
+        "  started t0",
+        "  completed t1",
+    ]
+    assert jobstatus.failure_message(job) == "MPIJob ns/j failed (MPIJobFailed): MPIJob ns/j has failed"
+    assert jobstatus.summary({"metadata": {"name": "j", "namespace": "ns"}}) == [
+        "MPIJob ns/j: Pending", "  no conditions yet (has the MPI Operator seen it?)"]
+
+
+def status(code: int, reason: str, message: str, **details) -> str:
+    return json.dumps({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+                       "reason": reason, "message": message, "details": details})
+
+
+CREATE = Action("create", MPIJOBS, "ns", "j")
+
+
+def test_404_plain_text_on_mpijobs_means_the_crd_is_missing_but_a_status_means_no_such_job():
+    message = kubeerrors.api_error_message(404, "404 page not found\n", CREATE)
+    assert kubeerrors.INSTALL_OPERATOR in message
+    assert "raw.githubusercontent.com/kubeflow/mpi-operator/v0.8.2/deploy/v2beta1/mpi-operator.yaml" in message
+    found = status(404, "NotFound", 'mpijobs.kubeflow.org "j" not found', name="j", kind="mpijobs")
+    assert kubeerrors.api_error_message(404, found, Action("get", MPIJOBS, "ns", "j")) == (
+        'mpijobs.kubeflow.org "j" not found in namespace "ns" (list them: kubectl get mpijobs -n ns)')
+
+
+def test_409_403_401_and_others():
+    taken = status(409, "AlreadyExists", 'mpijobs.kubeflow.org "j" already exists')
+    assert "hvdk8s delete j -n ns" in kubeerrors.api_error_message(409, taken, CREATE)
+    denied = status(403, "Forbidden", 'mpijobs.kubeflow.org is forbidden: User "bob" cannot create resource')
+    assert kubeerrors.api_error_message(403, denied, CREATE) == (
+        'forbidden by RBAC: you may not create mpijobs.kubeflow.org "j" in namespace "ns". The API server said: '
+        'mpijobs.kubeflow.org is forbidden: User "bob" cannot create resource. Check with: kubectl auth can-i '
+        "create mpijobs.kubeflow.org -n ns; ask a cluster admin for a Role and RoleBinding that grant it")
+    assert "401 Unauthorized" in kubeerrors.api_error_message(401, "", CREATE)
+    assert kubeerrors.api_error_message(500, status(500, "InternalError", "etcd down"), CREATE) == (
+        'could not create mpijobs.kubeflow.org "j" in namespace "ns": the API server answered 500 InternalError: '
+        "etcd down")
+
+
+def test_422_lists_every_cause_with_its_field_path():
+    body = status(422, "Invalid", "x", causes=[
+        {"reason": "FieldValueRequired", "message": "Required value", "field": "spec.mpiReplicaSpecs"},
+        {"reason": "FieldValueInvalid", "message": "Invalid value: 0", "field": "spec.slotsPerWorker"}])
+    assert kubeerrors.api_error_message(422, body, CREATE) == (
+        'the API server rejected MPIJob "j" as invalid:\n'
+        "  spec.mpiReplicaSpecs: Required value\n  spec.slotsPerWorker: Invalid value: 0")
+
+
+def test_unreachable_message_keeps_the_useful_part_of_urllib3s_error():
+    err = ("HTTPConnectionPool(host='10.0.0.1', port=6443): Max retries exceeded with url: /apis (Caused by "
+           "NewConnectionError(\"HTTPConnection(host='10.0.0.1', port=6443): Failed to establish a new connection: "
+           "[Errno 111] Connection refused\"))")
+    assert kubeerrors.unreachable_message("https://10.0.0.1:6443", err).startswith(
+        "cannot reach the Kubernetes API server at https://10.0.0.1:6443: Failed to establish a new connection: "
+        "[Errno 111] Connection refused")
+
+
+def test_namespace_precedence():
+    assert resolve_namespace(None, None, "ctx") == "ctx"
+    assert resolve_namespace(None, "m", "ctx") == "m"
+    assert resolve_namespace("f", None, "ctx") == "f"
+    assert resolve_namespace("m", "m", "ctx") == "m"
+    with pytest.raises(UserError, match='metadata.namespace "m" but --namespace is "f"'):
+        resolve_namespace("f", "m", "ctx")
