@@ -29,6 +29,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--save", type=Path, help="final .keras model (rank 0)")
     p.add_argument("--metrics-out", type=Path, help="JSON with the test metrics (rank 0)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--elastic", action="store_true", help="survive workers joining and leaving (horovodrun --min-np/--max-np)")
     return p.parse_args()
 
 
@@ -36,7 +37,6 @@ def main() -> None:
     args = parse_args()
     keras.utils.set_random_seed(args.seed + hvdk8s.rank())  # ranks differ; broadcast aligns them
     (x_train, y_train), (x_test, y_test) = hvdk8s.data.load_digits()
-    train = hvdk8s.data.from_arrays(x_train, y_train, args.batch_size, seed=args.seed)
 
     model = hvdk8s.models.cnn(args.model, input_shape=x_train.shape[1:])
     optimizer = hvdk8s.DistributedOptimizer(keras.optimizers.SGD(args.lr * hvdk8s.size(), momentum=0.9))
@@ -46,13 +46,31 @@ def main() -> None:
     callbacks = hvdk8s.callbacks(
         base_lr=args.lr, warmup_epochs=args.warmup_epochs, checkpoint_dir=args.checkpoint_dir
     )
-    model.fit(
-        train,
-        epochs=args.epochs,
-        initial_epoch=initial_epoch,
-        callbacks=callbacks,
-        verbose=2 if hvdk8s.is_chief() else 0,
-    )
+
+    def fit(initial_epoch: int, extra: list[keras.callbacks.Callback]) -> None:
+        # Built per call: after an elastic reset rank and size have changed.
+        train = hvdk8s.data.from_arrays(x_train, y_train, args.batch_size, seed=args.seed)
+        model.optimizer.learning_rate = args.lr * hvdk8s.size()
+        model.fit(
+            train,
+            epochs=args.epochs,
+            initial_epoch=initial_epoch,
+            callbacks=callbacks + extra,
+            verbose=0,  # hvdk8s's rank-0 progress bar replaces Keras's display
+        )
+
+    if args.elastic:
+        state = hvdk8s.elastic.KerasState(model, epoch=initial_epoch)
+
+        @hvdk8s.elastic.run
+        def elastic_fit(state: hvdk8s.elastic.KerasState) -> None:
+            if hvdk8s.is_chief():
+                print(f"elastic: training on {hvdk8s.size()} ranks from epoch {state.epoch}", flush=True)
+            fit(state.epoch, [hvdk8s.elastic.CommitState(state)])
+
+        elastic_fit(state)
+    else:
+        fit(initial_epoch, [])
     loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
     if hvdk8s.is_chief():
         print(f"test accuracy {accuracy:.4f} (loss {loss:.4f}) on {len(x_test)} held-out digits", flush=True)

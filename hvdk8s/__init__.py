@@ -6,8 +6,7 @@ A training script reads like a Horovod Keras script::
     hvdk8s.init()
     opt = hvdk8s.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvdk8s.size()))
     model.compile(optimizer=opt, loss=..., metrics=[...])
-    model.fit(hvdk8s.data.from_arrays(x, y, 64), callbacks=hvdk8s.callbacks(),
-              verbose=2 if hvdk8s.is_chief() else 0)
+    model.fit(hvdk8s.data.from_arrays(x, y, 64), callbacks=hvdk8s.callbacks(), verbose=0)
 
 Names are imported on first use, so ``import hvdk8s`` (and the CLI's
 Kubernetes commands) do not load TensorFlow or Horovod until needed.
@@ -40,8 +39,11 @@ _EXPORTS = {
     "Checkpoint": "hvdk8s.checkpoint",
     "restore_latest": "hvdk8s.checkpoint",
     "save_atomic": "hvdk8s.checkpoint",
+    "observability_callbacks": "hvdk8s.observability",
+    "TrainingMetrics": "hvdk8s.metrics",
+    "ProgressBar": "hvdk8s.progress",
 }
-_SUBMODULES = {"data", "models", "collectives", "launcher", "mpijob", "serving"}
+_SUBMODULES = {"data", "models", "collectives", "elastic", "launcher", "mpijob", "serving"}
 
 __all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 

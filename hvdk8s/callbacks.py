@@ -15,6 +15,7 @@ import keras
 
 from hvdk8s import collectives, runtime
 from hvdk8s.checkpoint import Checkpoint
+from hvdk8s.observability import observability_callbacks
 
 
 class BroadcastInitialState(keras.callbacks.Callback):
@@ -145,8 +146,21 @@ def callbacks(
     checkpoint_dir: str | os.PathLike[str] | None = None,
     checkpoint_every: int = 1,
     keep_checkpoints: int = 3,
+    metrics: bool = True,
+    metrics_port: int | None = None,
+    progress: bool = True,
+    tensorboard_dir: str | os.PathLike[str] | None = None,
+    batch_size: int | None = None,
 ) -> list[keras.callbacks.Callback]:
-    """The hvdk8s callbacks in the order they must run; put user callbacks after them."""
+    """The hvdk8s callbacks in the order they must run; put user callbacks after them.
+
+    Observability is on by default: Prometheus metrics from every rank on
+    ``metrics_port`` (else ``HVDK8S_METRICS_PORT``, default 9090) + local rank,
+    a progress bar on rank 0 (pass ``verbose=0`` to ``fit``), and TensorBoard
+    logs on rank 0 when ``tensorboard_dir`` is given. ``batch_size`` (per rank)
+    is needed only when a custom ``train_step`` bypasses Keras's loss tracker.
+    Build the list the same way on every rank.
+    """
     out: list[keras.callbacks.Callback] = [BroadcastInitialState(), MetricAverage()]
     if warmup_epochs:
         if base_lr is None:
@@ -154,4 +168,7 @@ def callbacks(
         out.append(LearningRateWarmup(base_lr, warmup_epochs))
     if checkpoint_dir is not None:
         out.append(Checkpoint(checkpoint_dir, every_epochs=checkpoint_every, keep=keep_checkpoints))
+    out += observability_callbacks(
+        metrics=metrics, progress=progress, tensorboard_dir=tensorboard_dir, port=metrics_port, batch_size=batch_size
+    )
     return out

@@ -13,6 +13,8 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
+from hvdk8s import commtime
+
 Average = hvd.Average
 Sum = hvd.Sum
 
@@ -58,8 +60,8 @@ def allreduce_gradients(
         compressed, ctx = compression.compress(tf.convert_to_tensor(grads[i]))
         tensors.append(compressed)
         contexts.append(ctx)
-    reduced = hvd.grouped_allreduce(
-        tensors, op=op, prescale_factor=prescale_factor, name=name
+    reduced = commtime.timed(
+        lambda ts: hvd.grouped_allreduce(ts, op=op, prescale_factor=prescale_factor, name=name), tensors
     ) if tensors else []
     out: list[tf.Tensor | None] = [None] * len(grads)
     for i, tensor, ctx in zip(present, reduced, contexts):

@@ -1,6 +1,7 @@
 """Shared fixtures: run the real ``hvdk8s`` CLI (and so real mpirun) in a subprocess."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +16,16 @@ HVDK8S = str(Path(sys.executable).parent / "hvdk8s")
 def hvdk8s_cli(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run ``hvdk8s ARGS`` from the repo root; fail the test with its output on error."""
     proc = subprocess.run(
-        [HVDK8S, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+        [HVDK8S, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=job_env()
     )
     if check and proc.returncode != 0:
         pytest.fail(f"hvdk8s {' '.join(args)} exited {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
+
+
+def job_env() -> dict[str, str]:
+    """The environment for jobs under test: ephemeral metrics ports, so runs never collide."""
+    return {**os.environ, "HVDK8S_METRICS_PORT": "0"}
 
 
 def run_ranks(np: int, script: str, *args: str, **kw) -> subprocess.CompletedProcess[str]:

@@ -15,7 +15,7 @@ import pytest
 
 from hvdk8s import checkpoint
 
-from conftest import HVDK8S, REPO, hvdk8s_cli, run_ranks
+from conftest import HVDK8S, REPO, hvdk8s_cli, run_ranks, job_env
 
 
 def test_only_rank_0_writes_and_old_checkpoints_are_pruned(tmp_path: Path) -> None:
@@ -57,7 +57,8 @@ def test_killed_job_resumes_from_last_checkpoint(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     args = ["run", "-np", "2", "examples/train_digits.py", "--checkpoint-dir", str(ckpt), "--warmup-epochs", "0"]
     job = subprocess.Popen(
-        [HVDK8S, *args, "--epochs", "60"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        [HVDK8S, *args, "--epochs", "60"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True, env=job_env(),
     )
     try:
         deadline = time.monotonic() + 240
@@ -73,7 +74,7 @@ def test_killed_job_resumes_from_last_checkpoint(tmp_path: Path) -> None:
 
     resumed = hvdk8s_cli(*args, "--epochs", str(killed_at + 2))
     assert f"resumed from {checkpoint.checkpoint_path(ckpt, killed_at)} (epoch {killed_at})" in resumed.stdout
-    epochs_run = [int(e) for e in re.findall(r"^\[0\] Epoch (\d+)/", resumed.stdout, re.M)]
+    epochs_run = [int(e) for e in re.findall(r"^\[0\] Epoch (\d+)/\d+: 100%", resumed.stdout, re.M)]
     assert epochs_run == [killed_at + 1, killed_at + 2]
     assert checkpoint.list_checkpoints(ckpt)[-1][0] == killed_at + 2
 
@@ -85,7 +86,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "run", "-np", "2", "examples/train_digits.py", "--epochs", "12",
         "--save", str(out / "model.keras"), "--metrics-out", str(out / "metrics.json"),
     )
-    assert re.search(r"^\[0\] Epoch 12/12", run_ranks_demo.stdout, re.M)
+    assert re.search(r"^\[0\] Epoch 12/12: 100%", run_ranks_demo.stdout, re.M)
     assert not re.search(r"^\[1\] (Epoch|test accuracy)", run_ranks_demo.stdout, re.M)  # rank 0 only
     return out
 

@@ -1,0 +1,254 @@
+"""Prometheus metrics from every rank of a training job.
+
+Each rank serves its own endpoint on ``HVDK8S_METRICS_PORT + local_rank``
+(base 9090), so a dead or slow rank shows up as its own target rather than
+vanishing into an average. Rank 0 also serves the job-wide figures, which the
+ranks exchange in one small allreduce at each epoch end; the per-rank series
+remain for PromQL (``sum by (job) (hvdk8s_examples_per_second)``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+import keras
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from hvdk8s import collectives, commtime, runtime, telemetry
+from hvdk8s.errors import UserError
+from hvdk8s.ranklog import log_once
+
+DEFAULT_PORT = 9090
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, float("inf"))
+
+# Job-wide epoch figures on rank 0: hvdk8s_job_<key>.
+JOB_METRICS: Mapping[str, str] = {
+    "examples_per_second": "Training examples per second of the whole job in the last epoch (sum over ranks).",
+    "step_seconds": "Wall time per step in the last epoch, mean over ranks.",
+    "allreduce_seconds": "Time per step in the gradient allreduce in the last epoch, mean over ranks.",
+    "loss": "Training loss of the last epoch, mean over ranks.",
+    "ranks": "Number of ranks in the job.",
+}
+
+
+def metrics_port(environ: Mapping[str, str], local_rank: int, port: int | None = None) -> int:
+    """The port this rank listens on: base + local_rank, or 0 (any free port) when the base is 0.
+
+    The base is ``port`` or else ``HVDK8S_METRICS_PORT`` (default 9090), the
+    variable the MPIJob manifests set next to the containers' metric ports.
+    """
+    if port is None:
+        raw = environ.get("HVDK8S_METRICS_PORT", str(DEFAULT_PORT))
+        if not raw.strip().isdigit():
+            raise UserError(f"HVDK8S_METRICS_PORT={raw!r}: expected a port number (0 for any free port)")
+        port = int(raw)
+    if port == 0:
+        return 0
+    if not 0 < port + local_rank <= 65535:
+        raise UserError(f"metrics port {port} + local rank {local_rank}: outside 1-65535")
+    return port + local_rank
+
+
+def rank_labels(environ: Mapping[str, str], rank: int, local_rank: int) -> dict[str, str]:
+    """Labels on every series of this rank; ``HVDK8S_JOB_NAME`` is set by the MPIJob manifests."""
+    return {
+        "job": environ.get("HVDK8S_JOB_NAME", "hvdk8s"),
+        "rank": str(rank),
+        "local_rank": str(local_rank),
+        "host": socket.gethostname(),
+    }
+
+
+class Exporter:
+    """One process's metrics: a private registry, its series and (once served) its port."""
+
+    def __init__(self, labels: Mapping[str, str], *, chief: bool) -> None:
+        self.registry = CollectorRegistry()
+        self.port: int | None = None
+
+        def series(kind: Callable[..., Any], name: str, doc: str, **kwargs: Any) -> Any:
+            return kind(name, doc, list(labels), registry=self.registry, **kwargs).labels(**labels)
+
+        self.examples = series(Counter, "hvdk8s_examples", "Training examples this rank has processed.")
+        self.steps = series(Counter, "hvdk8s_steps", "Training steps this rank has run.")
+        self.examples_per_second = series(
+            Gauge, "hvdk8s_examples_per_second", "This rank's training examples per second over its last steps."
+        )
+        self.step_seconds = series(
+            Histogram, "hvdk8s_step_seconds", "Wall time per training step, input pipeline and callbacks included.",
+            buckets=STEP_BUCKETS,
+        )
+        self.allreduce_seconds = series(
+            Histogram, "hvdk8s_allreduce_seconds", "Time per training step spent in the gradient allreduce.",
+            buckets=STEP_BUCKETS,
+        )
+        self.loss = series(Gauge, "hvdk8s_loss", "This rank's running mean training loss in the current epoch.")
+        self.epoch = series(Gauge, "hvdk8s_epoch", "Current epoch, counted from 1 as Keras prints it.")
+        self.epochs = series(Gauge, "hvdk8s_epochs", "Epochs the training run is set to reach.")
+        self.last_step = series(
+            Gauge, "hvdk8s_last_step_timestamp_seconds",
+            "Unix time this rank last finished a step (a stalled rank stops advancing).",
+        )
+        self.job = {
+            key: Gauge(f"hvdk8s_job_{key}", doc, ["job"], registry=self.registry).labels(job=labels["job"])
+            for key, doc in JOB_METRICS.items()
+        } if chief else {}
+
+    def serve(self, port: int, say: Callable[[str], None]) -> None:
+        """Start the HTTP endpoint; a busy port is reported, never raised: training matters more."""
+        try:
+            server, _thread = start_http_server(port, registry=self.registry)
+        except OSError as err:
+            say(f"metrics endpoint off: cannot listen on port {port} ({err.strerror}); training goes on")
+            return
+        self.port = server.server_port
+
+    def set_job(self, values: Mapping[str, float]) -> None:
+        """Publish job-wide figures (rank 0 only; a no-op elsewhere)."""
+        for key, gauge in self.job.items():
+            if key in values:
+                gauge.set(values[key])
+
+
+_exporter: Exporter | None = None
+
+
+def exporter(port: int | None = None) -> Exporter:
+    """This process's exporter, created and served on first call (``port`` as in ``metrics_port``).
+
+    One per process because the endpoint is: a second ``fit`` or a second
+    callback list reuses it instead of failing on its own port.
+    """
+    global _exporter
+    if _exporter is None:
+        rank, local_rank = runtime.rank(), runtime.local_rank()
+        say = partial(log_once, rank=rank, local_rank=local_rank)
+        labels = rank_labels(os.environ, rank, local_rank)
+        created = Exporter(labels, chief=rank == 0)
+        gpu = telemetry.gpu_telemetry(
+            labels, rank=rank, local_rank=local_rank, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES")
+        )
+        if gpu is not None:
+            created.registry.register(gpu)
+        created.serve(metrics_port(os.environ, local_rank, port), say)
+        if created.port is not None:
+            say(f"serving Prometheus metrics on port {created.port}", level=logging.INFO)
+        _exporter = created
+    return _exporter
+
+
+def steps_done(batch: int, model: keras.Model, params: Mapping[str, object]) -> int:
+    """Steps finished this epoch once the train call that began at ``batch`` returns.
+
+    One call runs ``steps_per_execution`` batches, fewer at the end of an epoch of known length.
+    """
+    done = batch + int(getattr(model, "steps_per_execution", 1) or 1)
+    total = params.get("steps")
+    return min(done, int(total)) if total else done
+
+
+def epoch_examples(model: keras.Model, steps: int, batch_size: int | None) -> int:
+    """Examples this rank has trained on in the current epoch.
+
+    Without ``batch_size`` this is the sample count of Keras's loss tracker,
+    which ``fit`` resets each epoch and increments by each batch's size
+    (partial batches exact) in the built-in ``train_step``.
+    """
+    if batch_size:
+        return steps * batch_size
+    tracker = getattr(model, "_loss_tracker", None)
+    return int(keras.ops.convert_to_numpy(tracker.count)) if tracker is not None else 0
+
+
+class TrainingMetrics(keras.callbacks.Callback):
+    """Export this rank's progress to Prometheus, and the job's on rank 0.
+
+    Per step: examples/s over the last ``window`` steps, wall time per step
+    (end to end, so input stalls count), time in the gradient allreduce
+    (``hvdk8s.commtime``), running loss. At each epoch end the ranks average
+    their epoch figures in one allreduce, so this callback must be in every
+    rank's list; the job figures also go into the epoch logs
+    (``examples_per_second``, ``step_seconds``, ``allreduce_seconds``) for
+    TensorBoard, the progress bar and History. Place it after
+    ``MetricAverage`` so the loss it reports is the job's.
+    """
+
+    def __init__(self, *, port: int | None = None, batch_size: int | None = None, window: int = 20) -> None:
+        super().__init__()
+        self.port = port
+        self.batch_size = batch_size
+        self.exporter: Exporter | None = None
+        self._recent: deque[tuple[float, int]] = deque(maxlen=window)
+        self._epoch_start: float | None = None
+        self._last_end = 0.0
+        self._steps = 0
+        self._examples = 0
+        self._allreduce_seen = 0.0
+        self._allreduce_epoch = 0.0
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.exporter = exporter(self.port)
+        self.exporter.epochs.set(float(self.params.get("epochs") or 0))
+        self.exporter.set_job({"ranks": float(runtime.size())})
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.exporter.epoch.set(epoch + 1)
+        self._epoch_start = None
+        self._steps = self._examples = 0
+        self._allreduce_seen = self._allreduce_epoch = commtime.read()[0]
+        self._recent.clear()
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        if self._epoch_start is None:
+            self._epoch_start = self._last_end = time.perf_counter()
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        now = time.perf_counter()
+        seconds, self._last_end = now - self._last_end, now
+        done = steps_done(batch, self.model, self.params)
+        steps, self._steps = done - self._steps, done
+        examples = epoch_examples(self.model, done, self.batch_size)
+        new_examples, self._examples = examples - self._examples, examples
+        allreduce_total = commtime.read()[0]
+        allreduce, self._allreduce_seen = allreduce_total - self._allreduce_seen, allreduce_total
+        if examples == 0:
+            log_once(
+                "examples/s unknown: this model's train_step does not count samples in Keras's loss tracker; "
+                "pass batch_size= to the observability callbacks",
+                rank=runtime.rank(), local_rank=runtime.local_rank(),
+            )
+
+        exp = self.exporter
+        exp.steps.inc(steps)
+        exp.examples.inc(new_examples)
+        for _ in range(steps):
+            exp.step_seconds.observe(seconds / steps)
+            exp.allreduce_seconds.observe(allreduce / steps)
+        self._recent.append((seconds, new_examples))
+        window_seconds = sum(s for s, _ in self._recent)
+        exp.examples_per_second.set(sum(n for _, n in self._recent) / window_seconds if window_seconds else 0.0)
+        if logs and "loss" in logs:
+            exp.loss.set(float(logs["loss"]))
+        exp.last_step.set_to_current_time()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        seconds = self._last_end - self._epoch_start if self._epoch_start is not None else 0.0
+        steps = max(self._steps, 1)
+        mine = {
+            "examples_per_second": self._examples / seconds if seconds else 0.0,
+            "step_seconds": seconds / steps,
+            "allreduce_seconds": (commtime.read()[0] - self._allreduce_epoch) / steps,
+        }
+        job = collectives.average_scalars(mine, name="hvdk8s.observability")
+        job["examples_per_second"] *= runtime.size()
+        if logs is not None:
+            logs.update(job)
+            if "loss" in logs:
+                job["loss"] = float(logs["loss"])
+        self.exporter.set_job(job)
