@@ -16,6 +16,7 @@ from hvdk8s.errors import UserError
 COMMAND_MODULES = (
     "hvdk8s.launcher.cli",
     "hvdk8s.mpijob.cli",
+    "hvdk8s.serving.cli",
     "hvdk8s.serving.manifests_cli",
 )
 

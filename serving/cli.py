@@ -1,0 +1,190 @@
+"""Serving commands of the ``hvdk8s`` CLI: export, select, serve, predict."""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hvdk8s.errors import UserError
+from hvdk8s.serving.savedmodel import PREPROCESSING  # stdlib-only module: keeps the CLI fast
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    export = sub.add_parser(
+        "export",
+        help="export a .keras model as the next TensorFlow Serving version",
+        description="Write MODEL as BASE_PATH/<version>/ (SavedModel, written atomically) with a "
+        "serving_default signature taking JPEG/PNG bytes and a predict_tensor signature.",
+    )
+    export.add_argument("model", type=Path, help=".keras file")
+    export.add_argument("--base-path", type=Path, required=True, help="model base path, e.g. models/digits")
+    export.add_argument("--version", type=int, help="version number (default: next integer)")
+    _export_options(export)
+    export.set_defaults(handler=_export)
+
+    select = sub.add_parser(
+        "select",
+        help="evaluate candidate .keras models and promote the best to the next serving version",
+        description="Evaluate every .keras file in CANDIDATES on the same held-out data, export the "
+        "best as the next version under --base-path and record all candidates' metrics in "
+        "<version>/assets.extra/hvdk8s.json.",
+    )
+    select.add_argument("candidates", type=Path, help="folder of .keras candidates")
+    select.add_argument("--base-path", type=Path, required=True, help="model base path, e.g. models/digits")
+    select.add_argument("--metric", choices=("accuracy", "loss"), default="accuracy")
+    select.add_argument(
+        "--data", type=Path, help=".npz with arrays x (model inputs) and y (labels); default: digits test split"
+    )
+    _export_options(select)
+    select.set_defaults(handler=_select)
+
+    serve = sub.add_parser(
+        "serve",
+        help="serve a model base path with TensorFlow Serving's REST API",
+        description="Serve the newest version under MODEL_BASE_PATH at /v1/models/NAME "
+        "(status, metadata, :predict) and pick up new versions without a restart.",
+    )
+    serve.add_argument("base_path", type=Path, metavar="MODEL_BASE_PATH")
+    serve.add_argument("--name", help="model name in URLs (default: the folder name)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all)")
+    serve.add_argument("--port", type=int, default=8501, help="REST port (0: any free port)")
+    serve.add_argument(
+        "--max-request-bytes", type=_positive(int), help="larger request bodies get HTTP 413 (default 16 MiB)"
+    )
+    serve.add_argument(
+        "--poll-seconds", type=_positive(float), default=1.0, help="how often to look for new versions (default 1)"
+    )
+    serve.add_argument(
+        "--num-versions", type=_positive(int), default=1, help="how many of the newest versions to keep loaded"
+    )
+    serve.set_defaults(handler=_serve)
+
+    predict = sub.add_parser(
+        "predict",
+        help="classify image files with a TensorFlow Serving (or hvdk8s serve) model",
+        description="Send each image as base64 to URL/v1/models/MODEL:predict and print its class "
+        "and probabilities.",
+    )
+    predict.add_argument("images", nargs="+", type=Path, help="JPEG or PNG files")
+    predict.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8501")
+    predict.add_argument("--model", default="digits", help="model name (default: digits)")
+    predict.add_argument("--version", type=int, help="a specific version (default: the newest served)")
+    predict.add_argument("--signature", help="signature name (default: serving_default)")
+    predict.set_defaults(handler=_predict)
+
+
+def _export_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--class-names", help="comma-separated names, one per model output")
+    parser.add_argument(
+        "--preprocessing",
+        choices=sorted(PREPROCESSING),
+        default="unit",
+        help="pixel scaling the model was trained with: unit [0,1] (default), symmetric [-1,1], raw [0,255]",
+    )
+
+
+def _positive(kind: type) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text}: must be positive")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in "invalid int value" messages
+    return parse
+
+
+def _class_names(value: str | None) -> list[str] | None:
+    return [name.strip() for name in value.split(",")] if value else None
+
+
+def _export(args: argparse.Namespace) -> int:
+    if not args.model.is_file():
+        raise UserError(f"model {args.model}: no such file")
+    import keras
+
+    from hvdk8s.serving import savedmodel
+
+    model = keras.models.load_model(args.model, compile=False)
+    try:
+        path = savedmodel.export(
+            model,
+            args.base_path,
+            version=args.version,
+            class_names=_class_names(args.class_names),
+            preprocessing=args.preprocessing,
+        )
+    except (ValueError, FileExistsError) as err:
+        raise UserError(str(err)) from None
+    print(f"exported {args.model} as {path}")
+    return 0
+
+
+def _select(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from hvdk8s.serving import selection
+
+    data = None
+    if args.data is not None:
+        if not args.data.is_file():
+            raise UserError(f"--data {args.data}: no such file")
+        with np.load(args.data) as arrays:
+            if "x" not in arrays or "y" not in arrays:
+                raise UserError(f"--data {args.data}: expected arrays named x and y, found {sorted(arrays)}")
+            data = (arrays["x"], arrays["y"])
+    try:
+        result = selection.select(
+            args.candidates,
+            args.base_path,
+            metric=args.metric,
+            data=data,
+            class_names=_class_names(args.class_names),
+            preprocessing=args.preprocessing,
+        )
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
+        raise UserError(str(err)) from None
+    print(selection.format_table(result))
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    if not args.base_path.is_dir():
+        raise UserError(f"model base path {args.base_path}: no such directory")
+    from hvdk8s.serving import server
+
+    try:
+        server.serve(
+            args.base_path,
+            name=args.name,
+            host=args.host,
+            port=args.port,
+            max_request_bytes=args.max_request_bytes or server.DEFAULT_MAX_REQUEST_BYTES,
+            poll_seconds=args.poll_seconds,
+            num_versions=args.num_versions,
+        )
+    except (ValueError, FileNotFoundError) as err:
+        raise UserError(str(err)) from None
+    return 0
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from hvdk8s.serving import client
+
+    missing = [str(p) for p in args.images if not p.is_file()]
+    if missing:
+        raise UserError(f"images: no such file: {', '.join(missing)}")
+    try:
+        predictions = client.predict(
+            args.url,
+            [p.read_bytes() for p in args.images],
+            model=args.model,
+            version=args.version,
+            signature=args.signature,
+        )
+    except client.PredictError as err:
+        raise UserError(str(err)) from None
+    for path, prediction in zip(args.images, predictions):
+        print(f"{path}: {client.describe(prediction)}")
+    return 0

@@ -1,0 +1,77 @@
+"""REST client for image classifiers behind TensorFlow Serving (or ``hvdk8s serve``).
+
+Sends each image's file bytes as ``{"b64": ...}`` to ``:predict``: the model's
+``serving_default`` signature decodes, resizes and normalises on the server,
+so the client needs no TensorFlow and no knowledge of the model's input.
+"""
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from typing import Any
+
+import requests
+
+
+class PredictError(Exception):
+    """The server refused or failed the request; the message is its ``error`` text."""
+
+
+def predict_url(url: str, model: str, version: int | None = None) -> str:
+    """``{url}/v1/models/{model}[/versions/{version}]:predict``."""
+    path = f"/v1/models/{model}" + (f"/versions/{version}" if version is not None else "")
+    return url.rstrip("/") + path + ":predict"
+
+
+def request_body(images: Sequence[bytes], signature: str | None = None) -> dict[str, Any]:
+    """Row-format body: one ``{"b64": ...}`` instance per image."""
+    body: dict[str, Any] = {"instances": [{"b64": base64.b64encode(image).decode()} for image in images]}
+    if signature:
+        body["signature_name"] = signature
+    return body
+
+
+def predict(
+    url: str,
+    images: Sequence[bytes],
+    model: str = "digits",
+    version: int | None = None,
+    signature: str | None = None,
+    timeout: float = 60.0,
+) -> list[dict[str, Any]]:
+    """One prediction per image: ``{"probabilities": [...], "classes": k, ...}``.
+
+    A model with a single output answers with bare values; they come back
+    as ``{"probabilities": value}`` so callers see one shape.
+    """
+    target = predict_url(url, model, version)
+    try:
+        response = requests.post(target, json=request_body(images, signature), timeout=timeout)
+    except requests.RequestException as err:
+        raise PredictError(f"{target}: {err}") from None
+    try:
+        doc = response.json()
+    except ValueError:
+        doc = {}
+    if response.status_code != 200:
+        message = doc.get("error") if isinstance(doc, dict) else None
+        raise PredictError(f"{target}: HTTP {response.status_code}: {message or response.text[:500]}")
+    predictions = doc.get("predictions") if isinstance(doc, dict) else None
+    if not isinstance(predictions, list) or len(predictions) != len(images):
+        raise PredictError(f"{target}: expected {len(images)} predictions, got {str(doc)[:500]}")
+    return [p if isinstance(p, dict) else {"probabilities": p} for p in predictions]
+
+
+def describe(prediction: dict[str, Any]) -> str:
+    """``class 3 "three" p=0.981 [0.000 0.001 ...]`` for one prediction."""
+    probabilities = prediction.get("probabilities")
+    cls = prediction.get("classes")
+    if cls is None and isinstance(probabilities, list) and probabilities:
+        cls = max(range(len(probabilities)), key=probabilities.__getitem__)
+    parts = [f"class {cls}"]
+    if "class_names" in prediction:
+        parts.append(f'"{prediction["class_names"]}"')
+    if isinstance(probabilities, list) and isinstance(cls, int) and 0 <= cls < len(probabilities):
+        parts.append(f"p={probabilities[cls]:.3f}")
+        parts.append("[" + " ".join(f"{p:.3f}" for p in probabilities) + "]")
+    return " ".join(parts)

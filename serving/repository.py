@@ -1,0 +1,204 @@
+"""The versions of one model a local server holds, kept in step with its base path.
+
+Like TensorFlow Serving's file-system source with the ``latest`` version
+policy: every poll loads the newest ``num_versions`` integer folders and
+unloads older ones only once a newer one is available, so a broken new
+version never takes the model offline. A version that fails to load is
+retried only when its files change.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hvdk8s.serving import rest, savedmodel
+
+log = logging.getLogger("hvdk8s.serving")
+
+
+@dataclass
+class Servable:
+    """One loaded SavedModel version: callable signatures plus their descriptions."""
+
+    version: int
+    path: Path
+    signatures: Mapping[str, Any]
+    inputs: dict[str, dict[str, rest.InputSpec]]
+    signature_defs: dict[str, Any]
+    loaded: Any = field(repr=False)  # keeps the variables the signatures use alive
+
+    def inputs_of(self, signature: str) -> dict[str, rest.InputSpec]:
+        if signature not in self.inputs:
+            raise rest.invalid(f'Serving signature name: "{signature}" not found in signature def')
+        return self.inputs[signature]
+
+    def run(self, signature: str, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Call a signature; TensorFlow errors become ``ServingError`` with the same status code."""
+        import tensorflow as tf
+
+        fn = self.signatures[signature]
+        try:
+            outputs = fn(**{name: tf.constant(value) for name, value in arrays.items()})
+        except tf.errors.OpError as err:
+            raise rest.ServingError(_CODE_NAMES.get(err.error_code, "UNKNOWN"), _op_message(err)) from None
+        except (TypeError, ValueError) as err:
+            raise rest.invalid(str(err)) from None
+        return {name: tensor.numpy() for name, tensor in outputs.items()}
+
+
+def load_servable(version: int, path: Path) -> Servable:
+    """Load ``path`` with plain TensorFlow, as TF Serving would (tag ``serve``)."""
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(os.fspath(path), tags=["serve"])
+    signatures = dict(loaded.signatures)
+    inputs = {
+        name: {
+            key: rest.InputSpec(
+                np.dtype(object) if spec.dtype == tf.string else np.dtype(spec.dtype.as_numpy_dtype),
+                tuple(spec.shape.as_list()) if spec.shape.rank is not None else (),
+            )
+            for key, spec in fn.structured_input_signature[1].items()
+        }
+        for name, fn in signatures.items()
+    }
+    return Servable(version, path, signatures, inputs, signature_defs(path), loaded)
+
+
+def signature_defs(path: Path) -> dict[str, Any]:
+    """The ``serve`` MetaGraph's SignatureDefs as JSON, field names as TF Serving prints them."""
+    from google.protobuf import json_format
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((path / "saved_model.pb").read_bytes())
+    graph = next((g for g in saved.meta_graphs if "serve" in g.meta_info_def.tags), saved.meta_graphs[0])
+    return {
+        name: json_format.MessageToDict(
+            sig, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+        for name, sig in sorted(graph.signature_def.items())
+    }
+
+
+@dataclass
+class _State:
+    state: str  # TF Serving's ModelVersionStatus.State names
+    code: str = "OK"
+    message: str = ""
+    stamp: tuple[int, ...] = ()
+
+
+class ModelRepository:
+    """Thread-safe for one polling thread (the only writer) and any number of request threads."""
+
+    def __init__(
+        self, base_path: str | os.PathLike[str], name: str, num_versions: int = 1, loader: Any = load_servable
+    ):
+        if num_versions < 1:
+            raise ValueError(f"num_versions: expected at least 1, got {num_versions}")
+        self.base_path = Path(base_path)
+        self.name = name
+        self.num_versions = num_versions
+        self._loader = loader
+        self._lock = threading.Lock()
+        self._servables: dict[int, Servable] = {}
+        self._states: dict[int, _State] = {}
+
+    def poll(self) -> None:
+        """Load new versions and unload superseded or deleted ones."""
+        present = savedmodel.versions(self.base_path)
+        usable = [v for v in present if not self._failed_unchanged(v)]
+        for version in usable[-self.num_versions:]:
+            if version not in self._servables:
+                self._load(version)
+        healthy = [v for v in present if v in self._servables]
+        keep = set(healthy[-self.num_versions:])
+        with self._lock:
+            for version in [v for v in self._servables if v not in keep]:
+                del self._servables[version]
+                self._states[version] = _State("END")
+                log.info("model %s: unloaded version %d", self.name, version)
+
+    def get(self, name: str, version: int | None = None) -> Servable:
+        """The requested (default: newest available) version, or NOT_FOUND as TF Serving says it."""
+        with self._lock:
+            servable = None
+            if name == self.name:
+                if version is None:
+                    servable = self._servables[max(self._servables)] if self._servables else None
+                else:
+                    servable = self._servables.get(version)
+        if servable is None:
+            spec = f"Latest({name})" if version is None else f"Specific({name}, {version})"
+            raise rest.ServingError("NOT_FOUND", f"Servable not found for request: {spec}")
+        return servable
+
+    def status(self, name: str, version: int | None = None) -> list[tuple[int, str, str, str]]:
+        """(version, state, error code, message) rows for GET /v1/models/{name}[/versions/{v}]."""
+        with self._lock:
+            rows = [(v, s.state, s.code, s.message) for v, s in self._states.items()]
+        if name != self.name or not rows:
+            raise rest.ServingError("NOT_FOUND", f"Could not find any versions of model {name}")
+        if version is not None:
+            rows = [row for row in rows if row[0] == version]
+            if not rows:
+                raise rest.ServingError("NOT_FOUND", f"Could not find version {version} of model {name}")
+        return rows
+
+    def _stamp(self, version: int) -> tuple[int, ...]:
+        folder = self.base_path / str(version)
+        return tuple(p.stat().st_mtime_ns if p.exists() else 0 for p in (folder, folder / "saved_model.pb"))
+
+    def _failed_unchanged(self, version: int) -> bool:
+        state = self._states.get(version)
+        return state is not None and state.code != "OK" and state.stamp == self._stamp(version)
+
+    def _load(self, version: int) -> None:
+        stamp = self._stamp(version)
+        with self._lock:
+            self._states[version] = _State("LOADING")
+        try:
+            servable = self._loader(version, self.base_path / str(version))
+        except Exception as err:  # noqa: BLE001  (any load failure is reported in the model status)
+            with self._lock:
+                self._states[version] = _State("END", _error_code(err), f"{type(err).__name__}: {err}", stamp)
+            log.error("model %s: version %d failed to load: %s", self.name, version, err)
+            return
+        with self._lock:
+            self._servables[version] = servable
+            self._states[version] = _State("AVAILABLE")
+        log.info("model %s: serving version %d from %s", self.name, version, servable.path)
+
+
+def _error_code(err: Exception) -> str:
+    code = getattr(err, "error_code", None)  # tf.errors.OpError
+    return _CODE_NAMES.get(code, "UNKNOWN") if code is not None else "UNKNOWN"
+
+
+def _op_message(err: Any) -> str:
+    """The op's own message, without TensorFlow's graph-location boilerplate."""
+    lines = [
+        line.strip()
+        for line in str(err.message).splitlines()
+        if line.strip()
+        and not line.startswith(("Graph execution error", "Detected at node", "<stack traces", "\t [["))
+        and not line.strip().startswith("[[")
+    ]
+    return " ".join(lines) or str(err.message)
+
+
+_CODE_NAMES = {
+    1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
+    6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION",
+    10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE",
+    15: "DATA_LOSS", 16: "UNAUTHENTICATED",
+}
+"""google.rpc / tensorflow.error.Code numbers (stable across TensorFlow versions)."""

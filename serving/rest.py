@@ -1,0 +1,311 @@
+"""TensorFlow Serving's REST contract as pure functions: paths, JSON to arrays, arrays to JSON.
+
+Follows tensorflow_serving/model_servers/http_rest_api_util.cc and
+util/json_tensor.cc: the same URL patterns, the row (``instances`` →
+``predictions``) and columnar (``inputs`` → ``outputs``) formats,
+``{"b64": ...}`` for binary strings, ``{"error": ...}`` bodies and the
+mapping of TensorFlow status codes to HTTP codes. No TensorFlow import here:
+the server converts between these NumPy arrays and tensors.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+HTTP_STATUS = {
+    "CANCELLED": 499,
+    "UNKNOWN": 500,
+    "INVALID_ARGUMENT": 400,
+    "DEADLINE_EXCEEDED": 504,
+    "NOT_FOUND": 404,
+    "ALREADY_EXISTS": 409,
+    "PERMISSION_DENIED": 403,
+    "RESOURCE_EXHAUSTED": 429,
+    "FAILED_PRECONDITION": 400,
+    "ABORTED": 409,
+    "OUT_OF_RANGE": 400,
+    "UNIMPLEMENTED": 501,
+    "INTERNAL": 500,
+    "UNAVAILABLE": 503,
+    "DATA_LOSS": 500,
+    "UNAUTHENTICATED": 401,
+}
+DEFAULT_SIGNATURE = "serving_default"
+_PREDICT_PATH = re.compile(r"/v1/models/([^/:]+)(?:/versions/(\d+))?:(classify|regress|predict)", re.IGNORECASE)
+_STATUS_PATH = re.compile(r"/v1/models(?:/([^/:]+))?(?:/versions/(\d+))?(?:/(metadata))?", re.IGNORECASE)
+
+
+class ServingError(Exception):
+    """A request failure: a TensorFlow status code name and a message for the client."""
+
+    def __init__(self, code: str, message: str, http_status: int | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.http_status = http_status or HTTP_STATUS.get(code, 500)
+
+
+def invalid(message: str) -> ServingError:
+    return ServingError("INVALID_ARGUMENT", message)
+
+
+@dataclass(frozen=True)
+class Route:
+    kind: str  # "predict", "status" or "metadata"
+    model: str
+    version: int | None
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One signature input: NumPy dtype (``object`` for tf.string) and shape (None = any)."""
+
+    dtype: np.dtype
+    shape: tuple[int | None, ...]
+
+
+def parse_path(method: str, path: str) -> Route:
+    """The model, version and API a ``/v1/...`` request addresses."""
+    if method == "POST" and (m := _PREDICT_PATH.fullmatch(path)):
+        name, version, api = m.groups()
+        if api.lower() != "predict":
+            raise ServingError("UNIMPLEMENTED", f"{api} is not implemented by hvdk8s serve; use :predict")
+        return Route("predict", name, int(version) if version else None)
+    if method == "GET" and (m := _STATUS_PATH.fullmatch(path)):
+        name, version, metadata = m.groups()
+        if not name:
+            raise invalid("Missing model name in request.")
+        return Route("metadata" if metadata else "status", name, int(version) if version else None)
+    raise invalid(f"Malformed request: {method} {path}")
+
+
+def parse_predict_body(
+    body: bytes, inputs_of: Callable[[str], Mapping[str, InputSpec]]
+) -> tuple[str, dict[str, np.ndarray], bool]:
+    """(signature name, named input arrays, row format?) of a ``:predict`` body.
+
+    ``inputs_of(signature_name)`` returns that signature's ``{name: InputSpec}``
+    (raising ``ServingError`` for an unknown signature).
+    """
+    doc = _parse_json(body)
+    signature = doc.get("signature_name", DEFAULT_SIGNATURE)
+    if not isinstance(signature, str):
+        raise invalid("'signature_name' key must be a string value.")
+    specs: Mapping[str, InputSpec] = inputs_of(signature or DEFAULT_SIGNATURE)
+    if "instances" in doc and "inputs" in doc:
+        raise invalid("Not formatted correctly: expecting only one of 'inputs' or 'instances' keys to exist")
+    if "instances" in doc:
+        arrays, row = _from_instances(doc["instances"], specs), True
+    elif "inputs" in doc:
+        arrays, row = _from_inputs(doc["inputs"], specs), False
+    else:
+        raise invalid("Missing 'inputs' or 'instances' key")
+    for name, array in arrays.items():
+        _check_shape(name, array, specs[name])
+    return signature or DEFAULT_SIGNATURE, arrays, row
+
+
+def predict_response(outputs: Mapping[str, np.ndarray], row: bool) -> dict[str, Any]:
+    """``{"predictions": [...]}`` (one entry per instance) or ``{"outputs": ...}``."""
+    if not outputs:
+        raise invalid("Cannot convert empty tensor map to JSON")
+    names = sorted(outputs)
+    values = {name: _to_json(np.asarray(outputs[name]), name.endswith("_bytes")) for name in names}
+    if not row:
+        return {"outputs": values[names[0]] if len(names) == 1 else values}
+    shapes = {name: np.shape(outputs[name]) for name in names}
+    if any(not shape for shape in shapes.values()) or len({shape[0] for shape in shapes.values()}) != 1:
+        raise invalid(f"outputs have no common batch dimension: {shapes}")
+    batch = shapes[names[0]][0]
+    if len(names) == 1:
+        return {"predictions": values[names[0]]}
+    return {"predictions": [{name: values[name][i] for name in names} for i in range(batch)]}
+
+
+def status_response(versions: list[tuple[int, str, str, str]]) -> dict[str, Any]:
+    """GetModelStatusResponse as JSON from (version, state, error code, message) rows."""
+    return {
+        "model_version_status": [
+            {"version": str(v), "state": state, "status": {"error_code": code, "error_message": message}}
+            for v, state, code, message in sorted(versions, reverse=True)
+        ]
+    }
+
+
+def metadata_response(name: str, version: int, signature_defs: Mapping[str, Any]) -> dict[str, Any]:
+    """GetModelMetadataResponse as TF Serving prints it (signature_def map only)."""
+    return {
+        "model_spec": {"name": name, "signature_name": "", "version": str(version)},
+        "metadata": {"signature_def": {"signature_def": dict(signature_defs)}},
+    }
+
+
+def error_body(message: str) -> dict[str, str]:
+    return {"error": message}
+
+
+def dumps(doc: Mapping[str, Any]) -> bytes:
+    """JSON as TF Serving writes it (NaN and Infinity allowed)."""
+    return json.dumps(doc, allow_nan=True).encode()
+
+
+def _parse_json(body: bytes) -> dict[str, Any]:
+    if not body:
+        raise invalid("JSON Parse error: The document is empty")
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise invalid(f"JSON Parse error: {err}") from None
+    if not isinstance(doc, dict):
+        raise invalid(f"JSON Value: {_short(doc)} Is not object")
+    return doc
+
+
+def _is_b64(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and isinstance(value.get("b64"), str)
+
+
+def _is_named(value: Any) -> bool:
+    return isinstance(value, dict) and not _is_b64(value)
+
+
+def _from_instances(instances: Any, specs: Mapping[str, InputSpec]) -> dict[str, np.ndarray]:
+    if not isinstance(instances, list):
+        raise invalid("Expecting 'instances' to be an list/array")
+    if not instances:
+        raise invalid("No values in 'instances' array")
+    named = _is_named(instances[0])
+    if not named and len(specs) > 1:
+        raise invalid(
+            "instances is a plain list, but expecting list of objects as multiple input tensors "
+            f"required as per tensorinfo_map: {', '.join(sorted(specs))}"
+        )
+    columns: dict[str, list[np.ndarray]] = {name: [] for name in specs}
+    for i, item in enumerate(instances):
+        if named != _is_named(item):
+            raise invalid(f"Expecting {'object' if named else 'value/list'} but got "
+                          f"{'value/list' if named else 'object'} at item {i} of input list")
+        values = item if named else {next(iter(specs)): item}
+        if set(values) != set(specs):
+            raise invalid(
+                f"Failed to process element: {i} of 'instances' list. JSON object: {_short(item)} "
+                f"keys must be equal to: {','.join(sorted(specs))}"
+            )
+        for name, value in values.items():
+            try:
+                columns[name].append(to_array(value, specs[name].dtype))
+            except ServingError as err:
+                raise invalid(f"Failed to process element: {i} key: {name} of 'instances' list. "
+                              f"Error: {err.message}") from None
+    arrays = {}
+    for name, items in columns.items():
+        shapes = {a.shape for a in items}
+        if len(shapes) > 1:
+            raise invalid(f"input {name}: instances have different shapes {sorted(shapes)}")
+        arrays[name] = np.stack(items)
+    return arrays
+
+
+def _from_inputs(inputs: Any, specs: Mapping[str, InputSpec]) -> dict[str, np.ndarray]:
+    if not _is_named(inputs):
+        if len(specs) > 1:
+            raise invalid(
+                "inputs is a plain value/list, but expecting an object as multiple input tensors "
+                f"required as per tensorinfo_map: {', '.join(sorted(specs))}"
+            )
+        inputs = {next(iter(specs)): inputs}
+    arrays = {}
+    for name, spec in specs.items():
+        if name not in inputs:
+            raise invalid(f"Missing named input: {name} in 'inputs' object.")
+        if inputs[name] == []:
+            raise invalid(f"No values in 'inputs' for input {name}")
+        arrays[name] = to_array(inputs[name], spec.dtype)
+    return arrays
+
+
+def to_array(value: Any, dtype: np.dtype) -> np.ndarray:
+    """A dense array from nested JSON lists, leaves converted to ``dtype`` (object = bytes)."""
+    shape: list[int] = []
+    probe = value
+    while isinstance(probe, list):
+        shape.append(len(probe))
+        if not probe:
+            break
+        probe = probe[0]
+    leaves: list[Any] = []
+    _collect(value, 0, shape, dtype, leaves)
+    return np.array(leaves, dtype=dtype).reshape(shape)
+
+
+def _collect(value: Any, level: int, shape: list[int], dtype: np.dtype, out: list[Any]) -> None:
+    if isinstance(value, list):
+        if level >= len(shape):
+            raise invalid(f"Encountered list at unexpected level: {level} expected < {len(shape)}")
+        if len(value) != shape[level]:
+            raise invalid(
+                f"Encountered list at unexpected size: {len(value)} at level: {level} "
+                f"expected size: {shape[level]}"
+            )
+        for item in value:
+            _collect(item, level + 1, shape, dtype, out)
+        return
+    if level != len(shape):
+        raise invalid(f"JSON Value: {_short(value)} found at incorrect level: {level + 1} in the JSON DOM. "
+                      f"Expected at level: {len(shape)}")
+    out.append(_leaf(value, dtype))
+
+
+def _leaf(value: Any, dtype: np.dtype) -> Any:
+    kind = np.dtype(dtype).kind
+    if kind == "O":
+        if _is_b64(value):
+            try:
+                return base64.b64decode(value["b64"], validate=True)
+            except (binascii.Error, ValueError):
+                raise invalid(f"Unable to base64 decode: {_short(value)}") from None
+        if isinstance(value, str):
+            return value.encode()
+        if isinstance(value, dict):
+            raise invalid(f"JSON Value: {_short(value)} not formatted correctly for base64 data")
+    elif kind == "b" and isinstance(value, bool):
+        return value
+    elif kind in "iu" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif kind == "f" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    type_name = "DT_STRING" if kind == "O" else f"DT_{np.dtype(dtype).name.upper()}"
+    raise invalid(f"JSON Value: {_short(value)} Type: {type(value).__name__} is not of expected type: {type_name}")
+
+
+def _check_shape(name: str, array: np.ndarray, spec: InputSpec) -> None:
+    want = spec.shape
+    ok = len(want) == array.ndim and all(w is None or w == got for w, got in zip(want, array.shape))
+    if not ok:
+        shown = "(" + ", ".join("-1" if w is None else str(w) for w in want) + ")"
+        raise invalid(f"input {name}: got shape {array.shape}, the signature expects {shown}")
+
+
+def _to_json(array: np.ndarray, as_b64: bool) -> Any:
+    if array.dtype.kind in "OSU":
+        def text(v: Any) -> Any:
+            raw = v if isinstance(v, bytes) else str(v).encode()
+            return {"b64": base64.b64encode(raw).decode()} if as_b64 else raw.decode("utf-8", "replace")
+
+        return np.vectorize(text, otypes=[object])(array).tolist() if array.size else array.tolist()
+    if array.dtype == np.float32:
+        # shortest text that round-trips as float32, as TF Serving writes (0.1, not 0.10000000149)
+        return np.vectorize(float, otypes=[object])(array.astype(str)).tolist() if array.size else array.tolist()
+    return array.tolist()
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,193 @@
+"""Export a Keras image classifier as one TensorFlow Serving model version.
+
+TensorFlow Serving watches ``base_path`` and loads every sub-folder whose
+name is an integer as a version of the model. A version is therefore built
+under a hidden temporary name in the same folder (one that is not a number,
+so the server ignores it) and renamed into place when complete: a polling
+server never sees a half-written version.
+
+The ``serving_default`` signature takes raw JPEG/PNG bytes (TF Serving's REST
+API turns ``{"b64": ...}`` into those), so clients need neither TensorFlow
+nor the model's input size or normalisation; ``predict_tensor`` takes the
+model's own float input for callers that preprocess themselves.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+SERVING_SIGNATURE = "serving_default"
+TENSOR_SIGNATURE = "predict_tensor"
+IMAGE_INPUT = "image_bytes"
+TENSOR_INPUT = "images"
+METADATA_FILE = Path("assets.extra") / "hvdk8s.json"
+"""Export record inside each version; TF Serving ignores ``assets.extra`` except warm-up files."""
+
+PREPROCESSING: dict[str, Callable[[Any], Any]] = {
+    "unit": lambda pixels: pixels / 255.0,  # [0, 1]: what hvdk8s.data and the examples train on
+    "symmetric": lambda pixels: pixels / 127.5 - 1.0,  # [-1, 1]
+    "raw": lambda pixels: pixels,  # [0, 255]: for models with their own Rescaling layer
+}
+_VERSION = re.compile(r"^\d+$")
+
+
+def versions(base_path: str | os.PathLike[str]) -> list[int]:
+    """The version numbers present under ``base_path``, ascending (as TF Serving sees them)."""
+    root = Path(base_path)
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name) for p in root.iterdir() if _VERSION.match(p.name) and p.is_dir())
+
+
+def next_version(base_path: str | os.PathLike[str]) -> int:
+    """One more than the highest version present, 1 for an empty or missing folder."""
+    return max(versions(base_path), default=0) + 1
+
+
+def read_metadata(version_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The record ``export`` wrote beside a version (class names, preprocessing, metrics...)."""
+    return json.loads((Path(version_dir) / METADATA_FILE).read_text())
+
+
+def export(
+    model: Any,
+    base_path: str | os.PathLike[str],
+    version: int | None = None,
+    class_names: Sequence[str] | None = None,
+    preprocessing: str | Callable[[Any], Any] = "unit",
+    metadata: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``model`` as ``base_path/<version>/`` (a SavedModel) and return that folder.
+
+    ``version`` defaults to the next integer. ``preprocessing`` maps float32
+    pixels in [0, 255] (decoded, channel-converted, bilinearly resized to the
+    model's input size, as ``keras.utils.image_dataset_from_directory`` does)
+    to the model's input: a name from ``PREPROCESSING`` or a TensorFlow
+    function. ``metadata`` (e.g. evaluation metrics) is stored in the version's
+    ``assets.extra/hvdk8s.json`` together with the export settings.
+    """
+    height, width, channels, num_classes = _image_classifier_shape(model)
+    normalise = _preprocessing_fn(preprocessing)
+    names = list(class_names) if class_names is not None else None
+    if names is not None and len(names) != num_classes:
+        raise ValueError(f"class_names: {len(names)} names for a model with {num_classes} outputs")
+    root = Path(base_path)
+    root.mkdir(parents=True, exist_ok=True)
+    version = next_version(root) if version is None else version
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"version: expected a non-negative integer, got {version!r}")
+    final = root / str(version)
+    if final.exists():
+        raise FileExistsError(f"version {version} already exists at {final}")
+
+    if isinstance(preprocessing, str):
+        preprocessing_name = preprocessing
+    else:
+        preprocessing_name = getattr(preprocessing, "__name__", "custom")
+    record = {
+        "version": version,
+        "model": model.name,
+        "input_shape": [height, width, channels],
+        "class_names": names,
+        "preprocessing": preprocessing_name,
+        "signatures": {SERVING_SIGNATURE: IMAGE_INPUT, TENSOR_SIGNATURE: TENSOR_INPUT},
+        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    clash = sorted(set(record) & set(metadata or {}))
+    if clash:
+        raise ValueError(f"metadata: keys {clash} are reserved for the export record")
+    record.update(metadata or {})
+
+    tmp = root / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
+    try:
+        archive = _archive(model, (height, width, channels), normalise, names)
+        with contextlib.redirect_stdout(io.StringIO()):  # Keras prints the temporary path
+            archive.write_out(os.fspath(tmp), verbose=False)
+        (tmp / METADATA_FILE).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / METADATA_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        if final.exists():  # another exporter took the number meanwhile
+            raise FileExistsError(f"version {version} already exists at {final}")
+        os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _image_classifier_shape(model: Any) -> tuple[int, int, int, int]:
+    """(height, width, channels, classes) of a one-image-input, one-vector-output model."""
+    inputs, outputs = getattr(model, "inputs", None), getattr(model, "outputs", None)
+    if not inputs or not outputs or len(inputs) != 1 or len(outputs) != 1:
+        raise ValueError(
+            f"model {model.name!r}: export needs a built model with one image input and one output "
+            "(define it with keras.Input)"
+        )
+    shape, out = tuple(inputs[0].shape), tuple(outputs[0].shape)
+    if len(shape) != 4 or any(d is None for d in shape[1:]) or len(out) != 2 or out[1] is None:
+        raise ValueError(
+            f"model {model.name!r}: input shape {shape} / output shape {out}; expected "
+            "(batch, height, width, channels) in and (batch, classes) out"
+        )
+    return int(shape[1]), int(shape[2]), int(shape[3]), int(out[1])
+
+
+def _preprocessing_fn(preprocessing: str | Callable[[Any], Any]) -> Callable[[Any], Any]:
+    if callable(preprocessing):
+        return preprocessing
+    if preprocessing not in PREPROCESSING:
+        raise ValueError(f"preprocessing {preprocessing!r}: expected one of {sorted(PREPROCESSING)} or a function")
+    return PREPROCESSING[preprocessing]
+
+
+def _archive(
+    model: Any,
+    image_shape: tuple[int, int, int],
+    normalise: Callable[[Any], Any],
+    class_names: list[str] | None,
+) -> Any:
+    """A Keras ExportArchive with the image-bytes and the tensor signatures."""
+    import keras
+    import tensorflow as tf
+
+    height, width, channels = image_shape
+
+    def outputs(images: tf.Tensor) -> dict[str, tf.Tensor]:
+        probabilities = model(images, training=False)
+        classes = tf.argmax(probabilities, axis=-1, output_type=tf.int64)
+        result = {"probabilities": probabilities, "classes": classes}
+        if class_names is not None:
+            result["class_names"] = tf.gather(tf.constant(class_names), classes)
+        return result
+
+    def decode(image_bytes: tf.Tensor) -> tf.Tensor:
+        image = tf.io.decode_image(image_bytes, channels=channels, expand_animations=False)
+        return tf.image.resize(tf.cast(image, tf.float32), (height, width), method="bilinear")
+
+    def serve_image_bytes(image_bytes: tf.Tensor) -> dict[str, tf.Tensor]:
+        with tf.device("/cpu:0"):  # decoders are CPU kernels; keeps GPU servers working
+            pixels = tf.map_fn(
+                decode, image_bytes, fn_output_signature=tf.TensorSpec((height, width, channels), tf.float32)
+            )
+        return outputs(tf.cast(normalise(pixels), tf.float32))
+
+    archive = keras.export.ExportArchive()
+    archive.track(model)
+    archive.add_endpoint(
+        SERVING_SIGNATURE,
+        serve_image_bytes,
+        input_signature=[tf.TensorSpec([None], tf.string, name=IMAGE_INPUT)],
+    )
+    archive.add_endpoint(
+        TENSOR_SIGNATURE,
+        outputs,
+        input_signature=[tf.TensorSpec([None, height, width, channels], tf.float32, name=TENSOR_INPUT)],
+    )
+    return archive

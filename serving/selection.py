@@ -1,0 +1,144 @@
+"""Model selection: evaluate candidate ``.keras`` files on one held-out set, promote the best.
+
+Every candidate sees exactly the same images and labels (the digits test
+split unless given), so the comparison is fair; the winner becomes the next
+serving version through ``export`` and the whole table is stored in that
+version's export record, so the served folder says why it was chosen.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hvdk8s.serving import savedmodel
+
+METRICS = ("accuracy", "loss")
+"""Accuracy: higher is better; loss (cross-entropy): lower is better."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    path: str
+    accuracy: float
+    loss: float
+
+
+@dataclass(frozen=True)
+class Selection:
+    metric: str
+    candidates: list[Candidate]  # best first
+    version_dir: Path
+    data: str
+
+    @property
+    def best(self) -> Candidate:
+        return self.candidates[0]
+
+
+def candidate_files(folder: str | os.PathLike[str]) -> list[Path]:
+    """The ``.keras`` files directly in ``folder``, by name."""
+    root = Path(folder)
+    if not root.is_dir():
+        raise FileNotFoundError(f"candidates folder {root}: no such directory")
+    files = sorted(p for p in root.iterdir() if p.suffix == ".keras" and p.is_file())
+    if not files:
+        raise FileNotFoundError(f"candidates folder {root}: no .keras files")
+    return files
+
+
+def evaluate(model: Any, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of a softmax classifier on (x, y)."""
+    # eager calls, not model.predict: no per-candidate tf.function (re)tracing
+    batches = [np.asarray(model(x[i : i + batch_size], training=False)) for i in range(0, len(x), batch_size)]
+    probabilities = np.concatenate(batches).astype("float64")
+    if probabilities.ndim != 2 or probabilities.shape[0] != len(y):
+        raise ValueError(f"model {model.name!r}: predictions of shape {probabilities.shape} for {len(y)} labels")
+    picked = np.clip(probabilities[np.arange(len(y)), y], 1e-7, 1.0)
+    return {
+        "accuracy": float(np.mean(probabilities.argmax(axis=1) == y)),
+        "loss": float(-np.mean(np.log(picked))),
+    }
+
+
+def rank(candidates: Sequence[Candidate], metric: str = "accuracy") -> list[Candidate]:
+    """Best first by ``metric``, then by the other metric, then by name (deterministic ties)."""
+    if metric not in METRICS:
+        raise ValueError(f"metric {metric!r}: expected one of {METRICS}")
+    if metric == "accuracy":
+        return sorted(candidates, key=lambda c: (-c.accuracy, c.loss, c.name))
+    return sorted(candidates, key=lambda c: (c.loss, -c.accuracy, c.name))
+
+
+def select(
+    candidates_dir: str | os.PathLike[str],
+    base_path: str | os.PathLike[str],
+    metric: str = "accuracy",
+    data: tuple[np.ndarray, np.ndarray] | None = None,
+    class_names: Sequence[str] | None = None,
+    preprocessing: str = "unit",
+) -> Selection:
+    """Evaluate every candidate in ``candidates_dir`` and export the best as the next version.
+
+    ``data`` is the held-out (images, integer labels) pair, in the models'
+    input format; by default the digits test split the examples hold out.
+    """
+    import keras
+
+    if metric not in METRICS:
+        raise ValueError(f"metric {metric!r}: expected one of {METRICS}")
+    files = candidate_files(candidates_dir)
+    if data is None:
+        from hvdk8s.data import load_digits
+
+        data = load_digits()[1]
+        source = f"digits test split ({len(data[1])} images)"
+    else:
+        source = f"given arrays ({len(data[1])} images)"
+    x, y = np.asarray(data[0]), np.asarray(data[1]).astype("int64")
+    if len(x) == 0 or len(x) != len(y):
+        raise ValueError(f"held-out data: {len(x)} images and {len(y)} labels; need the same number, at least one")
+
+    scored = []
+    models = {}
+    for path in files:
+        try:
+            model = keras.models.load_model(path, compile=False)
+        except Exception as err:  # noqa: BLE001  (Keras raises many types; name the file)
+            raise ValueError(f"candidate {path}: cannot be loaded as a Keras model ({err})") from err
+        scored.append(Candidate(path.name, os.fspath(path), **evaluate(model, x, y)))
+        models[path.name] = model
+    ranked = rank(scored, metric)
+    best = ranked[0]
+    version_dir = savedmodel.export(
+        models[best.name],
+        base_path,
+        class_names=class_names,
+        preprocessing=preprocessing,
+        metadata={
+            "metrics": {"accuracy": best.accuracy, "loss": best.loss},
+            "selection": {
+                "metric": metric,
+                "data": source,
+                "source": best.path,
+                "candidates": [asdict(c) for c in ranked],
+            },
+        },
+    )
+    return Selection(metric, ranked, version_dir, source)
+
+
+def format_table(selection: Selection) -> str:
+    """The candidates as an aligned text table, the promoted one marked."""
+    width = max(len("candidate"), *(len(c.name) for c in selection.candidates))
+    lines = [f"{'candidate':<{width}}  accuracy    loss"]
+    for c in selection.candidates:
+        mark = f"  <- promoted to {selection.version_dir}" if c is selection.best else ""
+        lines.append(f"{c.name:<{width}}  {c.accuracy:8.4f}  {c.loss:6.4f}{mark}")
+    lines.append(f"evaluated on {selection.data}, ranked by {selection.metric}")
+    return "\n".join(lines)
