@@ -16,6 +16,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("-H", "--hosts", help="Open MPI host list, e.g. host1:2,host2:2 (default: localhost)")
     run.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="set and forward a variable")
     run.add_argument("--timeline", metavar="FILE", help="write a Horovod timeline (Chrome trace) to FILE")
+    elastic = run.add_argument_group(
+        "elastic (horovodrun over Gloo; the script must use hvdk8s.elastic)",
+        "Given --host-discovery-script, the job keeps between --min-np and --max-np ranks as hosts come and go.",
+    )
+    elastic.add_argument("--min-np", type=int, help="fewest ranks to keep running (default: -np)")
+    elastic.add_argument("--max-np", type=int, help="most ranks to scale up to (default: -np)")
+    elastic.add_argument("--host-discovery-script", metavar="SCRIPT", help="prints the available host[:slots] lines")
+    elastic.add_argument("--slots", type=int, help="slots of hosts listed without a count")
+    elastic.add_argument("--network-interface", metavar="NIC", help="interface for Gloo (lo for one host)")
     run.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args] or any command")
     run.set_defaults(handler=_run)
     _register_cluster(sub)
@@ -27,7 +36,18 @@ def _run(args: argparse.Namespace) -> int:
 
     if not args.command:
         raise UserError("run: give the script to run, e.g. hvdk8s run -np 2 train.py")
-    return local.run(args.np, args.command, hosts=args.hosts, env=args.env, timeline=args.timeline)
+    elastic = None
+    if args.host_discovery_script:
+        elastic = local.ElasticOptions(
+            min_np=args.min_np or args.np,
+            max_np=args.max_np or args.np,
+            discovery_script=args.host_discovery_script,
+            slots=args.slots,
+            network_interface=args.network_interface,
+        )
+    elif args.min_np or args.max_np:
+        raise UserError("--min-np/--max-np: elastic runs need --host-discovery-script")
+    return local.run(args.np, args.command, hosts=args.hosts, env=args.env, timeline=args.timeline, elastic=elastic)
 
 
 def _cluster_flags(parser: argparse.ArgumentParser) -> None:

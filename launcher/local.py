@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TextIO
 
 from hvdk8s.errors import UserError
@@ -26,6 +27,35 @@ def script_command(command: Sequence[str]) -> list[str]:
     return list(command)
 
 
+@dataclass(frozen=True)
+class ElasticOptions:
+    """``horovodrun`` elastic settings (see ``mpirun.horovodrun_argv``)."""
+
+    min_np: int
+    max_np: int
+    discovery_script: str
+    slots: int | None = None
+    network_interface: str | None = None
+
+
+def elastic_argv(np: int, command: list[str], options: ElasticOptions) -> list[str]:
+    """Check the user's elastic flags, then build the horovodrun command."""
+    if not os.access(options.discovery_script, os.X_OK):
+        raise UserError(f"--host-discovery-script {options.discovery_script}: not an executable file")
+    try:
+        return mpirun.horovodrun_argv(
+            np,
+            command,
+            min_np=options.min_np,
+            max_np=options.max_np,
+            discovery_script=os.path.abspath(options.discovery_script),
+            slots=options.slots,
+            network_interface=options.network_interface,
+        )
+    except ValueError as err:
+        raise UserError(f"--min-np/-np/--max-np: {err}") from None
+
+
 def run(
     np: int,
     command: Sequence[str],
@@ -33,9 +63,10 @@ def run(
     hosts: str | None = None,
     env: Sequence[str] = (),
     timeline: str | None = None,
+    elastic: ElasticOptions | None = None,
     out: TextIO = sys.stdout,
 ) -> int:
-    """Run ``command`` on ``np`` ranks; return the job's exit status."""
+    """Run ``command`` on ``np`` ranks (elastic: with horovodrun); return the job's exit status."""
     if shutil.which("mpirun") is None:
         raise UserError("mpirun not found: install Open MPI (make setup does)")
     if np < 1:
@@ -49,13 +80,16 @@ def run(
     if timeline:
         environ["HOROVOD_TIMELINE"] = os.path.abspath(timeline)
     environ.setdefault("PYTHONUNBUFFERED", "1")
-    argv = mpirun.mpirun_argv(
-        np,
-        script_command(command),
-        hosts=hosts,
-        env_names=mpirun.forwarded_env(environ),
-        allow_run_as_root=os.geteuid() == 0,
-    )
+    if elastic is None:
+        argv = mpirun.mpirun_argv(
+            np,
+            script_command(command),
+            hosts=hosts,
+            env_names=mpirun.forwarded_env(environ),
+            allow_run_as_root=os.geteuid() == 0,
+        )
+    else:
+        argv = elastic_argv(np, script_command(command), elastic)
     tail: list[str] = []
     ranks: set[int] = set()
     collateral: set[int] = set()

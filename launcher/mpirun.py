@@ -1,6 +1,6 @@
-"""The mpirun command line, as one pure function shared by every launch path.
+"""The launcher command lines (mpirun, and horovodrun for elastic jobs), as pure functions.
 
-``hvdk8s run`` executes it on localhost and the MPIJob renderer puts the very
+``hvdk8s run`` executes them on localhost and the MPIJob renderer puts the very
 same argv into the launcher pod, so a command that works on a laptop is the
 command the cluster runs.
 """
@@ -55,6 +55,36 @@ def mpirun_argv(
     for name in env_names:
         argv += ["-x", name]
     return argv + list(command)
+
+
+def horovodrun_argv(
+    np: int,
+    command: Sequence[str],
+    *,
+    min_np: int,
+    max_np: int,
+    discovery_script: str,
+    slots: int | None = None,
+    network_interface: str | None = None,
+) -> list[str]:
+    """Build elastic ``horovodrun`` argv: ``np`` ranks to start, kept within [min_np, max_np].
+
+    Elastic Horovod runs over Gloo and forwards the launcher's environment
+    itself. ``discovery_script`` prints ``host[:slots]`` lines; ``slots`` is
+    used for hosts listed without a count. Horovod's driver waits for two hosts
+    to agree on a network interface unless ``network_interface`` names one,
+    so single-host runs need it (``lo``).
+    """
+    if not 1 <= min_np <= np <= max_np:
+        raise ValueError(f"elastic bounds: need 1 <= min_np ({min_np}) <= np ({np}) <= max_np ({max_np})")
+    if not command:
+        raise ValueError("command: empty")
+    argv = ["horovodrun", "-np", str(np), "--min-np", str(min_np), "--max-np", str(max_np)]
+    if slots is not None:
+        argv += ["--slots", str(slots)]
+    if network_interface:
+        argv += ["--network-interface", network_interface]
+    return argv + ["--host-discovery-script", discovery_script, *command]
 
 
 _TAG = r"\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hvdk8s.launcher.mpirun import forwarded_env, mpirun_argv
+from hvdk8s.launcher.mpirun import forwarded_env, horovodrun_argv, mpirun_argv
 from hvdk8s.mpijob.spec import (
     DISCOVER_HOSTS,
     GPU_RESOURCE,
@@ -62,19 +62,17 @@ def pod_env(spec: JobSpec) -> dict[str, str]:
 def launcher_command(spec: JobSpec) -> list[str]:
     """mpirun (or, for elastic jobs, horovodrun) argv of the launcher container."""
     if spec.elastic:
-        # Horovod elastic runs over Gloo and forwards the launcher's whole
-        # environment itself; the operator keeps discover_hosts.sh listing the
-        # running workers, one host per line, hence --slots.
+        # The operator keeps discover_hosts.sh listing the running workers, one
+        # host per line without a count, hence --slots.
         slots = spec.slots_per_worker
-        return [
-            "horovodrun",
-            "-np", str(spec.np),
-            "--min-np", str(spec.elastic.min_workers * slots),
-            "--max-np", str(spec.elastic.max_workers * slots),
-            "--slots", str(slots),
-            "--host-discovery-script", DISCOVER_HOSTS,
-            *spec.command,
-        ]  # fmt: skip
+        return horovodrun_argv(
+            spec.np,
+            spec.command,
+            min_np=spec.elastic.min_workers * slots,
+            max_np=spec.elastic.max_workers * slots,
+            slots=slots,
+            discovery_script=DISCOVER_HOSTS,
+        )
     names = forwarded_env(pod_env(spec), extra=(*IMAGE_ENV, *spec.env))
     return mpirun_argv(spec.np, spec.command, env_names=names, allow_run_as_root=spec.user is None)
 
