@@ -6,6 +6,8 @@ runtime, lives here so the rest of the library can assume it has happened.
 from __future__ import annotations
 
 import os
+import socket
+from collections import Counter
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -13,7 +15,7 @@ import tensorflow as tf
 _initialized = False
 
 
-def init(*, threads_per_rank: int | None = None) -> None:
+def init(*, threads_per_rank: int | None = None, quiet: bool = False) -> None:
     """Initialise Horovod and give this rank its share of the machine.
 
     On GPU hosts each rank sees only the GPU of its local rank (memory growth
@@ -21,7 +23,8 @@ def init(*, threads_per_rank: int | None = None) -> None:
     CPU hosts the cores are split between the ranks of the host, otherwise N
     ranks each start ``cores`` threads and the host is oversubscribed N times.
     ``threads_per_rank`` (or ``HVDK8S_THREADS_PER_RANK``) overrides the split.
-    Safe to call more than once.
+    Unless ``quiet``, rank 0 prints where the ranks run, so a job that came up
+    on fewer hosts than planned is visible at once. Safe to call more than once.
     """
     global _initialized
     if _initialized:
@@ -38,6 +41,19 @@ def init(*, threads_per_rank: int | None = None) -> None:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
         tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
     _initialized = True
+    if not quiet:
+        hosts = hvd.allgather_object(socket.gethostname(), name="hvdk8s.hosts")
+        if hvd.rank() == 0:
+            print(f"hvdk8s: {placement(hosts)}", flush=True)
+
+
+def placement(hosts: list[str]) -> str:
+    """'4 ranks on 2 hosts (a: 2, b: 2)' from the host name of each rank."""
+    counts = Counter(hosts)
+    listing = ", ".join(f"{host}: {n}" for host, n in sorted(counts.items()))
+    ranks = "rank" if len(hosts) == 1 else "ranks"
+    hosts_word = "host" if len(counts) == 1 else "hosts"
+    return f"{len(hosts)} {ranks} on {len(counts)} {hosts_word} ({listing})"
 
 
 def initialized() -> bool:
