@@ -17,8 +17,7 @@ import horovod.tensorflow as hvd
 import keras
 import numpy as np
 import tensorflow as tf
-from horovod.common.elastic import ObjectState, run_fn
-from horovod.common.exceptions import HorovodInternalError
+from horovod.tensorflow.elastic import HorovodInternalError, ObjectState, run_fn
 
 from hvdk8s import collectives
 

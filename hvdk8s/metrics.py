@@ -156,13 +156,14 @@ def steps_done(batch: int, model: keras.Model, params: Mapping[str, object]) -> 
 def epoch_examples(model: keras.Model, steps: int, batch_size: int | None) -> int:
     """Examples this rank has trained on in the current epoch.
 
-    Without ``batch_size`` this is the sample count of Keras's loss tracker,
-    which ``fit`` resets each epoch and increments by each batch's size
-    (partial batches exact) in the built-in ``train_step``.
+    Without ``batch_size`` this is the sample count of the model's ``loss``
+    metric (public ``model.metrics``), which ``fit`` resets each epoch and the
+    built-in ``train_step`` increments by each batch's size (partial batches
+    exact).
     """
     if batch_size:
         return steps * batch_size
-    tracker = getattr(model, "_loss_tracker", None)
+    tracker = next((m for m in model.metrics if m.name == "loss" and hasattr(m, "count")), None)
     return int(keras.ops.convert_to_numpy(tracker.count)) if tracker is not None else 0
 
 
