@@ -140,5 +140,10 @@ def tfds_dataset(name: str, split: str, data_dir: str | os.PathLike[str]) -> tf.
             f"(expected {builder.data_dir}); run `tfds build {name} --data_dir {data_dir}` "
             "on a machine with internet access and copy the folder here"
         )
-    ds = builder.as_dataset(split=split, as_supervised=True, shuffle_files=False)
-    return ds.map(lambda x, y: (tf.cast(x, tf.float32) / 255.0, y), num_parallel_calls=tf.data.AUTOTUNE)
+    features = set(builder.info.features.keys())
+    if not {"image", "label"} <= features:
+        raise ValueError(f"tfds dataset {name!r}: needs 'image' and 'label' features, has {sorted(features)}")
+    ds = builder.as_dataset(split=split, shuffle_files=False)
+    return ds.map(
+        lambda ex: (tf.cast(ex["image"], tf.float32) / 255.0, ex["label"]), num_parallel_calls=tf.data.AUTOTUNE
+    )

@@ -75,3 +75,23 @@ def test_tfds_without_prepared_data_says_how_to_prepare_and_downloads_nothing(tm
 def test_tfds_unknown_dataset_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="tfds dataset 'no_such_dataset_xyz': unknown"):
         data.tfds_dataset("no_such_dataset_xyz", "train", tmp_path)
+
+
+def test_tfds_reads_a_dataset_prepared_under_data_dir(tmp_path: Path) -> None:
+    import tensorflow_datasets as tfds
+
+    (x, y), _ = data.load_digits(image_size=8)
+    examples = tf.data.Dataset.from_tensor_slices({"image": np.round(x[:8] * 255).astype(np.uint8), "label": y[:8]})
+    tfds.dataset_builders.store_as_tfds_dataset(  # eight real digits, prepared as `tfds build` would
+        name="hvdk_tiny_digits",
+        version="1.0.0",
+        features=tfds.features.FeaturesDict(
+            {"image": tfds.features.Image(shape=(8, 8, 1)), "label": tfds.features.ClassLabel(num_classes=10)}
+        ),
+        split_datasets={"train": examples},
+        data_dir=tmp_path,
+    )
+    items = list(data.tfds_dataset("hvdk_tiny_digits", "train", tmp_path).as_numpy_iterator())
+    assert len(items) == 8
+    assert all(img.shape == (8, 8, 1) and 0.0 <= img.min() and img.max() <= 1.0 for img, _ in items)
+    assert sorted(int(label) for _, label in items) == sorted(y[:8].tolist())

@@ -95,12 +95,14 @@ def test_metric_average_inside_fit_is_mean_of_rank_logs(collectives: list[dict])
     assert r0["weights"] == r1["weights"]
 
 
-def test_warmup_learning_rates_inside_fit(collectives: list[dict]) -> None:
-    # 64 examples / batch 16 = 4 steps per epoch, warm-up over 2 epochs, size 2
-    expected = [0.1 * (1 + (2 - 1) * min(1.0, (e + b / 4) / 2)) for e in range(3) for b in range(4)]
+def test_warmup_then_schedule_learning_rates_inside_fit(collectives: list[dict]) -> None:
+    # 64 examples / batch 16 = 4 steps per epoch; size 2; warm-up over epochs 0-1 from 0.1 to 0.2,
+    # then the schedule (staircase) sets 0.1 × 2 × 0.5^(epoch-1): 0.1 in epoch 2, 0.05 in epoch 3
+    warmup = [0.1 * (1 + (2 - 1) * (e + b / 4) / 2) for e in range(2) for b in range(4)]
+    expected = warmup + [0.1] * 4 + [0.05] * 4
     for result in collectives:
         np.testing.assert_allclose(result["lrs"], expected, rtol=1e-6)
-    assert expected[0] == pytest.approx(0.1) and expected[-1] == pytest.approx(0.2)
+    assert warmup[0] == pytest.approx(0.1) and warmup[-1] == pytest.approx(0.1875)
 
 
 def test_fp16_compression_and_sum(collectives: list[dict]) -> None:

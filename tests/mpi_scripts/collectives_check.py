@@ -62,8 +62,15 @@ y = (x.sum(axis=1) > 2).astype("int64")
 model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
 model.compile(hvdk8s.DistributedOptimizer(keras.optimizers.SGD(0.1)), "sparse_categorical_crossentropy", metrics=["accuracy"])
 raw, lr_seen = Record(), Record()
-callbacks = [hvdk8s.BroadcastInitialState(), raw, hvdk8s.MetricAverage(), hvdk8s.LearningRateWarmup(0.1, warmup_epochs=2), lr_seen]
-history = model.fit(x, y, batch_size=16, epochs=3, callbacks=callbacks, verbose=0, shuffle=False)
+callbacks = [
+    hvdk8s.BroadcastInitialState(),
+    raw,
+    hvdk8s.MetricAverage(),
+    hvdk8s.LearningRateWarmup(0.1, warmup_epochs=2),
+    hvdk8s.LearningRateSchedule(0.1, multiplier=lambda epoch: 0.5 ** (epoch - 1), start_epoch=2),
+    lr_seen,
+]
+history = model.fit(x, y, batch_size=16, epochs=4, callbacks=callbacks, verbose=0, shuffle=False)
 result["raw_logs"] = raw.raw
 result["history"] = {k: [float(v) for v in vals] for k, vals in history.history.items()}
 result["lrs"] = lr_seen.lrs
