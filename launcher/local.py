@@ -27,6 +27,15 @@ def script_command(command: Sequence[str]) -> list[str]:
     return list(command)
 
 
+def installed_script(name: str) -> str:
+    """A console script of this environment (a venv's bin need not be on PATH), else from PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), name)
+    found = beside if os.access(beside, os.X_OK) else shutil.which(name)
+    if found is None:
+        raise UserError(f"{name} not found beside {sys.executable} or on PATH: install Horovod (make setup does)")
+    return found
+
+
 @dataclass(frozen=True)
 class ElasticOptions:
     """``horovodrun`` elastic settings (see ``mpirun.horovodrun_argv``)."""
@@ -90,6 +99,7 @@ def run(
         )
     else:
         argv = elastic_argv(np, script_command(command), elastic)
+        argv[0] = installed_script("horovodrun")
     tail: list[str] = []
     ranks: set[int] = set()
     collateral: set[int] = set()
