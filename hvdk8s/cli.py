@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "hvdk8s.mpijob.cli",
     "hvdk8s.serving.cli",
     "hvdk8s.serving.manifests_cli",
+    "hvdk8s.benchmarks.cli",
 )
 
 
