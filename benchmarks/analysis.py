@@ -1,0 +1,186 @@
+"""Everything the report prints, derived from the raw timings by pure functions.
+
+``derive(raw)`` is deterministic: the suite stores its output beside the raw
+data and a test recomputes it, so every summary provably comes from a run.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from . import costmodel
+from .stats import summary
+
+EMULATED_REFERENCE_RATE = "1gbit"  # the link speed this machine's CPUs can keep up with
+
+
+def busbw_factor(n: int) -> float:
+    """Bytes each rank moves per byte reduced in a ring allreduce (nccl-tests' busbw convention)."""
+    return 2 * (n - 1) / n
+
+
+def training(raw: list[dict[str, Any]]) -> dict[str, Any]:
+    """Throughput, E(N) and time to accuracy per (workload, strategy, N), over every window of every round."""
+    windows: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    meta: dict[tuple[str, str, int], dict[str, Any]] = {}
+    tta: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for run in raw:
+        res = run["result"]
+        for w in res["throughput"]:
+            key = (w["workload"], run["strategy"], run["workers"])
+            windows[key] += [w["examples_per_window"] / s for s in w["window_seconds"]]
+            meta[key] = {k: w[k] for k in ("description", "params", "gradient_bytes", "batch_per_rank", "steps_per_window")}
+        if "time_to_accuracy" in res:
+            tta[(run["strategy"], run["workers"])].append(res["time_to_accuracy"])
+    rows = []
+    for (workload, strategy, n), values in sorted(windows.items()):
+        s = summary(values)
+        single = windows.get((workload, "single", 1))
+        own = windows.get((workload, strategy, 1))
+        rows.append(
+            {
+                "workload": workload,
+                "strategy": strategy,
+                "workers": n,
+                **meta[(workload, strategy, n)],
+                "examples_per_s": s,
+                "efficiency_vs_single": s["median"] / (n * statistics.median(single)) if single else None,
+                "efficiency_vs_own_n1": s["median"] / (n * statistics.median(own)) if own else None,
+            }
+        )
+    tta_rows = []
+    for (strategy, n), runs in sorted(tta.items()):
+        reached = [r["seconds_to_target"] for r in runs if r["seconds_to_target"] is not None]
+        finals = [r["curve"][-1] for r in runs]
+        tta_rows.append(
+            {
+                "strategy": strategy,
+                "workers": n,
+                "target": runs[0]["target"],
+                "lr": runs[0]["lr"],
+                "runs": len(runs),
+                "reached": len(reached),
+                "seconds_to_target": summary(reached) if reached else None,
+                "epochs_to_target": summary([r["epochs_to_target"] for r in runs if r["epochs_to_target"]]) if reached else None,
+                "final_accuracy": summary([c["test_accuracy"] for c in finals]),
+                "examples_per_s": summary([r["train_examples"] * c["epoch"] / c["train_seconds"] for r, c in zip(runs, finals)]),
+            }
+        )
+    return {"throughput": rows, "time_to_accuracy": tta_rows}
+
+
+def allreduce(raw_runs: list[dict[str, Any]], memcopy: dict[str, Any] | None) -> dict[str, Any]:
+    sweep, fusion = [], []
+    for run in raw_runs:
+        res = run["result"]
+        n = res["ranks"]
+        for p in res["sweep"]:
+            t = summary(p["seconds_per_iter"])
+            algbw = p["bytes"] / t["median"]
+            sweep.append(
+                {"fusion": run["fusion"], "workers": n, "bytes": p["bytes"], "seconds": t, "algbw_bytes_per_s": algbw,
+                 "busbw_bytes_per_s": algbw * busbw_factor(n)}
+            )
+        for p in res["fusion"]:
+            fusion.append(
+                {"fusion": run["fusion"], "workers": n, "mode": p["mode"], "tensors": p["tensors"], "tensor_bytes": p["tensor_bytes"],
+                 "seconds": summary(p["seconds_per_iter"])}
+            )
+    out: dict[str, Any] = {"sweep": sweep, "fusion": fusion, "fusion_pairs": fusion_pairs(fusion)}
+    if memcopy:
+        t = summary(memcopy["seconds"])
+        out["memcopy"] = {"bytes": memcopy["bytes"], "seconds": t, "bytes_per_s": memcopy["bytes"] / t["median"]}
+    return out
+
+
+def fusion_pairs(fusion: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each (mode, tensors, size) with fusion on and off side by side, and off/on time ratio."""
+    by_key: dict[tuple[str, int, int], dict[str, float]] = defaultdict(dict)
+    for row in fusion:
+        by_key[(row["mode"], row["tensors"], row["tensor_bytes"])][row["fusion"]] = row["seconds"]["median"]
+    pairs = []
+    for (mode, tensors, nbytes), t in sorted(by_key.items()):
+        if "default" in t and "off" in t:
+            pairs.append({"mode": mode, "tensors": tensors, "tensor_bytes": nbytes, "seconds_fusion_on": t["default"],
+                          "seconds_fusion_off": t["off"], "off_over_on": t["off"] / t["default"]})
+    return pairs
+
+
+def _link(probe: dict[str, Any], rate_bits: float) -> dict[str, Any]:
+    rtt = summary(probe["roundtrip_seconds"])
+    per_direction = probe["bytes"] / probe["seconds"]
+    return {"duplex_bytes_per_s_each_way": per_direction, "fraction_of_rate": per_direction * 8 / rate_bits, "roundtrip_s": rtt}
+
+
+def emulated(raw: dict[str, Any]) -> dict[str, Any]:
+    if raw.get("skipped"):
+        return {"skipped": raw["skipped"], "rates": []}
+    rates = []
+    for r in raw["rates"]:
+        ring = [
+            {"workers": run["result"]["ranks"], "bytes": p["bytes"], "seconds": summary(p["seconds_per_iter"])}
+            for run in r["ring"] for p in run["result"]["sweep"]
+        ]
+        ps = [
+            {"workers": run["result"]["workers"], "servers": run["result"]["servers"], "bytes": p["bytes"], "seconds": summary(p["seconds_per_round"])}
+            for run in r["ps"] for p in run["result"]["sizes"]
+        ]
+        entry = {
+            "rate": r["rate"],
+            "rate_bits_per_s": r["rate_bits_per_s"],
+            "link": _link(r["link"], r["rate_bits_per_s"]),
+            "ring": ring,
+            "ps": ps,
+            "training": training(r["training"])["throughput"] if r.get("training") else [],
+        }
+        if ring:
+            entry["ring_fit"] = costmodel.fit_ring([{"workers": p["workers"], "bytes": p["bytes"], "seconds": p["seconds"]["median"]} for p in ring])
+            entry["ring_fit"]["fraction_of_rate"] = entry["ring_fit"]["bandwidth_bytes_per_s"] * 8 / r["rate_bits_per_s"]
+        if ps:
+            entry["ps_fit"] = costmodel.fit_ps(
+                [{"workers": p["workers"], "servers": p["servers"], "bytes": p["bytes"], "seconds": p["seconds"]["median"]} for p in ps]
+            )
+            entry["ps_fit"]["fraction_of_rate"] = entry["ps_fit"]["bandwidth_bytes_per_s"] * 8 / r["rate_bits_per_s"]
+        rates.append(entry)
+    return {"skipped": None, "rates": rates}
+
+
+def model(ar: dict[str, Any], emu: dict[str, Any]) -> dict[str, Any]:
+    """Fits from the measurements, then the extrapolation (only when emulated links were measured)."""
+    local_points = [
+        {"workers": p["workers"], "bytes": p["bytes"], "seconds": p["seconds"]["median"]} for p in ar["sweep"] if p["fusion"] == "default"
+    ]
+    out: dict[str, Any] = {
+        "local_ring_fit": costmodel.fit_ring(local_points) if len(local_points) >= 2 else None,
+        "networks": costmodel.NETWORKS,
+        "models": costmodel.MODELS,
+        "gpus": costmodel.GPUS,
+        "ps_ratio": costmodel.PS_RATIO,
+        "assumptions": costmodel.ASSUMPTIONS,
+        "published": costmodel.PUBLISHED,
+        "predictions": [],
+    }
+    for gpu in costmodel.GPUS:
+        out["predictions"] += costmodel.predict(variant="ideal transport", gpu=gpu)
+    ref = next((r for r in emu.get("rates", []) if r["rate"] == EMULATED_REFERENCE_RATE), None)
+    if ref is None or "ring_fit" not in ref or "ps_fit" not in ref:
+        out["this_stack_skipped"] = f"needs ring and PS fits on the emulated {EMULATED_REFERENCE_RATE} links"
+        return out
+    rf, pf = ref["ring_fit"], ref["ps_fit"]
+    out["basis"] = {
+        "reference_rate": EMULATED_REFERENCE_RATE, "ring_alpha_s": rf["alpha_s"], "ring_overhead_s": rf["overhead_s"],
+        "ps_alpha_s": pf["alpha_s"], "ring_fraction_of_rate": rf["fraction_of_rate"], "ps_fraction_of_rate": pf["fraction_of_rate"],
+    }
+    for gpu in costmodel.GPUS:
+        out["predictions"] += costmodel.predict(
+            variant="this stack", gpu=gpu, ring_alpha=rf["alpha_s"], ring_overhead=rf["overhead_s"], ps_alpha=pf["alpha_s"],
+            ring_efficiency=min(1.0, rf["fraction_of_rate"]), ps_efficiency=min(1.0, pf["fraction_of_rate"]), ethernet_only=True,
+        )
+    return out
+
+
+def derive(raw: dict[str, Any]) -> dict[str, Any]:
+    ar = allreduce(raw.get("allreduce", []), raw.get("memcopy"))
+    emu = emulated(raw.get("emulated", {"skipped": "not run"}))
+    return {"training": training(raw.get("training", [])), "allreduce": ar, "emulated": emu, "model": model(ar, emu)}

@@ -1,0 +1,133 @@
+"""``hvdk8s bench`` (also ``python -m benchmarks`` from the repository root)."""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from hvdk8s.errors import UserError
+
+_SIZE = re.compile(r"^(\d+)\s*([kmg]?)(i?b)?$", re.I)
+_SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``4096``, ``4K``, ``64MiB``, ``1G`` (binary units) in bytes."""
+    match = _SIZE.match(text.strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a size such as 4096, 64K or 16MiB")
+    return int(match.group(1)) * _SCALE[match.group(2).lower()]
+
+
+def _list(item: Callable[[str], Any], flag: str) -> Callable[[str], tuple[Any, ...]]:
+    def parse(text: str) -> tuple[Any, ...]:
+        if text.strip().lower() in ("", "none"):
+            return ()
+        try:
+            return tuple(item(x) for x in text.split(",") if x.strip())
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"{flag}: {err}") from None
+
+    return parse
+
+
+# flag -> (settings field, parser, help)
+OVERRIDES: dict[str, tuple[str, Callable[[str], Any], str]] = {
+    "--strategies": ("strategies", _list(str.strip, "--strategies"), "comma list of single,hvdk8s,horovod,tf_mwms,tf_ps"),
+    "--workloads": ("workloads", _list(str.strip, "--workloads"), "comma list of cnn,mlp"),
+    "--ranks": ("ranks", _list(int, "--ranks"), "worker counts N, must include 1 (default 1,2)"),
+    "--threads-per-rank": ("threads_per_rank", int, "TensorFlow intra-op threads per process (default 1)"),
+    "--mlp-width": ("mlp_width", int, "width of the communication-heavy MLP"),
+    "--warmup": ("warmup_steps", int, "untimed steps before the windows"),
+    "--steps": ("steps", int, "steps per timed window"),
+    "--windows": ("windows", int, "timed windows per launch"),
+    "--rounds": ("rounds", int, "launches per configuration, interleaved"),
+    "--tta-max-epochs": ("tta_max_epochs", int, "epoch limit for time to accuracy"),
+    "--tta-target": ("tta_target", float, "target test accuracy on digits"),
+    "--sizes": ("allreduce_sizes", _list(parse_size, "--sizes"), "allreduce message sizes, e.g. 4K,1M,64M"),
+    "--allreduce-min-seconds": ("allreduce_min_seconds", float, "minimum timed seconds per size and repeat"),
+    "--repeats": ("allreduce_repeats", int, "repeats of every communication measurement"),
+    "--fusion-tensors": ("fusion_tensors", int, "tensors per fusion test"),
+    "--fusion-bytes": ("fusion_tensor_bytes", _list(parse_size, "--fusion-bytes"), "tensor sizes of the fusion test"),
+    "--memcopy-bytes": ("memcopy_bytes", parse_size, "buffer of the memory-copy measurement"),
+    "--emulated-rates": ("emulated_rates", _list(str.strip, "--emulated-rates"), "tc rates of the emulated links, or none"),
+    "--emulated-workers": ("emulated_workers", _list(int, "--emulated-workers"), "worker counts on the emulated links"),
+    "--emulated-sizes": ("emulated_sizes", _list(parse_size, "--emulated-sizes"), "message sizes on the emulated links"),
+    "--emulated-train-strategies": ("emulated_train_strategies", _list(str.strip, "--emulated-train-strategies"), "strategies trained on emulated links (none: skip)"),
+    "--emulated-train-steps": ("emulated_train_steps", int, "steps per window of emulated training"),
+    "--comm-steps": ("emulated_comm_steps", int, "parameter-server rounds per repeat"),
+    "--timeout": ("launch_timeout_s", float, "seconds before a job is killed"),
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="benchmark hvdk8s against raw Horovod and TF strategies; write results.json, report.md, plots",
+        description="Measure training throughput, scaling efficiency, time to accuracy, allreduce bandwidth and "
+        "bandwidth-limited (network-namespace) clusters side by side, fit an alpha-beta cost model and "
+        "extrapolate it. --quick takes about 8-10 minutes on a 2-core machine, the full mode about three times longer.",
+    )
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--quick", dest="preset", action="store_const", const="quick", help="short run (default: full)")
+    mode.add_argument("--full", dest="preset", action="store_const", const="full", help="longer windows, 3 rounds")
+    p.set_defaults(preset="full")
+    p.add_argument("--out", type=Path, default=Path("out/bench"), help="output folder (default out/bench)")
+    p.add_argument("--no-tta", dest="tta", action="store_false", default=None, help="skip time to accuracy")
+    p.add_argument("--report-only", type=Path, metavar="RESULTS_JSON", help="re-render the report from a results file")
+    for flag, (_field, parse, text) in OVERRIDES.items():
+        p.add_argument(flag, type=parse, default=None, help=text)
+    p.set_defaults(handler=run, command_line=None)
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    from .settings import preset
+
+    overrides = {field: getattr(args, flag.lstrip("-").replace("-", "_")) for flag, (field, _p, _t) in OVERRIDES.items()}
+    overrides["tta"] = args.tta
+    try:
+        return preset(args.preset, **overrides)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from . import report
+
+    if args.report_only:
+        if not args.report_only.is_file():
+            raise UserError(f"--report-only {args.report_only}: no such file")
+        results = json.loads(args.report_only.read_text())
+        paths = report.write(results, args.report_only.parent)
+        print(f"hvdk8s bench: wrote {paths['markdown']}")
+        return 0
+    from .suite import Suite
+
+    settings = settings_from_args(args)
+    suite = Suite(settings, args.out, args.command_line or ["hvdk8s", *sys.argv[1:]])
+    results = suite.run()
+    paths = report.write(results, args.out)
+    print(f"hvdk8s bench: wrote {args.out / 'results.json'} and {paths['markdown']}", flush=True)
+    for err in results["errors"]:
+        print(f"hvdk8s bench: error in {err['job']}: {err['error'].splitlines()[0]}", file=sys.stderr)
+    return 1 if results["errors"] else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m benchmarks [flags]``: the same command without the ``hvdk8s`` front end."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    sub = parser.add_subparsers(dest="command")
+    register(sub)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(["bench", *given])
+    args.command_line = ["python", "-m", __package__, *given]
+    try:
+        return int(args.handler(args) or 0)
+    except UserError as err:
+        print(f"hvdk8s bench: error: {err}", file=sys.stderr)
+        return 2

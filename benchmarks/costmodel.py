@@ -1,0 +1,213 @@
+"""Alpha-beta cost model of ring allreduce and of parameter servers: fit, check, extrapolate.
+
+Ring allreduce of M bytes over N workers (Patarasuk & Yuan 2009; the model
+behind Horovod):          T = 2(N-1)/N * M/B + 2(N-1) * alpha + c
+Parameter servers, P server hosts, N workers: every worker pulls M and pushes
+M; each server link carries N*M/P in each direction (full duplex), a worker
+link M; so          T = max(N/P, 2) * M/B + 2 * alpha
+(the 2 is one worker alone: pull then push on its own link).
+
+``c`` is a fixed cost per collective that does not grow with N (Horovod's
+negotiation and the MPI call on this CPU stack); with c = 0 the ring formula
+is the classic alpha-beta one. Without it, a fit on a software stack loads
+that overhead onto alpha, and alpha is multiplied by 2(N-1) when extrapolated.
+The parameters are fitted by non-negative least squares on relative error (so
+small messages weigh as much as large ones); a term whose best value would
+be negative is dropped (fixed at 0), and the result says which were fitted. The extrapolation uses
+constants that are NOT measured here: link speeds, per-GPU compute time and
+latencies of real fabrics; each is listed in ``ASSUMPTIONS`` with its source
+or marked as an assumption, and the published figures are kept apart.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+GBIT = 1e9 / 8  # bytes per second in one Gbit/s
+
+# Link speeds per direction (line rate; the constants the issue names).
+NETWORKS: dict[str, dict[str, Any]] = {
+    "25 GbE": {"bytes_per_s": 25 * GBIT, "alpha_s": 5e-6, "ethernet": True,
+               "note": "25 Gbit/s per direction; alpha 5 us ASSUMED for an RDMA (RoCE) transport such as NCCL's"},
+    "100 GbE": {"bytes_per_s": 100 * GBIT, "alpha_s": 5e-6, "ethernet": True,
+                "note": "100 Gbit/s per direction; alpha 5 us ASSUMED (RoCE)"},
+    "IB NDR": {"bytes_per_s": 400 * GBIT, "alpha_s": 2e-6, "ethernet": False,
+               "note": "InfiniBand NDR, 400 Gbit/s per port and direction; alpha 2 us ASSUMED (RDMA verbs, one switch hop)"},
+    "NVLink (H100)": {
+        "bytes_per_s": 450e9, "alpha_s": 5e-6, "ethernet": False,
+        "note": "NVLink 4 on H100: 900 GB/s total per GPU = 450 GB/s per direction (NVIDIA H100 datasheet); "
+        "alpha 5 us ASSUMED (NCCL step); beyond 8 GPUs this stands for an NVLink-Switch fabric",
+    },
+}
+
+# fp32 gradient sizes: parameters x 4 bytes.
+MODELS: dict[str, dict[str, float]] = {
+    "ResNet-50": {"params": 25.6e6, "gflops": 3.8},
+    "ResNet-101": {"params": 44.5e6, "gflops": 7.6},
+    "VGG-16": {"params": 138e6, "gflops": 15.3},
+}
+
+# Per-GPU compute: images/s for ResNet-50, other models scaled by forward FLOPs.
+GPUS: dict[str, dict[str, float]] = {
+    "H100": {"resnet50_images_per_s": 3000.0, "batch": 256},
+    "P100": {"resnet50_images_per_s": 220.0, "batch": 64},
+}
+
+PS_RATIO = 4  # workers per parameter server in the predictions (ASSUMED)
+SCALE_WORKERS = (8, 16, 32, 64, 128, 256, 512)
+
+ASSUMPTIONS = [
+    "Parameter counts: ResNet-50 25.6M, ResNet-101 44.5M, VGG-16 138M (torchvision model documentation; VGG-16 also Simonyan & Zisserman 2015, Table 2); fp32 gradients, 4 bytes each.",
+    "Forward cost (multiply-adds): ResNet-50 3.8 G, ResNet-101 7.6 G, VGG-16 15.3 G (He et al. 2016, Table 1 and Sec. 4.1); compute time is scaled from ResNet-50 by this ratio.",
+    "ASSUMED per-GPU training rate for ResNet-50: H100 3000 images/s at batch 256 (mixed precision), P100 220 images/s at batch 64 (fp32, the Horovod paper's era). Not measured here.",
+    "No overlap of communication with the backward pass (a lower bound on efficiency: Horovod overlaps and fuses, which the published figures include).",
+    f"Parameter servers: one server per {PS_RATIO} workers (ASSUMED ratio), variables split evenly.",
+    "Variant 'ideal transport': full line rate per direction, the network's ASSUMED alpha (below), c = 0 - roughly NCCL over RDMA, the stack of the published figures.",
+    "Variant 'this stack' (Ethernet only): the line rate scaled by the fraction of the shaped rate each transport reached on the emulated 1 Gbit/s links, with the alpha and c fitted there - Horovod on Open MPI over kernel TCP, and TF's gRPC parameter servers, as measured on this machine.",
+]
+
+# Published, never mixed with measured numbers (labelled in every table and plot).
+PUBLISHED = [
+    {
+        "model": "ResNet-101", "workers": 128, "network": "25 GbE (TCP)", "system": "Horovod", "efficiency": 0.88,
+        "gpu": "P100", "source": "Sergeev & Del Balso 2018, arXiv:1802.05799, Fig. 6 (Inception V3 and ResNet-101)",
+    },
+    {
+        "model": "ResNet-101", "workers": 128, "network": "25 GbE (TCP)", "system": "TF parameter servers", "efficiency": 0.50,
+        "gpu": "P100", "source": "Sergeev & Del Balso 2018, arXiv:1802.05799, Fig. 1 and 6 (about half the resources unused)",
+    },
+    {
+        "model": "ResNet-101", "workers": 512, "network": "25 GbE (RoCE)", "system": "Horovod", "efficiency": 0.90,
+        "gpu": "P100", "source": "Horovod docs/benchmarks.rst (128 servers x 4 Pascal GPUs, RoCE 25 Gbit/s)",
+    },
+    {
+        "model": "VGG-16", "workers": 512, "network": "25 GbE (RoCE)", "system": "Horovod", "efficiency": 0.68,
+        "gpu": "P100", "source": "Horovod docs/benchmarks.rst (128 servers x 4 Pascal GPUs, RoCE 25 Gbit/s)",
+    },
+]
+
+
+def ring_time(n: int, nbytes: float, alpha: float, bandwidth: float, overhead: float = 0.0) -> float:
+    return 2 * (n - 1) / n * nbytes / bandwidth + 2 * (n - 1) * alpha + overhead
+
+
+def ps_time(n: int, servers: int, nbytes: float, alpha: float, bandwidth: float) -> float:
+    return max(n / servers, 2.0) * nbytes / bandwidth + 2 * alpha
+
+
+def _nnls(features: np.ndarray, times: np.ndarray) -> tuple[np.ndarray, list[bool]]:
+    """Relative-error least squares, column 0 (1/B) always kept, the others only if their value is > 0."""
+    weights = 1.0 / times
+    a = features * weights[:, None]
+    b = times * weights
+    best: tuple[float, np.ndarray, list[bool]] | None = None
+    extra = features.shape[1] - 1
+    for mask in range(1 << extra):
+        keep = [True] + [bool(mask >> i & 1) for i in range(extra)]
+        cols = [i for i, k in enumerate(keep) if k]
+        coef, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+        if np.any(coef <= 0):
+            continue
+        full = np.zeros(features.shape[1])
+        full[cols] = coef
+        resid = float(np.sum((a @ full - b) ** 2))
+        if best is None or resid < best[0] - 1e-15:
+            best = (resid, full, keep)
+    if best is None:
+        raise ValueError("cost model fit: no positive bandwidth fits these times")
+    return best[1], best[2]
+
+
+def fit_ring(points: Sequence[dict[str, float]]) -> dict[str, Any]:
+    """Fit B, alpha and c to ``{"workers", "bytes", "seconds"}`` ring measurements.
+
+    alpha and c can only be told apart when more than one N was measured;
+    with a single N, c is not fitted (fixed at 0).
+    """
+    n = np.array([p["workers"] for p in points], float)
+    m = np.array([p["bytes"] for p in points], float)
+    t = np.array([p["seconds"] for p in points], float)
+    columns = [2 * (n - 1) / n * m, 2 * (n - 1)]
+    if len(set(n)) > 1:
+        columns.append(np.ones_like(m))
+    coef, fitted = _nnls(np.stack(columns, axis=1), t)
+    bandwidth, alpha = 1.0 / coef[0], float(coef[1])
+    overhead = float(coef[2]) if len(coef) > 2 else 0.0
+    predicted = [ring_time(int(p["workers"]), p["bytes"], alpha, bandwidth, overhead) for p in points]
+    out = _with_check("ring", alpha, bandwidth, points, predicted)
+    out["overhead_s"] = overhead
+    out["fitted"] = ["B"] + [name for name, k in zip(("alpha", "c"), fitted[1:]) if k]
+    return out
+
+
+def fit_ps(points: Sequence[dict[str, float]]) -> dict[str, Any]:
+    """Fit B and alpha to ``{"workers", "servers", "bytes", "seconds"}`` parameter-server rounds."""
+    n = np.array([p["workers"] for p in points], float)
+    s = np.array([p["servers"] for p in points], float)
+    m = np.array([p["bytes"] for p in points], float)
+    t = np.array([p["seconds"] for p in points], float)
+    coef, fitted = _nnls(np.stack([np.maximum(n / s, 2.0) * m, np.full_like(m, 2.0)], axis=1), t)
+    bandwidth, alpha = 1.0 / coef[0], float(coef[1])
+    predicted = [ps_time(int(p["workers"]), int(p["servers"]), p["bytes"], alpha, bandwidth) for p in points]
+    out = _with_check("ps", alpha, bandwidth, points, predicted)
+    out["fitted"] = ["B"] + (["alpha"] if fitted[1] else [])
+    return out
+
+
+def _with_check(kind: str, alpha: float, bandwidth: float, points: Sequence[dict[str, float]], predicted: list[float]) -> dict[str, Any]:
+    rows = [{**p, "predicted_seconds": q, "error": q / p["seconds"] - 1} for p, q in zip(points, predicted)]
+    return {
+        "kind": kind,
+        "alpha_s": alpha,
+        "bandwidth_bytes_per_s": bandwidth,
+        "median_abs_error": float(np.median([abs(r["error"]) for r in rows])),
+        "points": rows,
+    }
+
+
+def compute_seconds(model: str, gpu: str) -> float:
+    """Per-step compute time of ``model`` at the GPU profile's batch (see ASSUMPTIONS)."""
+    prof, spec = GPUS[gpu], MODELS[model]
+    rate = prof["resnet50_images_per_s"] * MODELS["ResNet-50"]["gflops"] / spec["gflops"]
+    return prof["batch"] / rate
+
+
+def predict(
+    *,
+    variant: str,
+    gpu: str,
+    ring_alpha: float | None = None,
+    ring_overhead: float = 0.0,
+    ps_alpha: float | None = None,
+    ring_efficiency: float = 1.0,
+    ps_efficiency: float = 1.0,
+    ethernet_only: bool = False,
+    workers: Sequence[int] = SCALE_WORKERS,
+) -> list[dict[str, Any]]:
+    """Scaling efficiency T_compute / (T_compute + T_comm) for every model, network and N.
+
+    Alphas left None take each network's assumed alpha; ``*_efficiency``
+    scale the line rate to what a transport achieved (1.0 = line rate).
+    """
+    rows = []
+    for model, spec in MODELS.items():
+        nbytes = spec["params"] * 4
+        t_c = compute_seconds(model, gpu)
+        for net, link in NETWORKS.items():
+            if ethernet_only and not link["ethernet"]:
+                continue
+            a_ring = link["alpha_s"] if ring_alpha is None else ring_alpha
+            a_ps = link["alpha_s"] if ps_alpha is None else ps_alpha
+            for n in workers:
+                t_ring = ring_time(n, nbytes, a_ring, link["bytes_per_s"] * ring_efficiency, ring_overhead)
+                t_ps = ps_time(n, max(1, n // PS_RATIO), nbytes, a_ps, link["bytes_per_s"] * ps_efficiency)
+                rows.append(
+                    {
+                        "variant": variant, "model": model, "network": net, "gpu": gpu, "workers": n, "gradient_bytes": nbytes,
+                        "compute_s": t_c, "ring_comm_s": t_ring, "ps_comm_s": t_ps,
+                        "ring_efficiency": t_c / (t_c + t_ring), "ps_efficiency": t_c / (t_c + t_ps),
+                    }
+                )
+    return rows

@@ -1,0 +1,546 @@
+"""Markdown report and PNG plots, rendered from a results.json and nothing else.
+
+Every number in a table is a value of the results file passed through one of
+``FORMATTERS`` (a test checks this), so the report can be re-rendered from
+the JSON (``hvdk8s bench --report-only``) and cannot drift from it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .settings import STRATEGY_LABELS
+from .util import write_text_atomic
+
+MEASURED = "measured on this machine"
+PREDICTION_WORKERS = (8, 64, 512)
+
+
+# --- formatting: the only way numbers reach the report ---------------------------------------
+def num(x: float | int | None) -> str:
+    if x is None:
+        return "–"
+    ax = abs(x)
+    if ax >= 1000:
+        return f"{x:,.0f}"
+    if ax >= 100 or float(x).is_integer():
+        return f"{x:.0f}"
+    if ax >= 10:
+        return f"{x:.1f}"
+    return f"{x:.3g}"
+
+
+def pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.0f}%"
+
+
+def nbytes(b: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= scale:
+            return f"{b / scale:.3g}{unit}"
+    return f"{b:.0f}B"
+
+
+def gbit(bytes_per_s: float) -> str:
+    return f"{bytes_per_s * 8 / 1e9:.3g}Gbit/s"
+
+
+def gbyte(bytes_per_s: float) -> str:
+    return f"{bytes_per_s / 1e9:.3g}GB/s"
+
+
+def secs(x: float | None) -> str:
+    if x is None:
+        return "–"
+    if x < 1e-3:
+        return f"{x * 1e6:.3g}µs"
+    if x < 1:
+        return f"{x * 1e3:.3g}ms"
+    return f"{x:.3g}s"
+
+
+FORMATTERS = (num, pct, nbytes, gbit, gbyte, secs)
+
+
+def spread(s: dict[str, Any] | None, fmt: Any = num) -> str:
+    """``median [min–max]`` of a ``stats.summary``."""
+    if not s:
+        return "–"
+    if s["n"] == 1:
+        return fmt(s["median"])
+    return f"{fmt(s['median'])} [{fmt(s['min'])}–{fmt(s['max'])}]"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def label(strategy: str) -> str:
+    return STRATEGY_LABELS.get(strategy, strategy)
+
+
+COLORS = dict(zip(STRATEGY_LABELS, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
+
+
+# --- plots -------------------------------------------------------------------------------------
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_throughput(rows: list[dict[str, Any]], path: Path) -> None:
+    plt = _plt()
+    workloads = sorted({r["workload"] for r in rows})
+    fig, axes = plt.subplots(2, len(workloads), figsize=(5.2 * len(workloads), 7), squeeze=False)
+    for col, wl in enumerate(workloads):
+        ax_t, ax_e = axes[0][col], axes[1][col]
+        for strategy in STRATEGY_LABELS:
+            pts = sorted((r["workers"], r) for r in rows if r["workload"] == wl and r["strategy"] == strategy)
+            if not pts:
+                continue
+            ns = [n for n, _ in pts]
+            med = [r["examples_per_s"]["median"] for _, r in pts]
+            err = [[m - r["examples_per_s"]["min"] for m, (_, r) in zip(med, pts)], [r["examples_per_s"]["max"] - m for m, (_, r) in zip(med, pts)]]
+            ax_t.errorbar(ns, med, yerr=err, marker="o", capsize=3, color=COLORS[strategy], label=label(strategy))
+            eff = [r["efficiency_vs_single"] for _, r in pts]
+            if all(e is not None for e in eff):
+                ax_e.plot(ns, eff, marker="o", color=COLORS[strategy], label=label(strategy))
+        ax_t.set_title(f"{wl}: throughput (median, min–max)")
+        ax_t.set_xlabel("workers N")
+        ax_t.set_ylabel("examples / s")
+        ax_e.axhline(1.0, color="grey", lw=0.8, ls=":")
+        ax_e.set_title(f"{wl}: E(N) vs single process")
+        ax_e.set_xlabel("workers N")
+        ax_e.set_ylabel("efficiency")
+        for ax in (ax_t, ax_e):
+            ax.set_xticks(sorted({r["workers"] for r in rows}))
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def plot_tta(raw_training: list[dict[str, Any]], path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for run in raw_training:
+        tta = run["result"].get("time_to_accuracy")
+        if not tta or run["round"] != 0:
+            continue
+        xs = [c["train_seconds"] for c in tta["curve"]]
+        ys = [c["test_accuracy"] for c in tta["curve"]]
+        ax.plot(xs, ys, marker=".", ls="-" if run["workers"] > 1 else ":", color=COLORS.get(run["strategy"]),
+                label=f"{label(run['strategy'])} N={run['workers']}")
+        target = tta["target"]
+    if ax.lines:
+        ax.axhline(target, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("training seconds (evaluation excluded)")
+    ax.set_ylabel("test accuracy (digits)")
+    ax.set_title("Time to accuracy, round 1 (dotted: N=1)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def plot_busbw(ar: dict[str, Any], emu: dict[str, Any], path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for fusion in ("default", "off"):
+        pts = sorted((p["bytes"], p["busbw_bytes_per_s"]) for p in ar["sweep"] if p["fusion"] == fusion)
+        if pts:
+            n = next(p["workers"] for p in ar["sweep"])
+            ax.plot([b for b, _ in pts], [v / 1e9 for _, v in pts], marker="o", label=f"Horovod allreduce N={n}, shared memory")
+    for rate in emu.get("rates", []):
+        for n in sorted({p["workers"] for p in rate["ring"]}):
+            pts = sorted((p["bytes"], p["bytes"] / p["seconds"]["median"] * 2 * (n - 1) / n) for p in rate["ring"] if p["workers"] == n)
+            ax.plot([b for b, _ in pts], [v / 1e9 for _, v in pts], marker="s", ls="--", label=f"ring N={n}, emulated {rate['rate']}")
+        ax.axhline(rate["rate_bits_per_s"] / 8 / 1e9, color="grey", lw=0.6, ls=":")
+    if "memcopy" in ar:
+        ax.axhline(ar["memcopy"]["bytes_per_s"] / 1e9, color="black", lw=1, ls="-.", label="numpy memory copy (1 thread)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title("Allreduce busbw = algbw x 2(N-1)/N (dotted: shaped link rates)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def plot_prediction(model: dict[str, Any], path: Path) -> None:
+    plt = _plt()
+    preds = [p for p in model["predictions"] if p["variant"] == "ideal transport"]
+    models = list(model["models"])
+    fig, grid = plt.subplots(2, 2, figsize=(10, 7.5))
+    axes = list(grid.flat)
+    colors = dict(zip(model["networks"], ("tab:blue", "tab:orange", "tab:green", "tab:red")))
+    for ax, name in zip(axes, models):
+        for net, color in colors.items():
+            rows = sorted((p["workers"], p) for p in preds if p["model"] == name and p["network"] == net and p["gpu"] == "H100")
+            ns = [n for n, _ in rows]
+            ax.plot(ns, [p["ring_efficiency"] for _, p in rows], color=color, marker=".", label=f"{net} ring")
+            ax.plot(ns, [p["ps_efficiency"] for _, p in rows], color=color, ls="--", label=f"{net} PS")
+        ax.set_title(f"{name}, H100, ideal transport (modelled)", fontsize=10)
+    ax = axes[len(models)]
+    for name, color in zip(("ResNet-101", "VGG-16"), ("tab:purple", "tab:brown")):
+        rows = sorted((p["workers"], p) for p in preds if p["model"] == name and p["network"] == "25 GbE" and p["gpu"] == "P100")
+        ns = [n for n, _ in rows]
+        ax.plot(ns, [p["ring_efficiency"] for _, p in rows], color=color, label=f"{name} ring (model)")
+        ax.plot(ns, [p["ps_efficiency"] for _, p in rows], color=color, ls="--", label=f"{name} PS (model)")
+        for pub in model["published"]:
+            if pub["model"] == name:
+                ax.scatter([pub["workers"]], [pub["efficiency"]], color=color, marker="*" if pub["system"] == "Horovod" else "x",
+                           s=90, zorder=3, label=f"published: {pub['system']}, {name}, N={pub['workers']}")
+    ax.set_title("25 GbE, P100-era compute: model vs published", fontsize=10)
+    for ax in axes[: len(models) + 1]:
+        ax.set_xscale("log", base=2)
+        ax.set_ylim(0, 1.02)
+        ax.set_xlabel("workers N")
+        ax.set_ylabel("scaling efficiency")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2 if ax is not axes[len(models)] else 1, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+# --- sections ------------------------------------------------------------------------------------
+def _header(results: dict[str, Any]) -> str:
+    env, s = results["environment"], results["settings"]
+    jobs = [j["job"] for j in _all_jobs(results["raw"])]
+    busy = [j["machine_busy_cores"] for j in jobs if j.get("machine_busy_cores") is not None]
+    ours = [j["cpu_seconds"] / j["wall_seconds"] for j in jobs if j.get("cpu_seconds") is not None]
+    lines = [
+        "# hvdk8s benchmark report",
+        "",
+        f"Preset `{s['preset']}`, {results['started']} → {results.get('finished', 'unfinished')}, "
+        f"command `{' '.join(env['command'])}`. Raw per-repeat timings: `results.json` (section `raw`); "
+        "every table below is derived from them (section `derived`).",
+        "",
+        f"**Machine:** {env['cpu_count']} cores ({env['cpu_model']}), {env['memory_gib']} GiB, no GPU. "
+        f"Load average at start {env['load_average_start']}, at end {env.get('load_average_end')}.",
+    ]
+    if busy and ours:
+        lines.append(
+            f"While jobs ran the whole machine was busy on {num(min(busy))}–{num(max(busy))} cores "
+            f"(median {num(sorted(busy)[len(busy) // 2])}), this benchmark's own processes used "
+            f"{num(min(ours))}–{num(max(ours))} cores: where the first exceeds the second, other processes shared the cores "
+            "and absolute numbers are lower and noisier than on an idle machine. Compare strategies within this run "
+            "(they were interleaved), not with other runs."
+        )
+    lines += [
+        "",
+        "Every worker gets the same per-rank batch, "
+        f"{s['threads_per_rank']} TensorFlow intra-op thread(s), {s['warmup_steps']} warm-up steps and "
+        f"{s['windows']} timed windows of {s['steps']} steps per launch, {s['rounds']} launch(es) per configuration. "
+        "N counts data-parallel workers (processes). "
+        + (
+            f"N goes up to {max(s['ranks'])} only: this machine has {env['cpu_count']} cores, and with "
+            f"{s['threads_per_rank']} thread(s) per worker a larger N would oversubscribe them and measure contention, "
+            "not scaling."
+            if max(s["ranks"]) * s["threads_per_rank"] <= env["cpu_count"]
+            else f"**Warning:** N={max(s['ranks'])} × {s['threads_per_rank']} thread(s) exceeds the {env['cpu_count']} "
+            "cores: those rows measure oversubscription, not scaling."
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def _all_jobs(raw: dict[str, Any]) -> list[dict[str, Any]]:
+    jobs = list(raw.get("training", [])) + list(raw.get("allreduce", []))
+    for rate in raw.get("emulated", {}).get("rates", []):
+        jobs += rate["ring"] + rate["ps"] + rate.get("training", [])
+    return jobs
+
+
+def _training_section(d: dict[str, Any]) -> str:
+    rows = d["throughput"]
+    out = [
+        "## 1. Training throughput and scaling efficiency (" + MEASURED + ")",
+        "",
+        "E(N) = throughput(N) / (N × throughput of the baseline at N=1): against the single process (plain Keras fit), "
+        "and against the same strategy at N=1 (its scaling alone). E(1) against the single process is the strategy's "
+        "own overhead. Synthetic data, one fixed batch per rank. `hvdk8s` and `single` run Keras `model.fit`; the others "
+        "are custom loops (one tf.function per step, like fit): Keras 3's fit fails under MultiWorkerMirroredStrategy "
+        "(keras-team/keras#20585) and cannot drive a ParameterServerStrategy cluster. The PS strategy is asynchronous: "
+        "workers never wait for each other, so its throughput is not comparable one-to-one with synchronous training "
+        "(see section 2). TF PS at N workers also runs 1 parameter server and 1 coordinator process; the optimizer "
+        "update runs in the parameter server, which at N=1 has the second core to itself, so its E(1) can exceed 100%.",
+        "",
+    ]
+    for wl in sorted({r["workload"] for r in rows}):
+        sel = [r for r in rows if r["workload"] == wl]
+        first = sel[0]
+        out += [
+            f"**{wl}** — {first['description']}; {num(first['params'])} parameters ({nbytes(first['gradient_bytes'])} fp32 gradients), "
+            f"batch {num(first['batch_per_rank'])} per worker.",
+            "",
+            table(
+                ["strategy", "N", "examples/s median [min–max]", "E(N) vs single", "E(N) vs own N=1", "windows"],
+                [[label(r["strategy"]), num(r["workers"]), spread(r["examples_per_s"]), pct(r["efficiency_vs_single"]),
+                  pct(r["efficiency_vs_own_n1"]), num(r["examples_per_s"]["n"])] for r in sel],
+            ),
+            "",
+        ]
+    out += ["![throughput and efficiency](throughput.png)", ""]
+    return "\n".join(out)
+
+
+def _tta_section(d: dict[str, Any]) -> str:
+    rows = d["time_to_accuracy"]
+    if not rows:
+        return ""
+    return "\n".join(
+        [
+            "## 2. Time to accuracy on real data (" + MEASURED + ")",
+            "",
+            "The CNN on scikit-learn's digits (1,437 training / 360 test images at 28×28). Synchronous strategies use "
+            "lr × N for the N-times larger global batch; asynchronous PS workers apply their own gradients and keep "
+            "the single-worker rate. One epoch is one pass over the training set by all workers together. The clock "
+            "counts training only (test evaluation after every epoch is excluded). Runs that never reach the target "
+            "within the epoch limit show `–`.",
+            "",
+            table(
+                ["strategy", "N", "lr", "reached target", "seconds to target", "epochs to target", "final test accuracy", "examples/s"],
+                [[label(r["strategy"]), num(r["workers"]), num(r["lr"]), f"{num(r['reached'])} of {num(r['runs'])} at {pct(r['target'])}",
+                  spread(r["seconds_to_target"], secs), spread(r["epochs_to_target"]), spread(r["final_accuracy"], pct),
+                  spread(r["examples_per_s"])] for r in rows],
+            ),
+            "",
+            "![time to accuracy](tta.png)",
+            "",
+        ]
+    )
+
+
+def _allreduce_section(ar: dict[str, Any]) -> str:
+    if not ar["sweep"] and not ar["fusion"]:
+        return ""
+    out = [
+        "## 3. Allreduce microbenchmark (" + MEASURED + ")",
+        "",
+        "Horovod allreduce (sum) of one float32 tensor, ranks on this machine (Open MPI shared memory, ring algorithm "
+        "forced). algbw = bytes / time; busbw = algbw × 2(N−1)/N, the bytes each rank moves per second, comparable "
+        "across N and with the memory-copy rate (one thread copying one buffer with numpy: the local limit).",
+        "",
+    ]
+    rows = [[nbytes(p["bytes"]), num(p["workers"]), spread(p["seconds"], secs), gbyte(p["algbw_bytes_per_s"]), gbyte(p["busbw_bytes_per_s"])]
+            for p in ar["sweep"] if p["fusion"] == "default"]
+    if "memcopy" in ar:
+        m = ar["memcopy"]
+        rows.append([f"{nbytes(m['bytes'])} memory copy", "–", spread(m["seconds"], secs), gbyte(m["bytes_per_s"]), "–"])
+    out += [table(["message", "N", "time median [min–max]", "algbw", "busbw"], rows), ""]
+    if ar["fusion_pairs"]:
+        out += [
+            "Tensor fusion: many small tensors reduced in one step, submitted as separate allreduce ops or as one grouped "
+            "allreduce (what hvdk8s's DistributedOptimizer does), with Horovod's fusion buffer at its default (64 MiB) "
+            "and off (`HOROVOD_FUSION_THRESHOLD=0`), in separate launches.",
+            "",
+            table(
+                ["tensors × size", "submitted as", "fusion on", "fusion off", "off / on"],
+                [[f"{num(p['tensors'])} × {nbytes(p['tensor_bytes'])}", p["mode"], secs(p["seconds_fusion_on"]), secs(p["seconds_fusion_off"]),
+                  num(p["off_over_on"])] for p in ar["fusion_pairs"]],
+            ),
+            "",
+        ]
+    out += ["![busbw](busbw.png)", ""]
+    return "\n".join(out)
+
+
+def _emulated_section(emu: dict[str, Any]) -> str:
+    head = ["## 4. Bandwidth-limited cluster in network namespaces (" + MEASURED + ", links emulated)", ""]
+    if emu.get("skipped"):
+        return "\n".join(head + [f"Skipped: {emu['skipped']}.", ""])
+    out = head + [
+        "Each host is a Linux network namespace with one veth link to a bridge, shaped to the rate in both directions "
+        "(`tc` token bucket). Host 0 runs mpirun or the PS coordinator, hosts 1..N the workers, the next host the "
+        "parameter server (P=1). Bandwidth is emulated, CPU is not: all hosts share this machine's cores, so the "
+        "faster links can be limited by the CPU rather than the shaper (compare the TCP probe with the rate). "
+        "Communication runs with more workers than cores only move data (a bias-free dense layer on a batch of one "
+        "for the PS, a bare allreduce for the ring), so they measure the links rather than the cores; training on "
+        "the emulated links uses at most one worker per core.",
+        "",
+        table(
+            ["link", "TCP duplex each way", "fraction of rate", "TCP round trip"],
+            [[r["rate"], gbit(r["link"]["duplex_bytes_per_s_each_way"]), pct(r["link"]["fraction_of_rate"]), spread(r["link"]["roundtrip_s"], secs)]
+             for r in emu["rates"]],
+        ),
+        "",
+    ]
+    for r in emu["rates"]:
+        rows = []
+        for kind, fit in (("ring allreduce", r.get("ring_fit")), ("parameter server", r.get("ps_fit"))):
+            for p in (fit or {}).get("points", []):
+                rows.append([kind, num(p["workers"]), nbytes(p["bytes"]), secs(p["seconds"]), secs(p["predicted_seconds"]), pct(p["error"])])
+        out += [
+            f"**{r['rate']} links**: time per step, measured (median) vs the fitted model (section 5). A parameter-server "
+            "step is one round in which every worker pulls and pushes the whole message once.",
+            "",
+            table(["transport", "N", "message", "measured", "model", "model error"], rows),
+            "",
+        ]
+        if r["training"]:
+            out += [
+                f"Training on the {r['rate']} links (same models and batches as section 1, fewer steps):",
+                "",
+                table(
+                    ["workload", "strategy", "N", "examples/s median [min–max]"],
+                    [[t["workload"], label(t["strategy"]), num(t["workers"]), spread(t["examples_per_s"])] for t in r["training"]],
+                ),
+                "",
+            ]
+    return "\n".join(out)
+
+
+def _fit_rows(d: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    local = d["model"].get("local_ring_fit")
+    if local:
+        rows.append(["shared memory (this machine)", "ring (Horovod, Open MPI)", ", ".join(local["fitted"]), secs(local["alpha_s"]),
+                     secs(local["overhead_s"]), gbyte(local["bandwidth_bytes_per_s"]), "–", pct(local["median_abs_error"])])
+    for r in d["emulated"].get("rates", []):
+        for kind, key in (("ring (Horovod, Open MPI TCP)", "ring_fit"), ("parameter server (TF gRPC)", "ps_fit")):
+            f = r.get(key)
+            if f:
+                rows.append([f"emulated {r['rate']}", kind, ", ".join(f["fitted"]), secs(f["alpha_s"]), secs(f.get("overhead_s")),
+                             gbyte(f["bandwidth_bytes_per_s"]), pct(f["fraction_of_rate"]), pct(f["median_abs_error"])])
+    return rows
+
+
+def _model_section(d: dict[str, Any]) -> str:
+    m = d["model"]
+    out = [
+        "## 5. Cost model: fitted here, extrapolated with stated assumptions",
+        "",
+        "Ring allreduce: T = 2(N−1)/N · M/B + 2(N−1)·α + c. Parameter servers (P servers, N workers, each server link "
+        "carries N·M/P each way): T = max(N/P, 2) · M/B + 2α. B, α and c are fitted (non-negative least squares on "
+        "relative error) to the measurements above; c is a per-collective software cost that does not grow with N "
+        "(only separable from α when more than one N was measured; `fitted` lists the terms that were).",
+        "",
+        table(["measured on", "transport", "fitted", "α", "c", "B", "B / link rate", "median model error"], _fit_rows(d)),
+        "",
+    ]
+    b = m.get("basis")
+    out += [
+        "**Extrapolation** (modelled, not measured). Scaling efficiency = T_compute / (T_compute + T_comm), no overlap of "
+        "communication with compute. Two transports: *ideal* = line rate and an assumed RDMA-class α (NCCL-like, the "
+        "stack of the published figures); *this stack* = Ethernet at the fraction of the line rate and with the α and c "
+        "that Horovod/Open MPI over TCP and TF's gRPC parameter servers showed on the emulated links"
+        + (
+            f" ({b['reference_rate']}: ring α = {secs(b['ring_alpha_s'])}, c = {secs(b['ring_overhead_s'])}, "
+            f"{pct(b['ring_fraction_of_rate'])} of the rate; PS α = {secs(b['ps_alpha_s'])}, {pct(b['ps_fraction_of_rate'])} of the rate)."
+            if b else f" (not available: {m.get('this_stack_skipped')})."
+        )
+        + f" Parameter servers: one per {num(m['ps_ratio'])} workers.",
+        "",
+    ]
+    by_key = {(p["variant"], p["gpu"], p["model"], p["network"], p["workers"]): p for p in m["predictions"]}
+    rows = []
+    for (variant, gpu, model_name, net, n), p in by_key.items():
+        if variant != "ideal transport" or gpu != "H100" or n not in PREDICTION_WORKERS:
+            continue
+        mine = by_key.get(("this stack", gpu, model_name, net, n))
+        rows.append([model_name, net, num(n), secs(p["compute_s"]), secs(p["ring_comm_s"]), pct(p["ring_efficiency"]),
+                     pct(p["ps_efficiency"]), pct(mine["ring_efficiency"]) if mine else "–", pct(mine["ps_efficiency"]) if mine else "–"])
+    out += [
+        "Predicted scaling efficiency, H100 compute:",
+        "",
+        table(["model", "network", "N", "compute/step", "ring comm (ideal)", "ring E (ideal)", "PS E (ideal)",
+               "ring E (this stack)", "PS E (this stack)"], rows),
+        "",
+        "**Published figures** (not measured here; P100 GPUs, Horovod with NCCL over 25 GbE) next to this model with "
+        "P100-era compute at the same N:",
+        "",
+    ]
+    rows = []
+    for pub in m["published"]:
+        key = "ring_efficiency" if pub["system"] == "Horovod" else "ps_efficiency"
+        model_e = [by_key.get((v, "P100", pub["model"], "25 GbE", pub["workers"])) for v in ("ideal transport", "this stack")]
+        rows.append([pub["model"], num(pub["workers"]), pub["network"], pub["system"], pct(pub["efficiency"]), pub["source"],
+                     *[pct(p[key]) if p else "–" for p in model_e]])
+    out += [
+        table(["model", "N", "network", "system", "published E", "source", "model (ideal)", "model (this stack)"], rows),
+        "",
+        "![predicted efficiency](prediction.png)",
+        "",
+        "Assumptions of the extrapolation:",
+        "",
+        *[f"- {a}" for a in m["assumptions"]],
+        *[f"- {name}: {net['note']}." for name, net in m["networks"].items()],
+        "",
+    ]
+    return "\n".join(out)
+
+
+def _environment_section(results: dict[str, Any]) -> str:
+    env = results["environment"]
+    git = env["git"]
+    lines = [
+        "## Environment",
+        "",
+        "```",
+        f"command      {' '.join(env['command'])}",
+        f"git          {git['commit']}{' (with local changes)' if git['dirty'] else ''}",
+        f"python       {env['python']}",
+        *[f"{k:<12} {v}" for k, v in env["packages"].items()],
+        f"open mpi     {env['open_mpi']}",
+        f"iproute2     {env['iproute2']}",
+        f"kernel       {env['kernel']}",
+        f"cpu          {env['cpu_model']} x {env['cpu_count']}",
+        f"memory       {env['memory_gib']} GiB",
+        f"mpi flags    {' '.join(f'-mca {k} {v}' for k, v in env['mpi_mca'].items())}",
+        f"env flags    {' '.join(f'{k}={v}' for k, v in env['environment_flags'].items()) or '(none)'}",
+        "```",
+        "",
+        "Settings (reproduce with the same command on the same commit): see `settings` in results.json.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _errors_section(results: dict[str, Any]) -> str:
+    if not results["errors"]:
+        return ""
+    return "\n".join(["## Errors", ""] + [f"- {e['job']}: `{e['error'].splitlines()[0]}`" for e in results["errors"]] + [""])
+
+
+def render(results: dict[str, Any]) -> str:
+    d = results["derived"]
+    parts = [
+        _header(results),
+        _training_section(d["training"]) if d["training"]["throughput"] else "",
+        _tta_section(d["training"]),
+        _allreduce_section(d["allreduce"]),
+        _emulated_section(d["emulated"]),
+        _model_section(d),
+        _errors_section(results),
+        _environment_section(results),
+    ]
+    return "\n\n".join(p.strip() for p in parts if p) + "\n"
+
+
+def write(results: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    """report.md and its PNGs in ``out_dir``; plots for sections without data are not drawn."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    d = results["derived"]
+    if d["training"]["throughput"]:
+        plot_throughput(d["training"]["throughput"], out_dir / "throughput.png")
+    if d["training"]["time_to_accuracy"]:
+        plot_tta(results["raw"]["training"], out_dir / "tta.png")
+    if d["allreduce"]["sweep"]:
+        plot_busbw(d["allreduce"], d["emulated"], out_dir / "busbw.png")
+    if d["model"]["predictions"]:
+        plot_prediction(d["model"], out_dir / "prediction.png")
+    md = write_text_atomic(out_dir / "report.md", render(results))
+    return {"markdown": md}

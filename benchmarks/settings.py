@@ -1,0 +1,162 @@
+"""What one benchmark run measures, and the presets that size it.
+
+Every knob lives in one frozen dataclass that is written verbatim into the
+results, so a report always says how it was produced and ``--settings`` of a
+results file reproduces the run. Pure data: nothing here imports TensorFlow.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+STRATEGIES = ("single", "hvdk8s", "horovod", "tf_mwms", "tf_ps")
+STRATEGY_LABELS = {
+    "single": "single process (Keras fit)",
+    "hvdk8s": "hvdk8s (Keras fit on Horovod)",
+    "horovod": "raw horovod.tensorflow loop",
+    "tf_mwms": "TF MultiWorkerMirrored (RING)",
+    "tf_ps": "TF ParameterServer (async)",
+}
+# Strategies launched by mpirun; the TF ones are TF_CONFIG clusters.
+HOROVOD_STRATEGIES = ("hvdk8s", "horovod")
+WORKLOADS = ("cnn", "mlp")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A model and the per-rank batch every strategy trains it with."""
+
+    name: str
+    batch_per_rank: int
+    mlp_width: int = 0  # only for "mlp": input and hidden width
+
+    def describe(self) -> str:
+        if self.name == "cnn":
+            return "hvdk8s.models.cnn on 28x28x1 images (compute-bound)"
+        return f"MLP {self.mlp_width}-{self.mlp_width}-{self.mlp_width}-10, VGG-head-like (communication-heavy)"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All knobs of one run; ``preset`` names where the defaults came from."""
+
+    preset: str
+    strategies: tuple[str, ...] = STRATEGIES
+    workloads: tuple[str, ...] = WORKLOADS
+    ranks: tuple[int, ...] = (1, 2)
+    threads_per_rank: int = 1
+    cnn_batch: int = 32
+    mlp_batch: int = 8
+    mlp_width: int = 2048
+    warmup_steps: int = 5
+    steps: int = 20  # per timed window (per worker for tf_ps: N x steps in all)
+    windows: int = 3  # timed windows per launch
+    rounds: int = 1  # launches per configuration, interleaved across strategies
+    # time to accuracy on the real digits data
+    tta: bool = True
+    tta_target: float = 0.95
+    tta_max_epochs: int = 10
+    tta_batch: int = 32
+    tta_lr: float = 0.02
+    # allreduce microbenchmark (bytes)
+    allreduce_ranks: int = 2
+    allreduce_sizes: tuple[int, ...] = tuple(4 ** k * 1024 for k in range(0, 9))  # 1 KiB .. 64 MiB
+    allreduce_min_seconds: float = 0.2
+    allreduce_repeats: int = 3
+    fusion_tensors: int = 64
+    fusion_tensor_bytes: tuple[int, ...] = (4096, 65536)
+    memcopy_bytes: int = 64 * 1024 * 1024
+    # emulated cluster in network namespaces ("" rates: skip the section)
+    emulated_rates: tuple[str, ...] = ("1gbit", "10gbit")
+    emulated_workers: tuple[int, ...] = (2, 4)
+    emulated_sizes: tuple[int, ...] = (4 << 10, 256 << 10, 4 << 20, 16 << 20)
+    emulated_comm_steps: int = 3
+    emulated_train_rate: str = "1gbit"
+    emulated_train_strategies: tuple[str, ...] = ("hvdk8s", "tf_mwms", "tf_ps")
+    emulated_train_workers: int = 2
+    emulated_train_steps: int = 6
+    # process limits
+    launch_timeout_s: float = 600.0
+
+    def workload(self, name: str) -> Workload:
+        if name == "cnn":
+            return Workload("cnn", self.cnn_batch)
+        if name == "mlp":
+            return Workload("mlp", self.mlp_batch, self.mlp_width)
+        raise ValueError(f"workload {name!r}: expected one of {WORKLOADS}")
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Settings":
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(fields))
+        if unknown:
+            raise ValueError(f"settings: unknown field(s) {unknown}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+PRESETS: dict[str, Settings] = {
+    # A few minutes on a 2-core machine.
+    "quick": Settings(preset="quick"),
+    # Longer windows, three interleaved launches per configuration, bigger
+    # messages and the 4096-wide MLP (134 MB of fp32 gradients).
+    "full": Settings(
+        preset="full",
+        mlp_width=4096,
+        warmup_steps=10,
+        steps=50,
+        windows=5,
+        rounds=3,
+        tta_max_epochs=20,
+        allreduce_sizes=tuple(4 ** k * 1024 for k in range(0, 10)) + (512 << 20,),
+        allreduce_min_seconds=0.5,
+        allreduce_repeats=5,
+        fusion_tensor_bytes=(1024, 4096, 65536, 262144),
+        memcopy_bytes=256 * 1024 * 1024,
+        emulated_sizes=(4 << 10, 64 << 10, 1 << 20, 8 << 20, 32 << 20, 128 << 20),
+        emulated_comm_steps=5,
+        emulated_train_steps=20,
+        launch_timeout_s=1200.0,
+    ),
+}
+
+
+def preset(name: str, **overrides: Any) -> Settings:
+    """A preset with ``overrides`` applied (None values are ignored)."""
+    try:
+        base = PRESETS[name]
+    except KeyError:
+        raise ValueError(f"preset {name!r}: expected one of {sorted(PRESETS)}") from None
+    given = {k: v for k, v in overrides.items() if v is not None}
+    settings = dataclasses.replace(base, **given)
+    validate(settings)
+    return settings
+
+
+def validate(s: Settings) -> None:
+    """Reject settings that would produce a meaningless or unfinishable run."""
+    bad = [x for x in s.strategies if x not in STRATEGIES]
+    if bad:
+        raise ValueError(f"strategies: unknown {bad}; expected some of {STRATEGIES}")
+    bad = [x for x in s.workloads if x not in WORKLOADS]
+    if bad:
+        raise ValueError(f"workloads: unknown {bad}; expected some of {WORKLOADS}")
+    if s.warmup_steps < 1:
+        raise ValueError("warmup_steps: at least 1 (the first step traces the model and is never timed)")
+    if not s.ranks or min(s.ranks) < 1 or 1 not in s.ranks:
+        raise ValueError(f"ranks {list(s.ranks)}: must include 1 (the baseline of E(N)) and be >= 1")
+    for name in ("steps", "windows", "rounds", "threads_per_rank", "allreduce_repeats", "tta_max_epochs"):
+        if getattr(s, name) < 1:
+            raise ValueError(f"{name}={getattr(s, name)}: too small")
+    if s.allreduce_ranks < 2:
+        raise ValueError("allreduce_ranks: busbw needs at least 2 ranks")
+    if not 0 < s.tta_target <= 1:
+        raise ValueError(f"tta_target={s.tta_target}: must be in (0, 1]")
+    if any(n < 2 for n in s.emulated_workers) or s.emulated_train_workers < 1:
+        raise ValueError("emulated_workers: the cluster needs at least 2 workers")
+    bad = [x for x in s.emulated_train_strategies if x not in STRATEGIES or x == "single"]
+    if bad:
+        raise ValueError(f"emulated_train_strategies: unsupported {bad}")

@@ -1,0 +1,239 @@
+"""Run every measurement of one benchmark, in one sitting, and write results.json.
+
+Configurations are interleaved (round r runs every strategy before round r+1
+starts) so a burst of load from other processes hits all strategies alike.
+Raw per-repeat timings are kept; summaries come from ``analysis.derive``.
+The results file is rewritten after every job, so a run that fails or is
+interrupted still leaves everything measured so far.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from . import analysis, envinfo, memcopy, netns
+from .launch import JobFailed, Launcher, base_env, module_argv
+from .settings import HOROVOD_STRATEGIES, STRATEGY_LABELS, Settings
+from .util import write_json_atomic
+
+SCHEMA = "hvdk8s-bench/1"
+LINK_PROBE_BYTES = 64 << 20
+LINK_PROBE_PINGS = 200
+
+
+class Progress:
+    """One line per job: ``[bench 3/17 +42s] training hvdk8s N=2 round 1 ... 14.2s``."""
+
+    def __init__(self, total: int, stream: Any = sys.stderr) -> None:
+        self.total, self.done, self.start, self.stream = total, 0, time.monotonic(), stream
+
+    def step(self, label: str, fn: Callable[[], Any]) -> Any:
+        self.done += 1
+        head = f"[bench {self.done}/{self.total} +{time.monotonic() - self.start:.0f}s] {label}"
+        print(f"{head} ...", file=self.stream, flush=True)
+        t0 = time.monotonic()
+        try:
+            out = fn()
+        except Exception as err:
+            print(f"{head}: FAILED ({str(err).splitlines()[0]})", file=self.stream, flush=True)
+            raise
+        print(f"{head}: {time.monotonic() - t0:.1f}s", file=self.stream, flush=True)
+        return out
+
+
+def training_configs(s: Settings) -> list[tuple[int, str, int]]:
+    """(round, strategy, N), interleaved by round; the single process only at N=1."""
+    return [
+        (r, strategy, n)
+        for r in range(s.rounds)
+        for n in s.ranks
+        for strategy in s.strategies
+        if not (strategy == "single" and n != 1)
+    ]
+
+
+def emulated_hosts(s: Settings) -> int:
+    """Launcher/chief host, the most workers any job needs, and one parameter server."""
+    return 1 + max([*s.emulated_workers, s.emulated_train_workers]) + 1
+
+
+def job_count(s: Settings, emulated: bool) -> int:
+    count = len(training_configs(s)) + 2  # + allreduce with fusion on and off
+    if emulated:
+        per_rate = 1 + 2 * len(s.emulated_workers)
+        count += per_rate * len(s.emulated_rates) + (
+            len(s.emulated_train_strategies) if s.emulated_train_rate in s.emulated_rates else 0
+        )
+    return count
+
+
+class Suite:
+    def __init__(self, settings: Settings, out_dir: Path, command: list[str]) -> None:
+        self.s = settings
+        self.out = out_dir
+        self.jobs = out_dir / "jobs"
+        self.jobs.mkdir(parents=True, exist_ok=True)
+        self.launcher = Launcher(out_dir / "logs", settings.threads_per_rank, settings.launch_timeout_s)
+        self.results: dict[str, Any] = {
+            "schema": SCHEMA,
+            "settings": settings.to_json(),
+            "environment": envinfo.collect(command),
+            "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "labels": {"strategies": STRATEGY_LABELS},
+            "raw": {"training": [], "allreduce": [], "memcopy": None, "emulated": {"skipped": None, "rates": []}},
+            "errors": [],
+        }
+        self.emulated_reason = self._emulated_reason()
+        self.progress = Progress(job_count(settings, self.emulated_reason is None))
+
+    def _emulated_reason(self) -> str | None:
+        if not self.s.emulated_rates:
+            return "no emulated link rates requested"
+        return netns.available()
+
+    def save(self) -> Path:
+        return write_json_atomic(self.out / "results.json", self.results)
+
+    def _job_file(self, name: str, data: dict[str, Any]) -> Path:
+        path = self.jobs / f"{name}.json"
+        path.write_text(json.dumps(data))
+        return path
+
+    def _attempt(self, label: str, fn: Callable[[], Any]) -> Any:
+        """Run one job; a failure is recorded (and makes the run fail) but later jobs still run."""
+        try:
+            return self.progress.step(label, fn)
+        except (JobFailed, OSError, RuntimeError, ValueError) as err:
+            self.results["errors"].append({"job": label, "error": str(err)})
+            return None
+        finally:
+            self.save()
+
+    # --- training throughput and time to accuracy --------------------------------------------
+    def _train_job(
+        self, name: str, settings: Settings, strategy: str, n: int, *, tta: bool, seed: int, cluster: Any = None
+    ) -> dict[str, Any]:
+        job = self._job_file(name, {"settings": settings.to_json(), "workloads": list(settings.workloads), "tta": tta, "seed": seed})
+        out = self.jobs / f"{name}.result.json"
+        args = ["--strategy", strategy, "--job", str(job), "--out", str(out)]
+        if strategy in HOROVOD_STRATEGIES:
+            stats = self.launcher.mpi(name, n, module_argv("worker", *args), cluster=cluster)
+        elif strategy == "tf_mwms":
+            stats = self.launcher.tf_cluster(name, {"worker": n}, module_argv("worker", *args), [], mains="worker", cluster=cluster)
+        elif strategy == "tf_ps":
+            stats = self.launcher.tf_cluster(
+                name, {"chief": 1, "worker": n, "ps": 1}, module_argv("worker", *args), module_argv("worker", *args, "--server"),
+                mains="chief", cluster=cluster,
+            )
+        else:
+            stats = self.launcher.single(name, module_argv("worker", *args))
+        return {"strategy": strategy, "workers": n, "job": stats.to_json(), "result": json.loads(out.read_text())}
+
+    def training(self) -> None:
+        for r, strategy, n in training_configs(self.s):
+            name = f"train-{strategy}-n{n}-r{r}"
+            run = self._attempt(
+                f"training {strategy} N={n} round {r + 1}/{self.s.rounds}",
+                lambda: self._train_job(name, self.s, strategy, n, tta=self.s.tta, seed=r),
+            )
+            if run:
+                self.results["raw"]["training"].append({**run, "round": r})
+
+    # --- allreduce microbenchmark ------------------------------------------------------------
+    def _allreduce_job(self, name: str, n: int, sizes: list[int], fusion_bytes: list[int], env: dict[str, str], cluster: Any = None) -> dict[str, Any]:
+        job = self._job_file(
+            name,
+            {"threads": self.s.threads_per_rank, "sizes": sizes, "min_seconds": self.s.allreduce_min_seconds,
+             "repeats": self.s.allreduce_repeats, "fusion_tensors": self.s.fusion_tensors, "fusion_tensor_bytes": fusion_bytes},
+        )
+        out = self.jobs / f"{name}.result.json"
+        stats = self.launcher.mpi(name, n, module_argv("comm_worker", "allreduce", "--job", str(job), "--out", str(out)), env=env, cluster=cluster)
+        return {"job": stats.to_json(), "result": json.loads(out.read_text())}
+
+    def allreduce(self) -> None:
+        self.results["raw"]["memcopy"] = memcopy.copy_rate(self.s.memcopy_bytes, self.s.allreduce_repeats)
+        n, fusion = self.s.allreduce_ranks, list(self.s.fusion_tensor_bytes)
+        for label, env, sizes in (("default", {}, list(self.s.allreduce_sizes)), ("off", {"HOROVOD_FUSION_THRESHOLD": "0"}, [])):
+            run = self._attempt(
+                f"allreduce N={n} fusion {label}",
+                lambda: self._allreduce_job(f"allreduce-fusion-{label}", n, sizes, fusion, env),
+            )
+            if run:
+                self.results["raw"]["allreduce"].append({**run, "fusion": label})
+
+    # --- emulated bandwidth-limited cluster ---------------------------------------------------
+    def _link_probe(self, name: str, cluster: netns.Cluster) -> dict[str, Any]:
+        a, b = cluster.hosts[1], cluster.hosts[2]
+        out = self.jobs / f"{name}.result.json"
+        self.launcher.group(
+            name,
+            [(b.exec_argv(module_argv("linkprobe", "probe", a.ip, "5201", str(LINK_PROBE_BYTES), str(LINK_PROBE_PINGS), str(out))), base_env(1))],
+            [(a.exec_argv(module_argv("linkprobe", "serve", "5201")), base_env(1))],
+        )
+        return json.loads(out.read_text())
+
+    def _ps_comm_job(self, name: str, n: int, cluster: netns.Cluster) -> dict[str, Any]:
+        job = self._job_file(name, {"threads": self.s.threads_per_rank, "sizes": list(self.s.emulated_sizes),
+                                    "repeats": self.s.allreduce_repeats, "steps": self.s.emulated_comm_steps})
+        out = self.jobs / f"{name}.result.json"
+        argv = module_argv("comm_worker", "ps", "--job", str(job), "--out", str(out))
+        stats = self.launcher.tf_cluster(name, {"chief": 1, "worker": n, "ps": 1}, argv, [*argv, "--server"], mains="chief", cluster=cluster)
+        return {"job": stats.to_json(), "result": json.loads(out.read_text())}
+
+    def emulated(self) -> None:
+        emu = self.results["raw"]["emulated"]
+        if self.emulated_reason:
+            emu["skipped"] = self.emulated_reason
+            return
+        for rate in self.s.emulated_rates:
+            entry: dict[str, Any] = {"rate": rate, "rate_bits_per_s": netns.parse_rate(rate), "ring": [], "ps": [], "training": []}
+            try:
+                with netns.cluster(emulated_hosts(self.s), rate) as cluster:
+                    entry["link"] = self._attempt(f"emulated {rate}: TCP link probe", lambda: self._link_probe(f"link-{rate}", cluster))
+                    for n in self.s.emulated_workers:
+                        run = self._attempt(
+                            f"emulated {rate}: ring allreduce N={n}",
+                            lambda: self._allreduce_job(f"ring-{rate}-n{n}", n, list(self.s.emulated_sizes), [], {}, cluster),
+                        )
+                        if run:
+                            entry["ring"].append(run)
+                        run = self._attempt(
+                            f"emulated {rate}: parameter server N={n} P=1",
+                            lambda: self._ps_comm_job(f"ps-{rate}-n{n}", n, cluster),
+                        )
+                        if run:
+                            entry["ps"].append(run)
+                    if rate == self.s.emulated_train_rate:
+                        n = self.s.emulated_train_workers
+                        short = dataclasses.replace(
+                            self.s, steps=self.s.emulated_train_steps, warmup_steps=max(1, self.s.emulated_train_steps // 4)
+                        )
+                        for strategy in self.s.emulated_train_strategies:
+                            run = self._attempt(
+                                f"emulated {rate}: training {strategy} N={n}",
+                                lambda: self._train_job(f"etrain-{strategy}-{rate}", short, strategy, n, tta=False, seed=0, cluster=cluster),
+                            )
+                            if run:
+                                entry["training"].append({**run, "round": 0})
+            except RuntimeError as err:  # the namespaces could not be built
+                self.results["errors"].append({"job": f"emulated {rate}", "error": str(err)})
+            if entry.get("link"):
+                emu["rates"].append(entry)
+            self.save()
+
+    def run(self) -> dict[str, Any]:
+        self.save()
+        self.training()
+        self.allreduce()
+        self.emulated()
+        self.results["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        self.results["environment"]["load_average_end"] = envinfo.load_average()
+        self.results["derived"] = analysis.derive(self.results["raw"])
+        self.save()
+        return self.results

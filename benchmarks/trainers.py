@@ -1,0 +1,231 @@
+"""One training interface over the five ways of training the same model.
+
+Each trainer owns a model, an optimizer and a per-rank input pipeline and can
+(a) time ``windows`` back-to-back windows of ``steps`` steps after a warm-up
+and (b) run one epoch of a given number of steps for time to accuracy. Keras
+3 ``model.fit`` is used where it works (single process, hvdk8s); the others are
+custom loops because Keras 3's fit breaks under MultiWorkerMirroredStrategy
+(keras-team/keras#20585) and does not drive a ParameterServerStrategy cluster.
+All use one tf.function call per step (Keras fit's ``steps_per_execution=1``).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from . import workloads
+
+# dataset_fn(rank, size, seed) -> per-rank batched, repeated dataset
+DatasetFn = Callable[[int, int, Any], tf.data.Dataset]
+ModelFn = Callable[[], keras.Model]
+
+
+class Trainer:
+    """Common timing logic; subclasses provide ``run(steps)`` (every worker does ``steps`` steps)."""
+
+    model: keras.Model
+    workers: int = 1
+    chief: bool = True
+
+    def run(self, steps: int) -> None:
+        raise NotImplementedError
+
+    def timed(self, warmup: int, steps: int, windows: int) -> list[float]:
+        """Seconds for each of ``windows`` windows of ``steps`` steps, after ``warmup`` steps."""
+        self.run(warmup)
+        out = []
+        for _ in range(windows):
+            start = time.perf_counter()
+            self.run(steps)
+            out.append(time.perf_counter() - start)
+        return out
+
+    def epoch(self, steps: int) -> float:
+        """Seconds to train ``steps`` steps (on every worker)."""
+        start = time.perf_counter()
+        self.run(steps)
+        return time.perf_counter() - start
+
+    def accuracy(self, x: Any, y: Any) -> float:
+        return workloads.accuracy(self.model, x, y)
+
+
+class _BoundaryClock(keras.callbacks.Callback):
+    """Timestamps at chosen batch ends and epoch boundaries, from inside ``fit``."""
+
+    def __init__(self, marks: set[int] = frozenset()) -> None:
+        super().__init__()
+        self.marks = marks
+        self.times: list[float] = []
+        self.epoch_seconds = 0.0
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if batch in self.marks:
+            self.times.append(time.perf_counter())
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._epoch_start = time.perf_counter()
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.epoch_seconds = time.perf_counter() - self._epoch_start
+
+
+class KerasFitTrainer(Trainer):
+    """``model.fit``: a plain single process, or hvdk8s's DistributedOptimizer and callbacks.
+
+    Windows are timed by a callback inside one ``fit`` call, so fit's own
+    set-up is not charged to the steps; hvdk8s's callbacks run before it.
+    """
+
+    def __init__(self, model_fn: ModelFn, dataset_fn: DatasetFn, lr: float, *, use_hvdk8s: bool) -> None:
+        self.model = model_fn()
+        self.callbacks: list[keras.callbacks.Callback] = []
+        opt = workloads.optimizer(lr)
+        rank, size = 0, 1
+        if use_hvdk8s:
+            import hvdk8s
+
+            rank, size = hvdk8s.rank(), hvdk8s.size()
+            opt = hvdk8s.DistributedOptimizer(opt)
+            self.callbacks = hvdk8s.callbacks()
+            self.chief = hvdk8s.is_chief()
+        self.workers = size
+        self.model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", jit_compile=False)
+        self.data = dataset_fn(rank, size, 0)
+
+    def _fit(self, steps: int, clock: _BoundaryClock) -> None:
+        self.model.fit(self.data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[*self.callbacks, clock])
+
+    def timed(self, warmup: int, steps: int, windows: int) -> list[float]:
+        if warmup < 1:
+            raise ValueError("warmup: Keras fit timing needs at least one warm-up step")
+        marks = {warmup - 1 + k * steps for k in range(windows + 1)}
+        clock = _BoundaryClock(marks)
+        self._fit(warmup + steps * windows, clock)
+        return [b - a for a, b in zip(clock.times, clock.times[1:])]
+
+    def epoch(self, steps: int) -> float:
+        clock = _BoundaryClock()
+        self._fit(steps, clock)
+        return clock.epoch_seconds
+
+
+class HorovodLoopTrainer(Trainer):
+    """The reference: ``horovod.tensorflow.DistributedGradientTape`` in a tf.function step."""
+
+    def __init__(self, model_fn: ModelFn, dataset_fn: DatasetFn, lr: float) -> None:
+        import horovod.tensorflow as hvd
+
+        self.workers, self.chief = hvd.size(), hvd.rank() == 0
+        self.model = model_fn()
+        opt = workloads.optimizer(lr)
+        opt.build(self.model.trainable_variables)
+        # Horovod's tape and broadcast want tf.Variables, not Keras 3 wrappers.
+        tf_vars = [v.value for v in self.model.trainable_variables]
+        hvd.broadcast_variables([v.value for v in self.model.variables + opt.variables], root_rank=0)
+        loss_fn = workloads.per_example_loss()
+        model = self.model
+
+        @tf.function
+        def step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
+            grads = hvd.DistributedGradientTape(tape).gradient(loss, tf_vars)
+            opt.apply(grads, model.trainable_variables)
+            return loss
+
+        self._step = step
+        self._it = iter(dataset_fn(hvd.rank(), hvd.size(), 0))
+
+    def run(self, steps: int) -> None:
+        loss = None
+        for _ in range(steps):
+            loss = self._step(*next(self._it))
+        if loss is not None:
+            loss.numpy()
+
+
+class MirroredTrainer(Trainer):
+    """MultiWorkerMirroredStrategy (RING all-reduce), synchronous, custom loop."""
+
+    def __init__(self, strategy: tf.distribute.Strategy, model_fn: ModelFn, dataset_fn: DatasetFn, lr: float, batch: int) -> None:
+        self.strategy = strategy
+        self.workers = strategy.num_replicas_in_sync
+        self.chief = strategy.cluster_resolver.task_id == 0
+        with strategy.scope():
+            self.model = model_fn()
+            opt = workloads.optimizer(lr)
+            opt.build(self.model.trainable_variables)
+        loss_fn = workloads.per_example_loss()
+        model, global_batch = self.model, batch * self.workers
+
+        def replica_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                loss = tf.nn.compute_average_loss(loss_fn(y, model(x, training=True)), global_batch_size=global_batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))  # all-reduces (sum) across replicas
+            return loss
+
+        @tf.function
+        def step(iterator: Any) -> tf.Tensor:
+            per_replica = strategy.run(replica_step, args=next(iterator))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        self._step = step
+        dist = strategy.distribute_datasets_from_function(
+            lambda ctx: dataset_fn(ctx.input_pipeline_id, ctx.num_input_pipelines, 0)
+        )
+        self._it = iter(dist)
+
+    def run(self, steps: int) -> None:
+        loss = None
+        for _ in range(steps):
+            loss = self._step(self._it)
+        if loss is not None:
+            loss.numpy()
+
+
+class ParameterServerTrainer(Trainer):
+    """ParameterServerStrategy driven by a ClusterCoordinator: asynchronous updates on the PS.
+
+    Each worker applies its own gradients to the variables on the parameter
+    servers without waiting for the others (no averaging), so the learning
+    rate is the single-worker one and ``run(steps)`` schedules steps × workers.
+    """
+
+    def __init__(
+        self, strategy: tf.distribute.Strategy, coordinator: Any, workers: int, model_fn: ModelFn, dataset_fn: DatasetFn, lr: float
+    ) -> None:
+        self.coordinator = coordinator
+        self.workers = workers
+        with strategy.scope():
+            self.model = model_fn()
+            opt = workloads.optimizer(lr)
+            opt.build(self.model.trainable_variables)
+        loss_fn = workloads.per_example_loss()
+        model = self.model
+
+        def replica_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        @tf.function
+        def step(iterator: Any) -> tf.Tensor:
+            return strategy.run(replica_step, args=next(iterator))
+
+        self._step = step
+        # Workers sample the whole set independently (unseeded shuffle), as asynchronous PS training does.
+        per_worker = coordinator.create_per_worker_dataset(lambda: dataset_fn(0, 1, None))
+        self._it = iter(per_worker)
+
+    def run(self, steps: int) -> None:
+        for _ in range(steps * self.workers):
+            self.coordinator.schedule(self._step, args=(self._it,))
+        self.coordinator.join()

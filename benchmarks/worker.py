@@ -1,0 +1,204 @@
+"""Process entry point of the training benchmarks: one process of one strategy.
+
+    python -m hvdk8s.benchmarks.worker --strategy S --job job.json --out result.json
+
+Started by ``launch`` as a single process, as mpirun ranks (hvdk8s, horovod)
+or as the tasks of a TF_CONFIG cluster (tf_mwms workers; tf_ps chief, with
+``--server`` for its workers and parameter servers). The chief times every
+workload, then time to accuracy, and writes the raw timings as JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .settings import Settings
+from .util import write_json_atomic
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--strategy", required=True)
+    p.add_argument("--job", type=Path, required=True, help="JSON: settings, workloads, tta, seed")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--server", action="store_true", help="TF cluster task that only serves (ps, PS workers)")
+    return p.parse_args(argv)
+
+
+def serve(threads: int) -> None:
+    """A TF_CONFIG task that hosts variables or runs scheduled steps until it is killed."""
+    import tensorflow as tf
+
+    from .workloads import set_threads
+
+    set_threads(threads)
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    server = tf.distribute.Server(
+        resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id, protocol="grpc", start=True
+    )
+    server.join()
+
+
+class Runtime:
+    """Strategy-level set-up done once per process, before any model exists."""
+
+    def __init__(self, strategy: str, threads: int) -> None:
+        self.name = strategy
+        self.strategy: Any = None
+        self.coordinator: Any = None
+        self.workers, self.chief = 1, True
+        if strategy == "hvdk8s":
+            import hvdk8s
+
+            hvdk8s.init(threads_per_rank=threads)
+            self.workers, self.chief = hvdk8s.size(), hvdk8s.is_chief()
+            return
+        from .workloads import set_threads
+
+        set_threads(threads)
+        import tensorflow as tf
+
+        if strategy == "horovod":
+            import horovod.tensorflow as hvd
+
+            hvd.init()
+            self.workers, self.chief = hvd.size(), hvd.rank() == 0
+        elif strategy == "tf_mwms":
+            ring = tf.distribute.experimental.CommunicationOptions(
+                implementation=tf.distribute.experimental.CommunicationImplementation.RING
+            )
+            self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=ring)
+            self.workers = self.strategy.num_replicas_in_sync
+            self.chief = self.strategy.cluster_resolver.task_id == 0
+        elif strategy == "tf_ps":
+            resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+            self.strategy = tf.distribute.ParameterServerStrategy(resolver)
+            self.coordinator = tf.distribute.coordinator.ClusterCoordinator(self.strategy)
+            self.workers = len(resolver.cluster_spec().as_dict()["worker"])
+        elif strategy != "single":
+            raise ValueError(f"strategy {strategy!r}: unknown")
+
+    def trainer(self, model_fn: Any, dataset_fn: Any, lr: float, batch: int) -> Any:
+        from . import trainers
+
+        if self.name in ("single", "hvdk8s"):
+            return trainers.KerasFitTrainer(model_fn, dataset_fn, lr, use_hvdk8s=self.name == "hvdk8s")
+        if self.name == "horovod":
+            return trainers.HorovodLoopTrainer(model_fn, dataset_fn, lr)
+        if self.name == "tf_mwms":
+            return trainers.MirroredTrainer(self.strategy, model_fn, dataset_fn, lr, batch)
+        return trainers.ParameterServerTrainer(self.strategy, self.coordinator, self.workers, model_fn, dataset_fn, lr)
+
+    @property
+    def synchronous(self) -> bool:
+        return self.name != "tf_ps"
+
+    def finish(self) -> None:
+        """Hold MultiWorkerMirrored workers until all are done: one that exits first makes the
+        others' coordination service report it as failed."""
+        if self.name == "tf_mwms":
+            import tensorflow as tf
+
+            self.strategy.reduce(tf.distribute.ReduceOp.SUM, self.strategy.run(lambda: tf.constant(1.0)), axis=None)
+
+
+def throughput(rt: Runtime, s: Settings, workload_name: str, seed: int) -> dict[str, Any]:
+    from . import workloads
+
+    wl = s.workload(workload_name)
+    trainer = rt.trainer(
+        lambda: workloads.build_model(wl, seed),
+        lambda rank, size, _seed: workloads.synthetic_dataset(wl, wl.batch_per_rank, seed + rank),
+        0.001,
+        wl.batch_per_rank,
+    )
+    windows = trainer.timed(s.warmup_steps, s.steps, s.windows)
+    params = int(sum(int(v.numpy().size) for v in trainer.model.trainable_variables))
+    return {
+        "workload": wl.name,
+        "description": wl.describe(),
+        "params": params,
+        "gradient_bytes": params * 4,
+        "batch_per_rank": wl.batch_per_rank,
+        "workers": trainer.workers,
+        "steps_per_window": s.steps,
+        "examples_per_window": s.steps * wl.batch_per_rank * trainer.workers,
+        "window_seconds": windows,
+    }
+
+
+def time_to_accuracy(rt: Runtime, s: Settings, seed: int) -> dict[str, Any]:
+    """Epochs until the test accuracy reaches the target; eval time is excluded from the clock.
+
+    Synchronous strategies scale the learning rate with the global batch
+    (lr × N, Goyal et al. 2017); asynchronous PS workers each apply their own
+    batch's gradient, so they keep the single-worker rate.
+    """
+    from . import workloads
+
+    wl = s.workload("cnn")
+    (x_train, y_train), (x_test, y_test) = workloads.digits()
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    workers = rt.workers
+    lr = s.tta_lr * workers if rt.synchronous else s.tta_lr
+    trainer = rt.trainer(
+        lambda: workloads.build_model(wl, seed),
+        lambda rank, size, sd: workloads.digits_dataset(x_train, y_train, s.tta_batch, rank, size, sd),
+        lr,
+        s.tta_batch,
+    )
+    steps = len(x_train) // (s.tta_batch * workers)  # per worker, so one epoch is one pass in all
+    curve, elapsed, reached = [], 0.0, None
+    for epoch in range(1, s.tta_max_epochs + 1):
+        elapsed += trainer.epoch(steps)
+        acc = trainer.accuracy(x_test, y_test)
+        curve.append({"epoch": epoch, "train_seconds": elapsed, "test_accuracy": acc})
+        if reached is None and acc >= s.tta_target:
+            reached = epoch
+            break
+    return {
+        "target": s.tta_target,
+        "lr": lr,
+        "batch_per_rank": s.tta_batch,
+        "workers": workers,
+        "steps_per_epoch_per_worker": steps,
+        "train_examples": int(len(x_train)),
+        "test_examples": int(len(x_test)),
+        "epochs_to_target": reached,
+        "seconds_to_target": curve[-1]["train_seconds"] if reached else None,
+        "curve": curve,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    job = json.loads(args.job.read_text())
+    settings = Settings.from_json(job["settings"])
+    if args.server:
+        serve(settings.threads_per_rank)
+        return 0
+    started = time.time()
+    rt = Runtime(args.strategy, settings.threads_per_rank)
+    seed = int(job.get("seed", 0))
+    result: dict[str, Any] = {"strategy": args.strategy, "pid": os.getpid(), "throughput": []}
+    for name in job["workloads"]:
+        result["throughput"].append(throughput(rt, settings, name, seed))
+        print(f"worker {args.strategy}: {name} done", flush=True)
+    if job.get("tta"):
+        result["time_to_accuracy"] = time_to_accuracy(rt, settings, seed)
+    result["wall_seconds"] = time.time() - started
+    if rt.chief:
+        write_json_atomic(args.out, result)
+    rt.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""The models, data and optimizer every strategy trains: one definition, no per-strategy drift.
+
+Imported only inside worker processes (it loads TensorFlow and Keras).
+"""
+from __future__ import annotations
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import hvdk8s.data
+import hvdk8s.models
+
+from .settings import Workload
+
+INPUT_SHAPE = {"cnn": (28, 28, 1)}
+NUM_CLASSES = 10
+
+
+def set_threads(threads: int) -> None:
+    """The thread budget hvdk8s.init gives a rank, applied to non-Horovod processes too."""
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+
+
+def input_shape(workload: Workload) -> tuple[int, ...]:
+    return INPUT_SHAPE.get(workload.name, (workload.mlp_width,))
+
+
+def build_model(workload: Workload, seed: int = 0) -> keras.Model:
+    """The compute-bound CNN is the library's own digits model; the MLP is all dense weights."""
+    if workload.name == "cnn":
+        return hvdk8s.models.cnn("cnn", input_shape=INPUT_SHAPE["cnn"], seed=seed)
+    init = keras.initializers.GlorotUniform(seed=seed)
+    return keras.Sequential(
+        [
+            keras.Input(shape=(workload.mlp_width,)),
+            keras.layers.Dense(workload.mlp_width, activation="relu", kernel_initializer=init),
+            keras.layers.Dense(workload.mlp_width, activation="relu", kernel_initializer=init),
+            keras.layers.Dense(NUM_CLASSES, activation="softmax", kernel_initializer=init),
+        ],
+        name="mlp",
+    )
+
+
+def optimizer(lr: float) -> keras.optimizers.Optimizer:
+    return keras.optimizers.SGD(lr, momentum=0.9)
+
+
+def per_example_loss() -> keras.losses.Loss:
+    """Unreduced, so distributed loops can divide by the global batch themselves."""
+    return keras.losses.SparseCategoricalCrossentropy(reduction=None)
+
+
+def synthetic_batch(workload: Workload, batch: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.random((batch, *input_shape(workload)), dtype=np.float32)
+    y = rng.integers(0, NUM_CLASSES, size=(batch,), dtype=np.int64)
+    return x, y
+
+
+def synthetic_dataset(workload: Workload, batch: int, seed: int = 0) -> tf.data.Dataset:
+    """One fixed batch repeated forever: measures training, not the input pipeline."""
+    x, y = synthetic_batch(workload, batch, seed)
+    return tf.data.Dataset.from_tensors((x, y)).repeat()
+
+
+def digits() -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """The real data for time to accuracy: scikit-learn's bundled digits at 28x28."""
+    return hvdk8s.data.load_digits(image_size=28)
+
+
+def digits_dataset(x: np.ndarray, y: np.ndarray, batch: int, rank: int, size: int, seed: int) -> tf.data.Dataset:
+    """Rank's shard of the training set, shuffled each pass, repeated forever."""
+    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    ds = ds.take(len(x) - len(x) % size).shard(size, rank)
+    ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
+    return ds.batch(batch, drop_remainder=True).repeat().prefetch(tf.data.AUTOTUNE)
+
+
+def accuracy(model: keras.Model, x: np.ndarray, y: np.ndarray) -> float:
+    """A direct call, not ``predict``: Keras 3 cannot predict under a PS or multi-worker strategy."""
+    probs = model(tf.constant(x), training=False)
+    return float(np.mean(np.argmax(keras.ops.convert_to_numpy(probs), axis=1) == y))

@@ -1,0 +1,157 @@
+"""End to end: a tiny ``--quick`` benchmark run with real processes, then its report checked.
+
+One run (module fixture, about two minutes on 2 cores): every strategy kind
+that needs its own launcher (single process, mpirun ranks, a TF_CONFIG
+parameter-server cluster), the allreduce microbenchmark with fusion on and
+off, and, where network namespaces can be made, the emulated 1 Gbit/s
+cluster. The checks: the report has its sections and readable plots, every
+summary in results.json recomputes from the raw timings, every number in a
+Markdown table is a value of results.json, and nothing is left behind.
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hvdk8s.benchmarks import analysis, netns, report
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = [
+    "--quick", "--strategies", "single,hvdk8s,tf_ps", "--workloads", "cnn,mlp", "--ranks", "1,2",
+    "--mlp-width", "64", "--warmup", "1", "--steps", "3", "--windows", "2", "--tta-max-epochs", "1",
+    "--sizes", "4K,64K", "--repeats", "2", "--allreduce-min-seconds", "0.02", "--fusion-tensors", "4", "--fusion-bytes", "4K",
+    "--memcopy-bytes", "4M", "--emulated-rates", "1gbit", "--emulated-workers", "2", "--emulated-sizes", "4K,256K",
+    "--comm-steps", "2", "--emulated-train-strategies", "none", "--timeout", "240",
+]
+TOKEN = re.compile(r"(?<![\w.\-])[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?(?:%|KiB|MiB|GiB|B|GB/s|Gbit/s|ms|µs|s)?(?![\w])")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", *TINY, "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    return {"out": out, "proc": done, "results": json.loads((out / "results.json").read_text())}
+
+
+def _json_values(obj: Any, numbers: list[float], strings: set[str]) -> None:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            strings.add(str(k))
+            _json_values(v, numbers, strings)
+    elif isinstance(obj, list):
+        for v in obj:
+            _json_values(v, numbers, strings)
+    elif isinstance(obj, bool):
+        return
+    elif isinstance(obj, (int, float)):
+        numbers.append(obj)
+    elif isinstance(obj, str):
+        strings.add(obj)
+
+
+def untraced_cells(markdown: str, results: dict[str, Any]) -> list[str]:
+    """Table cells with a number that is not a value of ``results`` through the report's formatters."""
+    numbers: list[float] = []
+    strings: set[str] = set()
+    _json_values(results, numbers, strings)
+    allowed = {fmt(v) for v in numbers for fmt in report.FORMATTERS}
+    bad = []
+    for line in markdown.splitlines():
+        if not line.startswith("| ") or set(line) <= set("|-"):
+            continue
+        for cell in (c.strip() for c in line.strip("|").split("|")):
+            if cell in strings:
+                continue  # a label taken from the results (strategy, model, network, source)
+            bad += [f"{cell!r}: {tok}" for tok in TOKEN.findall(cell) if tok not in allowed]
+    return bad
+
+
+def table_headers(markdown: str) -> set[str]:
+    lines = markdown.splitlines()
+    return {lines[i] for i in range(len(lines) - 1) if lines[i].startswith("| ") and lines[i + 1].startswith("|---")}
+
+
+def test_run_succeeds_and_shows_progress(run: dict[str, Any]) -> None:
+    proc = run["proc"]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert run["results"]["errors"] == []
+    progress = [line for line in proc.stderr.splitlines() if line.startswith("[bench ")]
+    total = int(re.match(r"\[bench \d+/(\d+)", progress[0]).group(1))
+    assert any(line.startswith(f"[bench {total}/{total} ") for line in progress)
+
+
+def test_report_structure_and_plots(run: dict[str, Any]) -> None:
+    out = run["out"]
+    md = (out / "report.md").read_text()
+    for heading in ("## 1. Training throughput", "## 2. Time to accuracy", "## 3. Allreduce microbenchmark",
+                    "## 4. Bandwidth-limited cluster", "## 5. Cost model", "## Environment"):
+        assert heading in md
+    headers = table_headers(md)
+    assert "| strategy | N | examples/s median [min–max] | E(N) vs single | E(N) vs own N=1 | windows |" in headers
+    assert "| message | N | time median [min–max] | algbw | busbw |" in headers
+    assert any(h.startswith("| model | N | network | system | published E |") for h in headers)
+    for png in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
+        data = (out / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and 5_000 < len(data) < 200_000, png
+    env = run["results"]["environment"]
+    assert env["packages"]["horovod"] and env["cpu_count"] and env["git"]["commit"] is not None
+    assert env["command"][:3] == ["python", "-m", "benchmarks"]
+
+
+def test_every_summary_recomputes_from_the_raw_timings(run: dict[str, Any]) -> None:
+    results = run["results"]
+    assert analysis.derive(results["raw"]) == results["derived"]
+    training = results["raw"]["training"]
+    assert {(r["strategy"], r["workers"]) for r in training} == {("single", 1), ("hvdk8s", 1), ("hvdk8s", 2), ("tf_ps", 1), ("tf_ps", 2)}
+    for r in training:  # the timings came from processes that really ran that long
+        timed = sum(sum(w["window_seconds"]) for w in r["result"]["throughput"])
+        assert 0 < timed < r["job"]["wall_seconds"]
+        assert all(len(w["window_seconds"]) == 2 and min(w["window_seconds"]) > 0 for w in r["result"]["throughput"])
+        assert (run["out"] / r["job"]["log"]).is_file()
+    hv2 = next(r for r in training if r["strategy"] == "hvdk8s" and r["workers"] == 2)
+    assert {w["workload"]: w["examples_per_window"] for w in hv2["result"]["throughput"]} == {"cnn": 3 * 32 * 2, "mlp": 3 * 8 * 2}
+    sweep = results["derived"]["allreduce"]["sweep"]
+    assert [p["bytes"] for p in sweep] == [4096, 65536]
+    assert all(p["busbw_bytes_per_s"] == p["algbw_bytes_per_s"] for p in sweep)  # 2(N-1)/N = 1 at N=2
+
+
+def test_every_table_number_traces_to_results(run: dict[str, Any]) -> None:
+    md = (run["out"] / "report.md").read_text()
+    assert untraced_cells(md, run["results"]) == []
+    # and the check can fail: a number that no run produced is caught
+    forged = md.replace("| E(N) vs own N=1 | windows |\n|---|---|---|---|---|---|\n",
+                        "| E(N) vs own N=1 | windows |\n|---|---|---|---|---|---|\n| x | 3 | 123,457 | 99% | 99% | 2 |\n", 1)
+    assert any("123,457" in cell for cell in untraced_cells(forged, run["results"]))
+
+
+def test_emulated_cluster_measured_and_removed(run: dict[str, Any]) -> None:
+    emu = run["results"]["derived"]["emulated"]
+    assert netns.existing_namespaces() == []
+    if netns.available() is not None:
+        assert emu["skipped"]
+        pytest.skip(f"network namespaces unavailable: {emu['skipped']}")
+    (rate,) = emu["rates"]
+    assert rate["rate"] == "1gbit"
+    assert 0.3 < rate["link"]["fraction_of_rate"] < 1.05  # TCP cannot beat the shaper
+    assert [(p["workers"], p["bytes"]) for p in rate["ring"]] == [(2, 4096), (2, 262144)]
+    assert [(p["workers"], p["servers"]) for p in rate["ps"]] == [(2, 1), (2, 1)]
+    assert rate["ring_fit"]["bandwidth_bytes_per_s"] > 0 and rate["ps_fit"]["points"]
+
+
+def test_committed_example_report_traces_to_its_results() -> None:
+    example = REPO / "benchmarks" / "reports" / "example"
+    results = json.loads((example / "results.json").read_text())
+    md = (example / "report.md").read_text()
+    assert analysis.derive(results["raw"]) == results["derived"]
+    assert untraced_cells(md, results) == []
+    assert md == report.render(results)  # re-rendering reproduces the committed report
+    for png in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
+        assert (example / png).stat().st_size < 200_000

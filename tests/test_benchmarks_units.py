@@ -1,0 +1,193 @@
+"""Pure parts of the benchmark suite: cost model, statistics, settings, command lines, formatting.
+
+Fast (no TensorFlow, no processes); the end-to-end run is tests/test_benchmarks.py.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+
+from hvdk8s.benchmarks import analysis, cli, costmodel, launch, netns, report, stats, suite
+from hvdk8s.benchmarks.settings import PRESETS, preset
+from hvdk8s.errors import UserError
+
+
+def test_ring_and_ps_formulas() -> None:
+    # N=2: each rank sends M once; N=4: 1.5 M, plus 2(N-1) latency steps.
+    assert costmodel.ring_time(2, 1e6, 0.0, 1e6) == pytest.approx(1.0)
+    assert costmodel.ring_time(4, 1e6, 1e-3, 1e6, 0.5) == pytest.approx(1.5 + 6e-3 + 0.5)
+    # One PS, 4 workers: its link carries 4 M each way; alone, a worker pulls then pushes (2 M).
+    assert costmodel.ps_time(4, 1, 1e6, 1e-3, 1e6) == pytest.approx(4.0 + 2e-3)
+    assert costmodel.ps_time(1, 1, 1e6, 0.0, 1e6) == pytest.approx(2.0)
+    assert analysis.busbw_factor(2) == 1.0 and analysis.busbw_factor(4) == 1.5
+
+
+def test_fit_ring_recovers_parameters_and_separates_overhead_only_with_two_sizes_of_n() -> None:
+    truth = {"alpha": 20e-6, "bandwidth": 1.1e8, "overhead": 1e-3}
+    points = [
+        {"workers": n, "bytes": m, "seconds": costmodel.ring_time(n, m, truth["alpha"], truth["bandwidth"], truth["overhead"])}
+        for n in (2, 4) for m in (4096, 1 << 20, 8 << 20)
+    ]
+    fit = costmodel.fit_ring(points)
+    assert fit["fitted"] == ["B", "alpha", "c"]
+    assert fit["alpha_s"] == pytest.approx(truth["alpha"], rel=1e-6)
+    assert fit["bandwidth_bytes_per_s"] == pytest.approx(truth["bandwidth"], rel=1e-6)
+    assert fit["overhead_s"] == pytest.approx(truth["overhead"], rel=1e-6)
+    assert fit["median_abs_error"] < 1e-9
+    single_n = costmodel.fit_ring([p for p in points if p["workers"] == 2])
+    assert "c" not in single_n["fitted"] and single_n["overhead_s"] == 0.0
+
+
+def test_fit_drops_a_term_that_would_be_negative() -> None:
+    # Pure bandwidth: the best alpha would be ~0 or negative, so it is fixed at 0.
+    points = [{"workers": 2, "bytes": m, "seconds": m / 1e8 * (1.02 if m == 4096 else 1.0)} for m in (4096, 1 << 20, 1 << 24)]
+    points[0]["seconds"] = 4096 / 1e8 * 0.5  # small message faster than the line: negative intercept
+    fit = costmodel.fit_ring(points)
+    assert fit["alpha_s"] == 0.0 and fit["fitted"] == ["B"]
+
+
+def test_fit_ps_recovers_parameters() -> None:
+    points = [
+        {"workers": n, "servers": 1, "bytes": m, "seconds": costmodel.ps_time(n, 1, m, 3e-4, 1.2e8)}
+        for n in (2, 4) for m in (65536, 8 << 20)
+    ]
+    fit = costmodel.fit_ps(points)
+    assert fit["alpha_s"] == pytest.approx(3e-4, rel=1e-6)
+    assert fit["bandwidth_bytes_per_s"] == pytest.approx(1.2e8, rel=1e-6)
+
+
+def test_predictions_follow_the_formulas_and_keep_published_apart() -> None:
+    rows = costmodel.predict(variant="ideal transport", gpu="H100", workers=(512,))
+    r101 = next(r for r in rows if r["model"] == "ResNet-101" and r["network"] == "25 GbE")
+    nbytes = 44.5e6 * 4
+    t_c = 256 / (3000 * 3.8 / 7.6)
+    t_ring = 2 * 511 / 512 * nbytes / (25e9 / 8) + 2 * 511 * 5e-6
+    assert r101["compute_s"] == pytest.approx(t_c)
+    assert r101["ring_efficiency"] == pytest.approx(t_c / (t_c + t_ring))
+    assert {r["network"] for r in rows} == set(costmodel.NETWORKS)
+    assert all(0 < r["ring_efficiency"] <= 1 and 0 < r["ps_efficiency"] <= 1 for r in rows)
+    assert all(p["source"] and p["system"] for p in costmodel.PUBLISHED)
+
+
+def test_summary_is_median_min_max_spread() -> None:
+    assert stats.summary([3.0, 1.0, 2.0, 10.0]) == {"n": 4, "median": 2.5, "min": 1.0, "max": 10.0, "spread": 9.0 / 2.5}
+    with pytest.raises(ValueError):
+        stats.summary([])
+
+
+def _run(strategy: str, n: int, seconds: list[float], examples: int) -> dict:
+    return {"strategy": strategy, "workers": n, "round": 0,
+            "result": {"throughput": [{"workload": "cnn", "description": "d", "params": 10, "gradient_bytes": 40,
+                                       "batch_per_rank": 4, "steps_per_window": 1, "examples_per_window": examples,
+                                       "window_seconds": seconds}]}}
+
+
+def test_training_efficiency_against_single_and_own_baseline() -> None:
+    raw = [_run("single", 1, [1.0, 1.0, 1.0], 100), _run("hvdk8s", 1, [1.25, 1.25], 100), _run("hvdk8s", 2, [1.0, 2.0, 1.0], 200)]
+    rows = {(r["strategy"], r["workers"]): r for r in analysis.training(raw)["throughput"]}
+    assert rows[("single", 1)]["efficiency_vs_single"] == 1.0
+    assert rows[("hvdk8s", 1)]["efficiency_vs_single"] == pytest.approx(0.8)
+    two = rows[("hvdk8s", 2)]
+    assert two["examples_per_s"]["median"] == 200 and two["examples_per_s"]["min"] == 100
+    assert two["efficiency_vs_single"] == pytest.approx(1.0)
+    assert two["efficiency_vs_own_n1"] == pytest.approx(200 / (2 * 80))
+
+
+def test_fusion_pairs_side_by_side() -> None:
+    rows = [{"fusion": f, "mode": "grouped", "tensors": 8, "tensor_bytes": 4096, "seconds": {"median": t}}
+            for f, t in (("default", 0.001), ("off", 0.004))]
+    assert analysis.fusion_pairs(rows) == [{"mode": "grouped", "tensors": 8, "tensor_bytes": 4096, "seconds_fusion_on": 0.001,
+                                            "seconds_fusion_off": 0.004, "off_over_on": 4.0}]
+
+
+def test_emulated_cluster_commands_touch_only_its_own_namespaces() -> None:
+    cluster = netns.Cluster("1gbit", netns.hosts(2))
+    cmds = netns.setup_commands(cluster)
+    assert cmds[0] == ["ip", "netns", "add", "hvbench-sw"]
+    for cmd in cmds:  # nothing is configured in the machine's own namespace
+        assert cmd[:3] == ["ip", "netns", "add"] or cmd[:3] == ["ip", "netns", "exec"], cmd
+        assert cmd[2] != "exec" or cmd[3].startswith("hvbench-")
+    addrs = [c for c in cmds if "addr" in c]
+    assert [c[-3] for c in addrs] == ["10.213.0.10/24", "10.213.0.11/24"]
+    shaped = [c for c in cmds if "tbf" in c]
+    assert len(shaped) == 4  # both directions of both links
+    assert all(c[c.index("rate") + 1] == "1gbit" for c in shaped)
+    assert netns.tbf_args("10gbit")[netns.tbf_args("10gbit").index("burst") + 1] == str(int(10e9 / 8 / 1000))
+
+
+def test_parse_rate_and_size() -> None:
+    assert netns.parse_rate("1gbit") == 1e9 and netns.parse_rate("500mbit") == 5e8
+    with pytest.raises(ValueError, match="tc rate"):
+        netns.parse_rate("1GB/s")
+    assert [cli.parse_size(x) for x in ("4096", "4K", "64MiB", "1g")] == [4096, 4096, 64 << 20, 1 << 30]
+    with pytest.raises(ValueError):
+        cli.parse_size("lots")
+
+
+def test_mpi_command_in_emulated_cluster_runs_mpirun_on_host0_and_ranks_on_workers() -> None:
+    cluster = netns.Cluster("1gbit", netns.hosts(4))
+    argv = launch.mpi_command(2, ["python", "w.py"], ["PATH"], cluster, as_root=True)
+    assert argv[:5] == ["ip", "netns", "exec", "hvbench-h0", "unshare"]
+    inner = argv[argv.index("--") + 1:]
+    assert inner[:3] == ["mpirun", "-np", "2"] and inner[-2:] == ["python", "w.py"]
+    assert inner[inner.index("-H") + 1] == "hvbench-h1:1,hvbench-h2:1"
+    mca = {inner[i + 1]: inner[i + 2] for i, x in enumerate(inner) if x == "-mca"}
+    assert mca["btl_tcp_if_include"] == "hvb0" and mca["coll_tuned_allreduce_algorithm"] == "4"
+    assert mca["plm_rsh_agent"].endswith("netns_agent.py")
+    local = launch.mpi_command(2, ["python", "w.py"], [], None, as_root=False)
+    assert local[0] == "mpirun" and "-H" not in local and "--allow-run-as-root" not in local
+    with pytest.raises(ValueError, match="worker hosts"):
+        launch.mpi_command(4, ["x"], [], cluster, as_root=True)
+
+
+def test_tf_cluster_plan_places_roles_on_hosts() -> None:
+    spec, place = launch.tf_cluster_plan({"chief": 1, "worker": 2, "ps": 1}, netns.Cluster("1gbit", netns.hosts(4)))
+    assert spec == {"chief": ["10.213.0.10:2222"], "worker": ["10.213.0.11:2222", "10.213.0.12:2222"], "ps": ["10.213.0.13:2222"]}
+    assert place[("ps", 0)].name == "hvbench-h3"
+    spec, place = launch.tf_cluster_plan({"worker": 2}, None)
+    assert set(place.values()) == {None} and len(set(spec["worker"])) == 2
+    assert all(a.startswith("127.0.0.1:") for a in spec["worker"])
+
+
+def test_training_configs_interleave_rounds_and_run_single_only_at_one() -> None:
+    s = preset("quick", strategies=("single", "hvdk8s"), ranks=(1, 2), rounds=2)
+    assert suite.training_configs(s) == [
+        (0, "single", 1), (0, "hvdk8s", 1), (0, "hvdk8s", 2), (1, "single", 1), (1, "hvdk8s", 1), (1, "hvdk8s", 2)
+    ]
+
+
+def _bench_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    return parser.parse_args(["bench", *argv])
+
+
+def test_cli_flags_override_the_preset() -> None:
+    args = _bench_args("--quick", "--strategies", "single,tf_ps", "--sizes", "4K,1M", "--emulated-rates", "none", "--no-tta")
+    s = cli.settings_from_args(args)
+    assert s.preset == "quick" and s.strategies == ("single", "tf_ps")
+    assert s.allreduce_sizes == (4096, 1 << 20) and s.emulated_rates == () and s.tta is False
+    assert cli.settings_from_args(_bench_args()).preset == "full" and PRESETS["full"].rounds == 3
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--strategies", "single,nccl"), "strategies: unknown"),
+        (("--ranks", "2"), "must include 1"),
+        (("--emulated-workers", "1"), "at least 2 workers"),
+    ],
+)
+def test_cli_rejects_bad_settings_naming_the_field(argv: tuple[str, ...], message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        cli.settings_from_args(_bench_args("--quick", *argv))
+
+
+def test_formatters() -> None:
+    assert [report.num(x) for x in (1234.5, 123.4, 12.34, 1.234, 0.01234, 2, None)] == ["1,234", "123", "12.3", "1.23", "0.0123", "2", "–"]
+    assert report.pct(0.876) == "88%" and report.nbytes(4096) == "4KiB" and report.nbytes(64 << 20) == "64MiB"
+    assert report.secs(2.5e-5) == "25µs" and report.secs(0.0123) == "12.3ms" and report.secs(2.0) == "2s"
+    assert report.gbit(125e6) == "1Gbit/s" and report.gbyte(2.5e9) == "2.5GB/s"
+    assert report.spread({"n": 3, "median": 2.0, "min": 1.5, "max": math.pi}) == "2 [1.5–3.14]"
