@@ -1,10 +1,12 @@
 """A bandwidth-limited cluster on one machine: hosts in Linux network namespaces.
 
-Every emulated host is a namespace ``hvbench-hK`` with one veth link
-(``hvb0``, address 10.213.0.(10+K)/24) to a bridge that lives in its own
-namespace ``hvbench-sw``. Each link is shaped in both directions with a token
-bucket (``tc qdisc ... tbf rate 1gbit``), so a host can send and receive at
-the link rate at once, like a full-duplex NIC port. Nothing is configured in
+Every emulated host is a namespace ``<prefix>hK`` (``hvbench-hK`` by default)
+with one veth link (``hvb0``, address <subnet>.(10+K)/24) to a bridge that
+lives in its own namespace ``<prefix>sw``. Given a rate, each link is shaped in
+both directions with a token bucket (``tc qdisc ... tbf rate 1gbit``), so a
+host can send and receive at the link rate at once, like a full-duplex NIC
+port. The multi-host MPIJob test builds its pods with the same code, unshaped
+and under its own prefix. Nothing is configured in
 the machine's own namespace: the private range exists only inside these
 namespaces, so no traffic can leave them. Needs root and iproute2.
 
@@ -25,11 +27,9 @@ from dataclasses import dataclass
 
 from .netns_agent import PREFIX
 
-SWITCH = f"{PREFIX}sw"
 BRIDGE = "hvbbr0"
 HOST_IFACE = "hvb0"
 SUBNET = "10.213.0"
-LOCK = os.path.join(tempfile.gettempdir(), f"{PREFIX}netns.lock")
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(k|m|g)?bit$")
 _UNITS = {None: 1, "k": 10**3, "m": 10**6, "g": 10**9}
 
@@ -53,12 +53,17 @@ class Host:
 
 @dataclass(frozen=True)
 class Cluster:
-    rate: str
+    rate: str | None  # None: links are not shaped
     hosts: tuple[Host, ...]
+    prefix: str = PREFIX
+
+    @property
+    def switch(self) -> str:
+        return f"{self.prefix}sw"
 
 
-def hosts(count: int) -> tuple[Host, ...]:
-    return tuple(Host(f"{PREFIX}h{k}", f"{SUBNET}.{10 + k}") for k in range(count))
+def hosts(count: int, prefix: str = PREFIX, subnet: str = SUBNET) -> tuple[Host, ...]:
+    return tuple(Host(f"{prefix}h{k}", f"{subnet}.{10 + k}") for k in range(count))
 
 
 def tbf_args(rate: str) -> list[str]:
@@ -70,9 +75,9 @@ def tbf_args(rate: str) -> list[str]:
 
 def setup_commands(cluster: Cluster) -> list[list[str]]:
     """The ``ip``/``tc`` commands that build ``cluster``, in order (pure, so it can be checked)."""
-    sw = ["ip", "netns", "exec", SWITCH]
+    sw = ["ip", "netns", "exec", cluster.switch]
     cmds = [
-        ["ip", "netns", "add", SWITCH],
+        ["ip", "netns", "add", cluster.switch],
         [*sw, "ip", "link", "set", "lo", "up"],
         [*sw, "ip", "link", "add", BRIDGE, "type", "bridge"],
         [*sw, "ip", "link", "set", BRIDGE, "up"],
@@ -88,20 +93,23 @@ def setup_commands(cluster: Cluster) -> list[list[str]]:
             [*inside, "ip", "link", "set", "lo", "up"],
             [*inside, "ip", "addr", "add", f"{host.ip}/24", "dev", HOST_IFACE],
             [*inside, "ip", "link", "set", HOST_IFACE, "up"],
-            [*inside, "tc", "qdisc", "add", "dev", HOST_IFACE, "root", *tbf_args(cluster.rate)],
-            [*sw, "tc", "qdisc", "add", "dev", port, "root", *tbf_args(cluster.rate)],
         ]
+        if cluster.rate:
+            cmds += [
+                [*inside, "tc", "qdisc", "add", "dev", HOST_IFACE, "root", *tbf_args(cluster.rate)],
+                [*sw, "tc", "qdisc", "add", "dev", port, "root", *tbf_args(cluster.rate)],
+            ]
     return cmds
 
 
-def existing_namespaces() -> list[str]:
-    """This benchmark's namespaces that exist now (leftovers of a killed run included)."""
+def existing_namespaces(prefix: str = PREFIX) -> list[str]:
+    """The namespaces under ``prefix`` that exist now (leftovers of a killed run included)."""
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
-    return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
+    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
 
 
-def remove_all() -> None:
-    for name in existing_namespaces():
+def remove_all(prefix: str = PREFIX) -> None:
+    for name in existing_namespaces(prefix):
         subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
 
 
@@ -119,17 +127,17 @@ def available() -> str | None:
 
 
 @contextmanager
-def cluster(count: int, rate: str) -> Iterator[Cluster]:
-    """Build ``count`` shaped hosts; always tear everything down afterwards.
+def cluster(count: int, rate: str | None, *, prefix: str = PREFIX, subnet: str = SUBNET) -> Iterator[Cluster]:
+    """Build ``count`` hosts (links shaped to ``rate`` unless None); always tear everything down afterwards.
 
-    A lock file serialises benchmark runs on one machine: the leftovers a
+    A lock file per prefix serialises runs on one machine: the leftovers a
     killed run may have left are removed first, which must never hit the
     namespaces of a run still in progress.
     """
-    built = Cluster(rate, hosts(count))
-    with open(LOCK, "w") as lock:
+    built = Cluster(rate, hosts(count, prefix, subnet), prefix)
+    with open(os.path.join(tempfile.gettempdir(), f"{prefix}netns.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        remove_all()
+        remove_all(prefix)
         try:
             for cmd in setup_commands(built):
                 done = subprocess.run(cmd, capture_output=True, text=True)
@@ -137,4 +145,4 @@ def cluster(count: int, rate: str) -> Iterator[Cluster]:
                     raise RuntimeError(f"emulated cluster: `{' '.join(cmd)}` failed: {done.stderr.strip()}")
             yield built
         finally:
-            remove_all()
+            remove_all(prefix)

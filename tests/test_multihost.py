@@ -1,7 +1,8 @@
 """The rendered MPIJob's launcher command, run for real across emulated pods.
 
-Each pod is a Linux network namespace with its own address and host name
-(UTS namespace), joined by a bridge. Workers run the manifest's sshd; the
+Each pod is a Linux network namespace with its own address (built by the
+benchmarks' emulated-cluster module, unshaped) and its own host name (UTS
+namespace). Workers run the manifest's sshd; the
 launcher gets what the MPI Operator would give it (the hostfile with the
 workers' DNS names, ``OMPI_MCA_*`` variables, the ssh key) and runs the
 manifest's command unchanged. Needs root and iproute2 (CI has both).
@@ -15,12 +16,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from hvdk8s import mpijob
+from hvdk8s.benchmarks import netns
 
 from conftest import REPO
 
@@ -60,25 +63,25 @@ def run(argv: list[str]) -> None:
 
 @pytest.fixture
 def pods(tmp_path: Path) -> Iterator[tuple[Pod, list[Pod]]]:
-    launcher = Pod(f"{JOB}-launcher", f"{PREFIX}l", f"{SUBNET}.2")
-    workers = [Pod(f"{JOB}-worker-{i}", f"{PREFIX}w{i}", f"{SUBNET}.{10 + i}") for i in range(2)]
-    switch = f"{PREFIX}sw"
+    with netns.cluster(3, None, prefix=PREFIX, subnet=SUBNET) as cluster:
+        launcher, *workers = [
+            Pod(name, host.name, host.ip)
+            for name, host in zip([f"{JOB}-launcher", f"{JOB}-worker-0", f"{JOB}-worker-1"], cluster.hosts)
+        ]
+        with sshd_workers(launcher, workers, tmp_path):
+            yield launcher, workers
+
+
+@contextmanager
+def sshd_workers(launcher: Pod, workers: list[Pod], tmp_path: Path) -> Iterator[None]:
+    """The pods' DNS names in each pod's /etc/hosts, and the manifest's sshd in each worker pod."""
     hosts_file = "".join(f"{p.ip} {p.fqdn} {p.hostname}\n" for p in [launcher, *workers])
     sshd_pids: list[Path] = []
     try:
-        run(["ip", "netns", "add", switch])
-        run(["ip", "-n", switch, "link", "add", "br0", "type", "bridge"])
-        run(["ip", "-n", switch, "link", "set", "br0", "up"])
-        for k, pod in enumerate([launcher, *workers]):
-            run(["ip", "netns", "add", pod.netns])
+        for pod in [launcher, *workers]:
             etc = Path("/etc/netns") / pod.netns  # `ip netns exec` mounts these over /etc
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text("127.0.0.1 localhost\n" + hosts_file)
-            run(["ip", "-n", switch, "link", "add", f"p{k}", "type", "veth", "peer", "name", "eth0", "netns", pod.netns])
-            run(["ip", "-n", switch, "link", "set", f"p{k}", "master", "br0", "up"])
-            run(["ip", "-n", pod.netns, "addr", "add", f"{pod.ip}/24", "dev", "eth0"])
-            run(["ip", "-n", pod.netns, "link", "set", "eth0", "up"])
-            run(["ip", "-n", pod.netns, "link", "set", "lo", "up"])
         # The operator's ssh Secret: one key pair, authorized on every worker.
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "id_ed25519")])
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "host_key")])
@@ -98,14 +101,13 @@ def pods(tmp_path: Path) -> Iterator[tuple[Pod, list[Pod]]]:
         while not all(p.exists() for p in sshd_pids):  # WaitForWorkersReady
             assert time.monotonic() < deadline, "sshd did not start in the worker namespaces"
             time.sleep(0.1)
-        yield launcher, workers
+        yield
     finally:
         for pid in sshd_pids:
             if pid.exists():
                 subprocess.run(["kill", pid.read_text().strip()], check=False)
-        for name in [switch, launcher.netns, *(w.netns for w in workers)]:
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
-            shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
+        for pod in [launcher, *workers]:
+            shutil.rmtree(Path("/etc/netns") / pod.netns, ignore_errors=True)
 
 
 def manifest() -> dict:
