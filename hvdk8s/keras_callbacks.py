@@ -34,7 +34,7 @@ class BroadcastInitialState(keras.callbacks.Callback):
     def set_model(self, model: keras.Model) -> None:
         super().set_model(model)
         if getattr(model, "jit_compile", False):
-            warnings.warn("hvdk8s: XLA (jit_compile) cannot compile Horovod collectives; turning it off")
+            warnings.warn("hvdk8s: XLA (jit_compile) cannot compile Horovod collectives; turning it off", stacklevel=2)
             model.jit_compile = False
 
     def on_train_begin(self, logs: dict | None = None) -> None:

@@ -63,4 +63,4 @@ else:
     iterations = int(opt.iterations.numpy())
 
 args.out.mkdir(parents=True, exist_ok=True)
-np.savez(args.out / f"rank{hvdk8s.rank()}.npz", iterations=iterations, *model.get_weights())
+np.savez(args.out / f"rank{hvdk8s.rank()}.npz", *model.get_weights(), iterations=iterations)
