@@ -41,7 +41,6 @@ def allreduce_gradients(
     *,
     op: Any = Average,
     compression: Any = hvd.Compression.none,
-    prescale_factor: float = 1.0,
     name: str = "hvdk8s.grads",
 ) -> list[tf.Tensor | None]:
     """Reduce all gradients of one step with a single fused, grouped allreduce.
@@ -53,7 +52,7 @@ def allreduce_gradients(
     """
     compression = resolve_compression(compression)
     present = [i for i, g in enumerate(grads) if g is not None]
-    if hvd.size() == 1 and prescale_factor == 1.0:
+    if hvd.size() == 1:
         return [None if g is None else tf.convert_to_tensor(g) for g in grads]
     tensors, contexts = [], []
     for i in present:
@@ -61,7 +60,7 @@ def allreduce_gradients(
         tensors.append(compressed)
         contexts.append(ctx)
     reduced = commtime.timed(
-        lambda ts: hvd.grouped_allreduce(ts, op=op, prescale_factor=prescale_factor, name=name), tensors
+        lambda ts: hvd.grouped_allreduce(ts, op=op, name=name), tensors
     ) if tensors else []
     out: list[tf.Tensor | None] = [None] * len(grads)
     for i, tensor, ctx in zip(present, reduced, contexts):

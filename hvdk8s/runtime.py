@@ -87,7 +87,11 @@ def is_chief() -> bool:
 
 
 def shutdown() -> None:
-    """Shut Horovod down (tests and elastic restarts)."""
+    """Shut Horovod down; ``init()`` may then start it again in this process.
+
+    (Elastic resets restart Horovod without this: TensorFlow's thread pools,
+    set once by ``init``, cannot change after start-up.)
+    """
     global _initialized
     hvd.shutdown()
     _initialized = False

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
@@ -48,11 +49,11 @@ class ElasticOptions:
 
 
 def elastic_argv(np: int, command: list[str], options: ElasticOptions) -> list[str]:
-    """Check the user's elastic flags, then build the horovodrun command."""
+    """Check the user's elastic flags, then build the command with this environment's horovodrun."""
     if not os.access(options.discovery_script, os.X_OK):
         raise UserError(f"--host-discovery-script {options.discovery_script}: not an executable file")
     try:
-        return mpirun.horovodrun_argv(
+        argv = mpirun.horovodrun_argv(
             np,
             command,
             min_np=options.min_np,
@@ -63,6 +64,7 @@ def elastic_argv(np: int, command: list[str], options: ElasticOptions) -> list[s
         )
     except ValueError as err:
         raise UserError(f"--min-np/-np/--max-np: {err}") from None
+    return [installed_script("horovodrun"), *argv[1:]]
 
 
 def run(
@@ -99,8 +101,7 @@ def run(
         )
     else:
         argv = elastic_argv(np, script_command(command), elastic)
-        argv[0] = installed_script("horovodrun")
-    tail: list[str] = []
+    tail: deque[str] = deque(maxlen=60)  # mpirun's own closing report, for failure_summary
     ranks: set[int] = set()
     collateral: set[int] = set()
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ, bufsize=1) as proc:
@@ -108,7 +109,7 @@ def run(
         for line in proc.stdout:
             rank, text = mpirun.untag(line.rstrip("\n"))
             if rank is None:
-                tail = (tail + [text])[-60:]
+                tail.append(text)
                 print(text, file=out, flush=True)
             else:
                 ranks.add(rank)
