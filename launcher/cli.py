@@ -38,6 +38,8 @@ def _run(args: argparse.Namespace) -> int:
         raise UserError("run: give the script to run, e.g. hvdk8s run -np 2 train.py")
     elastic = None
     if args.host_discovery_script:
+        if args.hosts:
+            raise UserError("-H/--hosts: elastic runs take their hosts from --host-discovery-script; give one or the other")
         elastic = local.ElasticOptions(
             min_np=args.min_np or args.np,
             max_np=args.max_np or args.np,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from hvdk8s.launcher import mpirun
 
-from conftest import run_ranks
+from conftest import hvdk8s_cli, run_ranks
 
 
 def test_failing_rank_fails_the_job_and_is_named() -> None:
@@ -20,6 +20,12 @@ def test_missing_script_is_a_clear_error() -> None:
     assert proc.returncode == 2
     assert "no_such_script.py: no such file" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_hosts_with_a_discovery_script_is_refused() -> None:
+    proc = hvdk8s_cli("run", "-np", "2", "-H", "a:2", "--host-discovery-script", "/bin/true", "train.py", check=False, timeout=30)
+    assert proc.returncode == 2
+    assert "-H/--hosts: elastic runs take their hosts from --host-discovery-script" in proc.stderr
 
 
 def test_mpirun_argv_exact() -> None:
