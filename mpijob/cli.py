@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     render.add_argument("-o", "--output", metavar="FILE", help="write here (atomically) instead of stdout")
     render.add_argument("--podmonitor", action="store_true", help="append a Prometheus Operator PodMonitor")
     render.add_argument("--name", help="job name")
-    render.add_argument("--namespace", help="namespace (default: default)")
+    render.add_argument("--namespace", help="namespace (default: none in the manifest, so kubectl's or the context's)")
     render.add_argument("--image", help="container image for launcher and workers")
     render.add_argument("--workers", type=int, metavar="N", help="worker pods")
     render.add_argument("--slots", dest="slots_per_worker", type=int, metavar="N", help="ranks per worker (= GPUs with --gpu)")

@@ -77,6 +77,14 @@ def launcher_command(spec: JobSpec) -> list[str]:
     return mpirun_argv(spec.np, spec.command, env_names=names, allow_run_as_root=spec.user is None)
 
 
+def metadata(spec: JobSpec) -> dict[str, Any]:
+    """name, namespace only when the spec sets one (else the applier's), labels."""
+    meta: dict[str, Any] = {"name": spec.name}
+    _put(meta, "namespace", spec.namespace)
+    meta["labels"] = labels(spec)
+    return meta
+
+
 def render(spec: JobSpec) -> dict[str, Any]:
     """The MPIJob manifest for ``kubectl apply -f`` (``spec`` must be validated)."""
     run_policy: dict[str, Any] = {
@@ -96,7 +104,7 @@ def render(spec: JobSpec) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels(spec)},
+        "metadata": metadata(spec),
         "spec": {
             "slotsPerWorker": spec.slots_per_worker,
             "runPolicy": run_policy,
@@ -124,7 +132,7 @@ def render_podmonitor(spec: JobSpec) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": labels(spec)},
+        "metadata": metadata(spec),
         "spec": {
             "selector": {"matchLabels": labels(spec, "worker")},
             "podMetricsEndpoints": [

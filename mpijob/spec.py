@@ -148,7 +148,7 @@ class JobSpec:
     name: str
     image: str
     command: tuple[str, ...]
-    namespace: str = "default"
+    namespace: str | None = None  # None: kubectl's / the context's namespace decides
     image_pull_policy: str = "IfNotPresent"
     workers: int = 2
     slots_per_worker: int = 1

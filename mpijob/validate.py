@@ -60,7 +60,7 @@ def check_spec(spec: JobSpec) -> list[str]:
     host = f"{spec.name}-worker-{max(max_workers, 1) - 1}"
     if problem := _dns1035(host):
         err(f"name: pod hostname {host!r} {problem}")
-    if not DNS1123_LABEL.match(spec.namespace) or len(spec.namespace) > 63:
+    if spec.namespace is not None and (not DNS1123_LABEL.match(spec.namespace) or len(spec.namespace) > 63):
         err(f"namespace: {spec.namespace!r} is not a valid namespace (DNS-1123 label)")
     if not spec.image or any(c.isspace() for c in spec.image):
         err(f"image: {spec.image!r} is not an image reference")

@@ -280,6 +280,17 @@ def test_namespace_comes_from_manifest_then_context_and_may_not_conflict(api, tm
     assert code == 2 and 'metadata.namespace "research" but --namespace is "other"' in err
 
 
+def test_job_spec_without_namespace_goes_to_the_flag_or_the_context(api, tmp_path, capsys):
+    double, flags = api()  # the context's namespace is "team"
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump({"name": "pi", "image": "img:1", "command": ["python", "t.py"]}))
+    assert run(capsys, "submit", str(spec), *flags)[1] == ["mpijob.kubeflow.org/pi created in namespace team"]
+    assert run(capsys, "submit", str(spec), "-n", "research", *flags)[1] == [
+        "mpijob.kubeflow.org/pi created in namespace research"
+    ]
+    assert double.job("team", "pi") and double.job("research", "pi")
+
+
 def test_status_summarises_conditions_and_replicas(api, manifest, capsys):
     _, flags = api(lifecycle=succeeding(["done"]))
     assert run(capsys, "submit", str(manifest), "--wait", *flags)[0] == 0

@@ -167,7 +167,7 @@ def test_scalars_become_text_and_defaults_fill_in():
     assert spec.command == ("python", "t.py", "--epochs", "5", "--lr", "0.1")
     assert spec.resources.worker.cpu == "4"
     assert spec.resources.launcher.cpu == "500m"  # sibling default kept
-    assert (spec.namespace, spec.workers, spec.slots_per_worker, spec.np) == ("default", 2, 1, 2)
+    assert (spec.namespace, spec.workers, spec.slots_per_worker, spec.np) == (None, 2, 1, 2)
     assert spec.ssh_auth_mount_path == "/root/.ssh" and spec.scheduling.tolerations == ()
 
 

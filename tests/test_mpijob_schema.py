@@ -144,7 +144,7 @@ def test_podmonitor_shape():
     assert render_podmonitor(spec) == {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": {"name": "pm", "namespace": "default",
+        "metadata": {"name": "pm",
                      "labels": {"app.kubernetes.io/name": "hvdk8s", "app.kubernetes.io/instance": "pm"}},
         "spec": {
             "selector": {"matchLabels": {"app.kubernetes.io/name": "hvdk8s", "app.kubernetes.io/instance": "pm",
