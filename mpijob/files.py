@@ -72,10 +72,15 @@ def manifest_from_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 class _Dumper(yaml.SafeDumper):
-    """Block style, no anchors/aliases (kubectl users read these files)."""
+    """Block style, no anchors/aliases, multi-line strings as ``|`` blocks (people read these files)."""
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
+
+
+_Dumper.add_representer(
+    str, lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+)
 
 
 def to_yaml(*manifests: Mapping[str, Any]) -> str:
@@ -91,8 +96,9 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> None:
     target = Path(path)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:
-        with os.fdopen(fd, "w") as f:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the file from other readers
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

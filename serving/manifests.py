@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from hvdk8s.mpijob import files
 from hvdk8s.serving.manifests_options import (
     GRPC_PORT,
     METRICS_PATH,
@@ -300,19 +297,10 @@ def render(opts: ServingOptions) -> list[Manifest]:
     return kserve_manifests(opts) if opts.kserve else tf_serving_manifests(opts)
 
 
-class _Dumper(yaml.SafeDumper):
-    """Writes multi-line strings (the config files) as readable ``|`` blocks."""
-
-
-_Dumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
-    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
-
-
 def to_yaml(manifests: list[Manifest]) -> str:
     """One multi-document YAML stream, in order, for ``kubectl apply -f``."""
     header = "# Rendered by `hvdk8s serving-manifests`: regenerate rather than edit.\n"
-    docs = [yaml.dump(m, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000) for m in manifests]
-    return header + "---\n" + "---\n".join(docs)
+    return header + "---\n" + files.to_yaml(*manifests)
 
 
 def output_name(opts: ServingOptions) -> str:
@@ -323,13 +311,5 @@ def write_manifests(opts: ServingOptions, out_dir: Path) -> Path:
     """Write ``OUT_DIR/NAME-{tfserving,kserve}.yaml`` atomically and return it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / output_name(opts)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=out_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(to_yaml(render(opts)))
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the file from other readers
-        os.replace(tmp, target)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    files.write_atomic(target, to_yaml(render(opts)))
     return target

@@ -12,6 +12,7 @@ from decimal import Decimal
 from typing import Any, NoReturn
 
 from hvdk8s.errors import UserError
+from hvdk8s.mpijob.validate import DNS1035_LABEL, DNS1123_LABEL, DNS1123_SUBDOMAIN
 
 # tensorflow/serving publishes X.Y.Z and X.Y.Z-gpu tags per TF Serving release.
 # 2.18.0 matches the TensorFlow 2.18 used for training; there is no 2.18.1
@@ -34,9 +35,6 @@ KSERVE_URI_SCHEMES = ("gs", "s3", "pvc", "https", "http", "hdfs", "webhdfs")
 # KServe names the predictor Service "<name>-predictor": a 63-char DNS label.
 KSERVE_NAME_MAX = 63 - len("-predictor")
 
-_DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
-_DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _REL_PATH = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 _URI = re.compile(r"([a-z][a-z0-9+.-]*)://([^/\s]+)(/\S*)?")
 _VERSION = re.compile(r"\d+\.\d+\.\d+")
@@ -152,11 +150,11 @@ def _is_a(value: Any, kind: type) -> bool:
 
 def _check_name(opts: ServingOptions) -> None:
     limit = KSERVE_NAME_MAX if opts.kserve else 63
-    if not _DNS1035.fullmatch(opts.name) or len(opts.name) > limit:
+    if not DNS1035_LABEL.fullmatch(opts.name) or len(opts.name) > limit:
         why = " (KServe adds '-predictor' to it)" if opts.kserve else ""
         _fail("name", f"{opts.name!r} must be a DNS-1035 label: lower-case letters, digits and '-', "
               f"starting with a letter, ending with a letter or digit, at most {limit} characters{why}")
-    if opts.namespace is not None and (not _DNS1123_LABEL.fullmatch(opts.namespace) or len(opts.namespace) > 63):
+    if opts.namespace is not None and (not DNS1123_LABEL.fullmatch(opts.namespace) or len(opts.namespace) > 63):
         _fail("namespace", f"{opts.namespace!r} must be a DNS-1123 label (lower-case letters, digits, '-')")
 
 
@@ -168,7 +166,7 @@ def _check_source(opts: ServingOptions) -> None:
         if not _REL_PATH.fullmatch(opts.model_base_path) or ".." in opts.model_base_path.split("/"):
             _fail("model_base_path", f"{opts.model_base_path!r} must be a relative path inside the volume "
                   "(letters, digits, '.', '_', '-', '/'; no leading '/', no '..')")
-        if len(opts.pvc_claim) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(opts.pvc_claim):
+        if len(opts.pvc_claim) > 253 or not DNS1123_SUBDOMAIN.fullmatch(opts.pvc_claim):
             _fail("pvc_claim", f"{opts.pvc_claim!r} is not a valid PersistentVolumeClaim name")
         return
     match = _URI.fullmatch(opts.storage_uri)

@@ -469,3 +469,16 @@ def test_launcher_command_runs_against_an_operator_style_hostfile(tmp_path: Path
         (0, "rank-env digits /shared/data"),
         (1, "rank-env digits /shared/data"),
     ]
+
+
+def test_names_ending_in_a_newline_are_rejected():
+    """A YAML block scalar (`name: |`) ends in a newline; `$` alone would let it through."""
+    with pytest.raises(UserError, match="name"):
+        load_spec(BASE | {"name": "digits\n"})
+
+
+def test_rendered_files_are_readable_by_others(tmp_path: Path):
+    from hvdk8s.mpijob.files import write_atomic
+
+    write_atomic(tmp_path / "job.yaml", "kind: MPIJob\n")
+    assert (tmp_path / "job.yaml").stat().st_mode & 0o777 == 0o644
