@@ -11,7 +11,6 @@ import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from datetime import datetime
 from functools import cached_property
 from pathlib import Path
 
@@ -63,7 +62,6 @@ class LauncherPod:
     uid: str
     phase: str
     container: str
-    created: datetime | None
 
 
 def connect(kubeconfig: str | None = None, context: str | None = None) -> Cluster:
@@ -197,7 +195,7 @@ def launcher_pod(cluster: Cluster, namespace: str, job: str) -> LauncherPod | No
     newest = max(pods, key=lambda p: (p.metadata.creation_timestamp.timestamp()
                                       if p.metadata.creation_timestamp else 0.0, p.metadata.name))
     return LauncherPod(newest.metadata.name, newest.metadata.uid, (newest.status.phase if newest.status else None)
-                       or "Pending", newest.spec.containers[0].name, newest.metadata.creation_timestamp)
+                       or "Pending", newest.spec.containers[0].name)
 
 
 def log_lines(cluster: Cluster, namespace: str, pod: LauncherPod, follow: bool) -> Iterator[str]:

@@ -269,7 +269,9 @@ def _check_gpus(err: Err, containers: list[Any], slots: int) -> None:
         )
 
 
-def _containers(replica: Mapping[str, Any]) -> list[Any]:
+def _containers(replica: Any) -> list[Any]:
+    if not isinstance(replica, Mapping):  # e.g. no Worker: the operator allows launcher-only jobs
+        return []
     containers = ((replica.get("template") or {}).get("spec") or {}).get("containers")
     return containers if isinstance(containers, list) else []
 

@@ -310,6 +310,15 @@ def test_operator_defaulting_before_validation():
     assert check_manifest(manifest) == []
 
 
+def test_launcher_only_mpijob_is_checked_not_crashed_on():
+    manifest = _manifest()
+    del manifest["spec"]["mpiReplicaSpecs"]["Worker"]
+    assert check_manifest(manifest) == [
+        "spec.mpiReplicaSpecs[Launcher].template.spec.containers[0].command: "
+        "mpirun -np 2, but Worker replicas x slotsPerWorker = 0"
+    ]
+
+
 def test_manifest_from_file(tmp_path: Path):
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(BASE))

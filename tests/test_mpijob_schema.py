@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from hvdk8s.mpijob import load_spec, render, render_podmonitor
+from kube_double import crd_schema
 
 REPO = Path(__file__).resolve().parents[1]
-CRD = Path(__file__).resolve().parents[2] / "shared" / "schemas" / "mpijob-v2beta1-crd.yaml"
 EXAMPLES = sorted((REPO / "mpijob" / "examples").glob("*.mpijob.yaml"))
 # Oldest and newest Kubernetes versions whose pod schema the manifests must fit.
 KUBE_VERSIONS = ("1.29", kubernetes_validate.latest_version())
@@ -29,9 +29,7 @@ KUBE_VERSIONS = ("1.29", kubernetes_validate.latest_version())
 
 @cache
 def crd_validator(strict: bool) -> jsonschema.protocols.Validator:
-    crd = yaml.load(CRD.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v2beta1"]
-    schema = version["schema"]["openAPIV3Schema"]
+    schema = crd_schema()  # cached: the CRD is 9,000 lines
     if strict:
         schema = _forbid_pruned(copy.deepcopy(schema))
     # OpenAPI v3 schemas of CRDs are (structural) JSON Schema draft-4/7 subsets.
