@@ -64,7 +64,10 @@ def training(raw: list[dict[str, Any]]) -> dict[str, Any]:
                 "seconds_to_target": summary(reached) if reached else None,
                 "epochs_to_target": summary([r["epochs_to_target"] for r in runs if r["epochs_to_target"]]) if reached else None,
                 "final_accuracy": summary([c["test_accuracy"] for c in finals]),
-                "examples_per_s": summary([r["train_examples"] * c["epoch"] / c["train_seconds"] for r, c in zip(runs, finals)]),
+                # whole batches only: each epoch trains steps x batch x workers examples, not the full set
+                "examples_per_s": summary(
+                    [epoch_examples(r) * c["epoch"] / c["train_seconds"] for r, c in zip(runs, finals)]
+                ),
             }
         )
     return {"throughput": rows, "time_to_accuracy": tta_rows}
@@ -178,6 +181,11 @@ def model(ar: dict[str, Any], emu: dict[str, Any]) -> dict[str, Any]:
             ring_efficiency=min(1.0, rf["fraction_of_rate"]), ps_efficiency=min(1.0, pf["fraction_of_rate"]), ethernet_only=True,
         )
     return out
+
+
+def epoch_examples(run: dict[str, Any]) -> int:
+    """Examples one time-to-accuracy epoch really trains on (all workers, whole batches)."""
+    return run["steps_per_epoch_per_worker"] * run["batch_per_rank"] * run["workers"]
 
 
 def derive(raw: dict[str, Any]) -> dict[str, Any]:

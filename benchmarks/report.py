@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .settings import STRATEGY_LABELS
+from .stats import summary
 from .util import write_text_atomic
 
 MEASURED = "measured on this machine"
@@ -232,10 +233,11 @@ def _header(results: dict[str, Any]) -> str:
         f"Load average at start {env['load_average_start']}, at end {env.get('load_average_end')}.",
     ]
     if busy and ours:
+        machine, own = summary(busy), summary(ours)
         lines.append(
-            f"While jobs ran the whole machine was busy on {num(min(busy))}–{num(max(busy))} cores "
-            f"(median {num(sorted(busy)[len(busy) // 2])}), this benchmark's own processes used "
-            f"{num(min(ours))}–{num(max(ours))} cores: where the first exceeds the second, other processes shared the cores "
+            f"While jobs ran the whole machine was busy on {num(machine['min'])}–{num(machine['max'])} cores "
+            f"(median {num(machine['median'])}), this benchmark's own processes used "
+            f"{num(own['min'])}–{num(own['max'])} cores: where the first exceeds the second, other processes shared the cores "
             "and absolute numbers are lower and noisier than on an idle machine. Compare strategies within this run "
             "(they were interleaved), not with other runs."
         )
