@@ -32,7 +32,7 @@ def allreduce(job: dict[str, Any]) -> dict[str, Any]:
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    from .workloads import set_threads
+    from hvdk8s.runtime import set_threads
 
     hvd.init()
     set_threads(int(job["threads"]))
@@ -85,7 +85,7 @@ def ps(job: dict[str, Any]) -> dict[str, Any]:
     import keras
     import tensorflow as tf
 
-    from .workloads import set_threads
+    from hvdk8s.runtime import set_threads
 
     set_threads(int(job["threads"]))
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()

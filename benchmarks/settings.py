@@ -1,8 +1,8 @@
 """What one benchmark run measures, and the presets that size it.
 
 Every knob lives in one frozen dataclass that is written verbatim into the
-results, so a report always says how it was produced and ``--settings`` of a
-results file reproduces the run. Pure data: nothing here imports TensorFlow.
+results, so a report always says how it was produced (rerun its recorded
+command on the same commit to reproduce it). Pure data: nothing here imports TensorFlow.
 """
 from __future__ import annotations
 

@@ -29,7 +29,6 @@ class Trainer:
 
     model: keras.Model
     workers: int = 1
-    chief: bool = True
 
     def run(self, steps: int) -> None:
         raise NotImplementedError
@@ -92,7 +91,6 @@ class KerasFitTrainer(Trainer):
             rank, size = hvdk8s.rank(), hvdk8s.size()
             opt = hvdk8s.DistributedOptimizer(opt)
             self.callbacks = hvdk8s.callbacks()
-            self.chief = hvdk8s.is_chief()
         self.workers = size
         self.model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", jit_compile=False)
         self.data = dataset_fn(rank, size, 0)
@@ -120,7 +118,7 @@ class HorovodLoopTrainer(Trainer):
     def __init__(self, model_fn: ModelFn, dataset_fn: DatasetFn, lr: float) -> None:
         import horovod.tensorflow as hvd
 
-        self.workers, self.chief = hvd.size(), hvd.rank() == 0
+        self.workers = hvd.size()
         self.model = model_fn()
         opt = workloads.optimizer(lr)
         opt.build(self.model.trainable_variables)
@@ -155,7 +153,6 @@ class MirroredTrainer(Trainer):
     def __init__(self, strategy: tf.distribute.Strategy, model_fn: ModelFn, dataset_fn: DatasetFn, lr: float, batch: int) -> None:
         self.strategy = strategy
         self.workers = strategy.num_replicas_in_sync
-        self.chief = strategy.cluster_resolver.task_id == 0
         with strategy.scope():
             self.model = model_fn()
             opt = workloads.optimizer(lr)

@@ -34,7 +34,7 @@ def serve(threads: int) -> None:
     """A TF_CONFIG task that hosts variables or runs scheduled steps until it is killed."""
     import tensorflow as tf
 
-    from .workloads import set_threads
+    from hvdk8s.runtime import set_threads
 
     set_threads(threads)
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
@@ -58,7 +58,7 @@ class Runtime:
             hvdk8s.init(threads_per_rank=threads)
             self.workers, self.chief = hvdk8s.size(), hvdk8s.is_chief()
             return
-        from .workloads import set_threads
+        from hvdk8s.runtime import set_threads
 
         set_threads(threads)
         import tensorflow as tf
@@ -160,7 +160,7 @@ def time_to_accuracy(rt: Runtime, s: Settings, seed: int) -> dict[str, Any]:
         elapsed += trainer.epoch(steps)
         acc = trainer.accuracy(x_test, y_test)
         curve.append({"epoch": epoch, "train_seconds": elapsed, "test_accuracy": acc})
-        if reached is None and acc >= s.tta_target:
+        if acc >= s.tta_target:
             reached = epoch
             break
     return {

@@ -17,12 +17,6 @@ INPUT_SHAPE = {"cnn": (28, 28, 1)}
 NUM_CLASSES = 10
 
 
-def set_threads(threads: int) -> None:
-    """The thread budget hvdk8s.init gives a rank, applied to non-Horovod processes too."""
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
-
-
 def input_shape(workload: Workload) -> tuple[int, ...]:
     return INPUT_SHAPE.get(workload.name, (workload.mlp_width,))
 
@@ -72,6 +66,8 @@ def digits() -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarra
 
 def digits_dataset(x: np.ndarray, y: np.ndarray, batch: int, rank: int, size: int, seed: int) -> tf.data.Dataset:
     """Rank's shard of the training set, shuffled each pass, repeated forever."""
+    # hvdk8s.data.shard reads the dataset's length eagerly; ParameterServerStrategy builds this
+    # inside a traced function, so the even split uses the arrays' length instead.
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     ds = ds.take(len(x) - len(x) % size).shard(size, rank)
     ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)

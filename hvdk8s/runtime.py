@@ -37,14 +37,22 @@ def init(*, threads_per_rank: int | None = None, quiet: bool = False) -> None:
         tf.config.set_visible_devices(gpu, "GPU")
     else:
         threads = threads_per_rank or int(os.environ.get("HVDK8S_THREADS_PER_RANK", 0))
-        threads = threads or max(1, (os.cpu_count() or 1) // hvd.local_size())
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+        set_threads(threads or max(1, (os.cpu_count() or 1) // hvd.local_size()))
     _initialized = True
     if not quiet:
         hosts = hvd.allgather_object(socket.gethostname(), name="hvdk8s.hosts")
         if hvd.rank() == 0:
             print(f"hvdk8s: {placement(hosts)}", flush=True)
+
+
+def set_threads(threads: int) -> None:
+    """TensorFlow's thread pools for one process: ``threads`` intra-op, at most 2 inter-op.
+
+    Must run before TensorFlow starts its runtime (``init`` calls it); the
+    benchmarks give non-Horovod processes the same budget through it.
+    """
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
 
 
 def placement(hosts: list[str]) -> str:
