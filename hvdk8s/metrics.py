@@ -130,7 +130,7 @@ def exporter(port: int | None = None) -> Exporter:
         rank, local_rank = runtime.rank(), runtime.local_rank()
         say = partial(log_once, rank=rank, local_rank=local_rank)
         labels = rank_labels(os.environ, rank, local_rank)
-        created = Exporter(labels, chief=rank == 0)
+        created = Exporter(labels, chief=runtime.is_chief())
         gpu = telemetry.gpu_telemetry(
             labels, rank=rank, local_rank=local_rank, cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES")
         )
@@ -153,17 +153,20 @@ def steps_done(batch: int, model: keras.Model, params: Mapping[str, object]) -> 
     return min(done, int(total)) if total else done
 
 
-def epoch_examples(model: keras.Model, steps: int, batch_size: int | None) -> int:
-    """Examples this rank has trained on in the current epoch.
+def loss_tracker(model: keras.Model) -> keras.metrics.Metric | None:
+    """The model's ``loss`` metric (public ``model.metrics``), which counts samples.
 
-    Without ``batch_size`` this is the sample count of the model's ``loss``
-    metric (public ``model.metrics``), which ``fit`` resets each epoch and the
-    built-in ``train_step`` increments by each batch's size (partial batches
-    exact).
+    ``fit`` resets it each epoch and the built-in ``train_step`` adds each
+    batch's size (partial batches exact). It is fixed for a whole ``fit``, so
+    callbacks look it up once: ``model.metrics`` walks every layer.
     """
+    return next((m for m in model.metrics if m.name == "loss" and hasattr(m, "count")), None)
+
+
+def epoch_examples(tracker: keras.metrics.Metric | None, steps: int, batch_size: int | None) -> int:
+    """Examples this rank has trained on in the current epoch: ``steps × batch_size``, else the tracker's count."""
     if batch_size:
         return steps * batch_size
-    tracker = next((m for m in model.metrics if m.name == "loss" and hasattr(m, "count")), None)
     return int(keras.ops.convert_to_numpy(tracker.count)) if tracker is not None else 0
 
 
@@ -195,6 +198,7 @@ class TrainingMetrics(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.exporter = exporter(self.port)
+        self._tracker = None if self.batch_size else loss_tracker(self.model)
         self.exporter.epochs.set(float(self.params.get("epochs") or 0))
         self.exporter.set_job({"ranks": float(runtime.size())})
 
@@ -214,7 +218,7 @@ class TrainingMetrics(keras.callbacks.Callback):
         seconds, self._last_end = now - self._last_end, now
         done = steps_done(batch, self.model, self.params)
         steps, self._steps = done - self._steps, done
-        examples = epoch_examples(self.model, done, self.batch_size)
+        examples = epoch_examples(self._tracker, done, self.batch_size)
         new_examples, self._examples = examples - self._examples, examples
         allreduce_total = commtime.read()[0]
         allreduce, self._allreduce_seen = allreduce_total - self._allreduce_seen, allreduce_total

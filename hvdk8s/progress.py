@@ -17,7 +17,7 @@ import keras
 from tqdm import tqdm
 
 from hvdk8s import runtime
-from hvdk8s.metrics import epoch_examples, steps_done
+from hvdk8s.metrics import epoch_examples, loss_tracker, steps_done
 from hvdk8s.ranklog import log_once
 
 
@@ -59,6 +59,7 @@ class ProgressBar(keras.callbacks.Callback):
         self._start = 0.0
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        self._tracker = None if self.batch_size else loss_tracker(self.model)
         if runtime.is_chief() and self.params.get("verbose", 0) != 0:
             log_once(
                 "ProgressBar replaces Keras's progress display: pass verbose=0 to model.fit",
@@ -86,7 +87,7 @@ class ProgressBar(keras.callbacks.Callback):
         done = steps_done(batch, self.model, self.params)
         elapsed = time.perf_counter() - self._start
         postfix = {"loss": f"{logs['loss']:.4g}"} if logs and "loss" in logs else {}
-        examples = epoch_examples(self.model, done, self.batch_size) * runtime.size()
+        examples = epoch_examples(self._tracker, done, self.batch_size) * runtime.size()
         if examples and elapsed > 0:
             postfix["examples/s"] = f"{examples / elapsed:,.0f}"
         self._bar.set_postfix(postfix, refresh=False)
