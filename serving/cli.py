@@ -150,8 +150,6 @@ def _select(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    if not args.base_path.is_dir():
-        raise UserError(f"model base path {args.base_path}: no such directory")
     from hvdk8s.serving import server
 
     try:

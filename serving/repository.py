@@ -195,10 +195,5 @@ def _op_message(err: Any) -> str:
     return " ".join(lines) or str(err.message)
 
 
-_CODE_NAMES = {
-    1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
-    6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION",
-    10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE",
-    15: "DATA_LOSS", 16: "UNAUTHENTICATED",
-}
+_CODE_NAMES = dict(enumerate(rest.HTTP_STATUS, start=1))
 """google.rpc / tensorflow.error.Code numbers (stable across TensorFlow versions)."""

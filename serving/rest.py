@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+# In google.rpc code order (CANCELLED = 1 ... UNAUTHENTICATED = 16): the repository numbers them from it.
 HTTP_STATUS = {
     "CANCELLED": 499,
     "UNKNOWN": 500,

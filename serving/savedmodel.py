@@ -81,7 +81,6 @@ def export(
     if names is not None and len(names) != num_classes:
         raise ValueError(f"class_names: {len(names)} names for a model with {num_classes} outputs")
     root = Path(base_path)
-    root.mkdir(parents=True, exist_ok=True)
     version = next_version(root) if version is None else version
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise ValueError(f"version: expected a non-negative integer, got {version!r}")
@@ -107,6 +106,7 @@ def export(
         raise ValueError(f"metadata: keys {clash} are reserved for the export record")
     record.update(metadata or {})
 
+    root.mkdir(parents=True, exist_ok=True)  # only once the arguments are known to be good
     tmp = root / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
     try:
         archive = _archive(model, (height, width, channels), normalise, names)

@@ -398,3 +398,9 @@ def test_predict_cli_against_the_server(server, images, tmp_path):
     bad = subprocess.run([*CLI, "predict", "--url", server, "--model", "mnist", str(files[0][0])],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "HTTP 404: Servable not found for request: Latest(mnist)" in bad.stderr
+
+
+def test_rejected_export_leaves_no_base_path_behind(tmp_path, trained):
+    with pytest.raises(ValueError, match="version: expected a non-negative integer"):
+        serving.export(trained, tmp_path / "new", version=-1)
+    assert not (tmp_path / "new").exists()
