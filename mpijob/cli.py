@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def spec_source(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """The job-spec mapping (the file's fields with the flags laid over them) and its origin."""
     from hvdk8s.errors import UserError
-    from hvdk8s.mpijob.files import read_yaml
+    from hvdk8s.mpijob.files import is_mpijob, read_yaml
 
     positional = list(args.args)
     data: dict[str, Any] = {}
@@ -56,21 +56,21 @@ def spec_source(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         "command": positional or None,
     }
     overrides = {key: value for key, value in flags.items() if value is not None}
-    if overrides and data.get("kind") == "MPIJob":
+    if overrides and is_mpijob(data):
         raise UserError(f"{origin}: an MPIJob manifest is used as is; flags cannot change it")
     return data | overrides, origin
 
 
 def _render(args: argparse.Namespace) -> int:
     from hvdk8s.errors import UserError
-    from hvdk8s.mpijob.files import load_spec, manifest_from_file, to_yaml, write_atomic
+    from hvdk8s.mpijob.files import is_mpijob, load_spec, manifest_from_data, to_yaml, write_atomic
     from hvdk8s.mpijob.render import render, render_podmonitor
 
     data, origin = spec_source(args)
-    if data.get("kind") == "MPIJob":
+    if is_mpijob(data):
         if args.podmonitor:
             raise UserError(f"{origin}: --podmonitor needs a job spec, not an MPIJob manifest")
-        manifests = [manifest_from_file(origin)]
+        manifests = [manifest_from_data(data, origin)]
     else:
         spec = load_spec(data, origin=origin)
         manifests = [render(spec)]

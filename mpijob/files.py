@@ -11,7 +11,7 @@ import yaml
 
 from hvdk8s.errors import UserError
 from hvdk8s.mpijob import parse, validate
-from hvdk8s.mpijob.render import render
+from hvdk8s.mpijob.render import KIND, render
 from hvdk8s.mpijob.spec import JobSpec
 
 
@@ -41,11 +41,11 @@ def load_spec(source: str | os.PathLike[str] | Mapping[str, Any], *, origin: str
     """Parse a job spec (file path or mapping): unknown fields rejected,
     defaults applied, then every rule checked; all errors raised together.
     ``origin`` names a mapping's source in messages (default "job spec")."""
-    if isinstance(source, Mapping):
-        data, where = source, origin or "job spec"
-    else:
+    if isinstance(source, (str, os.PathLike)):
         data, where = read_yaml(source), str(source)
-    if isinstance(data, Mapping) and data.get("kind") == "MPIJob":
+    else:
+        data, where = source, origin or "job spec"
+    if is_mpijob(data):
         raise UserError(f"{where}: is an MPIJob manifest, not an hvdk8s job spec (apply it as is)")
     errors: list[str] = []
     spec = parse.from_mapping(JobSpec, data, errors)
@@ -61,14 +61,23 @@ def load_spec(source: str | os.PathLike[str] | Mapping[str, Any], *, origin: str
     return spec
 
 
-def manifest_from_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """An MPIJob file as is (after the operator's checks), or a job spec rendered."""
-    data = read_yaml(path)
-    if isinstance(data, Mapping) and data.get("kind") == "MPIJob":
+def is_mpijob(data: Any) -> bool:
+    """A ready MPIJob manifest, used as is, rather than an hvdk8s job spec."""
+    return isinstance(data, Mapping) and data.get("kind") == KIND
+
+
+def manifest_from_data(data: Any, where: str) -> dict[str, Any]:
+    """An MPIJob as is (after the operator's checks), or a job spec rendered; ``where`` names the source."""
+    if is_mpijob(data):
         if errors := validate.check_manifest(data):
-            raise SpecError(str(path), errors)
+            raise SpecError(where, errors)
         return dict(data)
-    return render(load_spec(path))
+    return render(load_spec(data, origin=where))
+
+
+def manifest_from_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of an MPIJob or job-spec file (see ``manifest_from_data``)."""
+    return manifest_from_data(read_yaml(path), str(path))
 
 
 class _Dumper(yaml.SafeDumper):

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hvdk8s.mpijob.render import GENERATED_ENV
+from hvdk8s.mpijob.render import API_VERSION, GENERATED_ENV, KIND
 from hvdk8s.mpijob.spec import GPU_RESOURCE, MPI_CONFIG_DIR, JobSpec, Toleration
 
 # \Z, not $: $ also matches before a final newline (YAML block scalars end in one).
@@ -56,11 +56,9 @@ def check_spec(spec: JobSpec) -> list[str]:
     errors: list[str] = []
     err = errors.append
 
-    # The longest pod hostname the job can have (<name>-launcher is never longer).
     max_workers = spec.elastic.max_workers if spec.elastic else spec.workers
-    host = f"{spec.name}-worker-{max(max_workers, 1) - 1}"
-    if problem := _dns1035(host):
-        err(f"name: pod hostname {host!r} {problem}")
+    if problem := _pod_hostname_problem(spec.name, max_workers):
+        err(f"name: {problem}")
     if spec.namespace is not None and (not DNS1123_LABEL.match(spec.namespace) or len(spec.namespace) > 63):
         err(f"namespace: {spec.namespace!r} is not a valid namespace (DNS-1123 label)")
     if not spec.image or any(c.isspace() for c in spec.image):
@@ -104,7 +102,7 @@ def check_spec(spec: JobSpec) -> list[str]:
     if sched.gpu_product is not None:
         if not spec.gpu:
             err("scheduling.gpuProduct: only for GPU jobs (gpu: true)")
-        if not LABEL_VALUE.match(sched.gpu_product) or len(sched.gpu_product) > 63:
+        if not _label_value_ok(sched.gpu_product):
             err(f"scheduling.gpuProduct: {sched.gpu_product!r} is not a node label value, e.g. NVIDIA-A100-SXM4-80GB")
     if not _label_key_ok(sched.gpu_product_label):
         err(f"scheduling.gpuProductLabel: {sched.gpu_product_label!r} is not a label key")
@@ -112,7 +110,7 @@ def check_spec(spec: JobSpec) -> list[str]:
         where = f"scheduling.nodeSelector.{key}"
         if not _label_key_ok(key):
             err(f"{where}: {key!r} is not a label key")
-        elif not LABEL_VALUE.match(value) or len(value) > 63:
+        elif not _label_value_ok(value):
             err(f"{where}: {value!r} is not a label value")
     for i, tol in enumerate(sched.tolerations or ()):
         _toleration(err, f"scheduling.tolerations[{i}]", tol)
@@ -183,8 +181,8 @@ def check_manifest(manifest: Mapping[str, Any]) -> list[str]:
     """The MPI Operator's validation of an MPIJob (after its defaulting)."""
     errors: list[str] = []
     err = errors.append
-    if manifest.get("apiVersion") != "kubeflow.org/v2beta1" or manifest.get("kind") != "MPIJob":
-        return [f"apiVersion/kind: {manifest.get('apiVersion')}/{manifest.get('kind')}: expected kubeflow.org/v2beta1 MPIJob"]
+    if manifest.get("apiVersion") != API_VERSION or manifest.get("kind") != KIND:
+        return [f"apiVersion/kind: {manifest.get('apiVersion')}/{manifest.get('kind')}: expected {API_VERSION} {KIND}"]
     spec = manifest.get("spec")
     if not isinstance(spec, Mapping):
         return ["spec: required"]
@@ -201,10 +199,8 @@ def check_manifest(manifest: Mapping[str, Any]) -> list[str]:
 
     workers = worker.get("replicas", 0) if isinstance(worker, Mapping) else 0
     name = (manifest.get("metadata") or {}).get("name", "")
-    # The longest pod hostname (<name>-launcher is never longer).
-    host = f"{name}-worker-{max(workers, 1) - 1 if isinstance(workers, int) else 0}"
-    if problem := _dns1035(host):
-        err(f"metadata.name: pod hostname {host!r} {problem}")
+    if problem := _pod_hostname_problem(name, workers if isinstance(workers, int) else 1):
+        err(f"metadata.name: {problem}")
     if not isinstance(slots, int) or slots < 0:
         err(f"spec.slotsPerWorker: {slots!r}: must be >= 0")
     _one_of(err, "spec.runPolicy.cleanPodPolicy", run_policy.get("cleanPodPolicy", "None"), CLEAN_POD_POLICIES)
@@ -319,6 +315,17 @@ def _port(err: Err, path: str, value: int) -> bool:
 def _overlaps(a: str, b: str) -> bool:
     a, b = a.rstrip("/") + "/", b.rstrip("/") + "/"
     return a.startswith(b) or b.startswith(a)
+
+
+def _pod_hostname_problem(name: str, workers: int) -> str | None:
+    """What is wrong with the job's longest pod hostname, ``<name>-worker-<N-1>`` (``<name>-launcher`` is never longer)."""
+    host = f"{name}-worker-{max(workers, 1) - 1}"
+    problem = _dns1035(host)
+    return f"pod hostname {host!r} {problem}" if problem else None
+
+
+def _label_value_ok(value: str) -> bool:
+    return len(value) <= 63 and bool(LABEL_VALUE.match(value))
 
 
 def _label_key_ok(key: str) -> bool:
