@@ -51,7 +51,7 @@ def main() -> int:
             print("server did not start", file=sys.stderr)
             return 1
         print(ready.strip(), flush=True)
-        url = ready.split(" at ")[1].split("/v1/")[0]
+        url = ready[ready.index("http://") :].split("/v1/")[0]  # the base path may contain anything
         predict = [*HVDK8S, "predict", "--url", url, "--model", args.base_path.resolve().name, *map(str, labels)]
         print("$ hvdk8s", " ".join(predict[3:]), flush=True)
         run = subprocess.run(predict, capture_output=True, text=True)

@@ -52,11 +52,9 @@ def from_mapping(cls: type[T], data: Any, errors: list[str], path: str = "") -> 
         value = _convert(hints[f.name], raw, errors, where)
         if len(errors) == before:
             values[f.name] = value
-    for key, f in fields.items():
-        required = f.default is _MISSING and f.default_factory is _MISSING
-        if required and key not in data:
-            errors.append(f"{join(path, key)}: required")
-    if any(f.name not in values for f in fields.values() if f.default is _MISSING and f.default_factory is _MISSING):
+    required = {key: f for key, f in fields.items() if f.default is _MISSING and f.default_factory is _MISSING}
+    errors.extend(f"{join(path, key)}: required" for key in required if key not in data)
+    if any(f.name not in values for f in required.values()):
         return None
     return cls(**values)
 

@@ -270,7 +270,7 @@ def server(base_path, tmp_path_factory):
     try:
         line = proc.stdout.readline()  # printed once version 1 is loaded
         assert "http://127.0.0.1:" in line, f"server did not start: {line!r}\n{log.read_text()}"
-        yield line.split(" at ")[1].split("/v1/")[0]
+        yield line[line.index("http://") :].split("/v1/")[0]
     finally:
         proc.terminate()  # uvicorn shuts down gracefully, then re-raises SIGTERM
         try:
