@@ -39,6 +39,8 @@ PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 log "installing hvdk8s[$TF_EXTRA,dev] (TensorFlow, Keras, mpi4py, kubernetes, ...)"
 # mpi4py is built against the system Open MPI so both share one MPI library.
 "${PIP[@]}" install --no-binary mpi4py -e ".[$TF_EXTRA,dev]"
+# TF Serving's gRPC stubs; --no-deps: it requires the full `tensorflow` package (see pyproject.toml)
+"${PIP[@]}" install --no-deps "tensorflow-serving-api==2.18.1"
 
 TF_VERSION=$("$VENV/bin/python" -c 'import importlib.metadata as m; print(m.version("tensorflow-cpu" if "'"$TF_EXTRA"'" == "cpu" else "tensorflow"))')
 PY_TAG=$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
