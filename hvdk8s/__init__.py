@@ -1,12 +1,19 @@
-"""hvdk8s: Horovod data-parallel training for Keras 3, on a laptop or as a Kubeflow MPIJob.
+"""hvdk8s: Horovod data-parallel training for Keras 3, on a laptop or on Kubernetes.
 
-A training script reads like a Horovod Keras script::
+A Horovod Keras script ports by changing its import::
 
-    import hvdk8s, keras
-    hvdk8s.init()
-    opt = hvdk8s.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvdk8s.size()))
+    import hvdk8s as hvd                     # was: import horovod.tensorflow.keras as hvd
+    hvd.init()
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))
     model.compile(optimizer=opt, loss=..., metrics=[...])
-    model.fit(hvdk8s.data.from_arrays(x, y, 64), callbacks=hvdk8s.callbacks(), verbose=0)
+    model.fit(x, y, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                               hvd.callbacks.MetricAverageCallback()])
+
+The top level, ``hvdk8s.callbacks`` and ``hvdk8s.elastic`` carry
+``horovod.tensorflow.keras``'s names, signatures and defaults. hvdk8s's own
+additions have names Horovod does not use: ``default_callbacks()`` (the
+callbacks above plus checkpoints, metrics and a rank-0 progress bar),
+``Checkpoint``, ``data``, ``models``, ``serving`` ...
 
 Names are imported on first use, so ``import hvdk8s`` (and the CLI's
 Kubernetes commands) do not load TensorFlow or Horovod until needed.
@@ -18,24 +25,27 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+_HOROVOD_RUNTIME = (
+    "init", "shutdown", "is_initialized", "size", "local_size", "cross_size", "rank", "local_rank", "cross_rank",
+    "start_timeline", "stop_timeline", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled",
+    "gloo_built", "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
+)
+_HOROVOD_COLLECTIVES = (
+    "Average", "Sum", "Adasum", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "allreduce", "allgather", "broadcast", "reducescatter", "broadcast_object", "allgather_object",
+    "broadcast_variables", "broadcast_global_variables",
+)
 _EXPORTS = {
-    "init": "hvdk8s.runtime",
-    "shutdown": "hvdk8s.runtime",
-    "rank": "hvdk8s.runtime",
-    "size": "hvdk8s.runtime",
-    "local_rank": "hvdk8s.runtime",
-    "local_size": "hvdk8s.runtime",
-    "is_chief": "hvdk8s.runtime",
-    "initialized": "hvdk8s.runtime",
-    "Average": "hvdk8s.collectives",
-    "Sum": "hvdk8s.collectives",
+    **{name: "hvdk8s.runtime" for name in _HOROVOD_RUNTIME},
+    **{name: "hvdk8s.collectives" for name in _HOROVOD_COLLECTIVES},
+    "Compression": "horovod.tensorflow.compression",
     "DistributedOptimizer": "hvdk8s.optimizer",
+    "PartialDistributedOptimizer": "hvdk8s.optimizer",
     "DistributedGradientTape": "hvdk8s.optimizer",
-    "callbacks": "hvdk8s.keras_callbacks",
-    "BroadcastInitialState": "hvdk8s.keras_callbacks",
-    "MetricAverage": "hvdk8s.keras_callbacks",
-    "LearningRateWarmup": "hvdk8s.keras_callbacks",
-    "LearningRateSchedule": "hvdk8s.keras_callbacks",
+    "load_model": "hvdk8s.loading",
+    # hvdk8s's own
+    "is_chief": "hvdk8s.runtime",
+    "default_callbacks": "hvdk8s.defaults",
     "Checkpoint": "hvdk8s.checkpoint",
     "restore_latest": "hvdk8s.checkpoint",
     "save_atomic": "hvdk8s.checkpoint",
@@ -43,7 +53,7 @@ _EXPORTS = {
     "TrainingMetrics": "hvdk8s.metrics",
     "ProgressBar": "hvdk8s.progress",
 }
-_SUBMODULES = {"data", "models", "collectives", "elastic", "launcher", "mpijob", "serving"}
+_SUBMODULES = {"callbacks", "data", "models", "collectives", "elastic", "launcher", "mpijob", "serving"}
 
 __all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 

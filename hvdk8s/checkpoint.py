@@ -51,7 +51,7 @@ def restore_latest(model: keras.Model, directory: str | os.PathLike[str]) -> int
     """Load the newest checkpoint into ``model`` on rank 0; return the epoch to resume at.
 
     Only rank 0 reads (workers need no access to its disk); every rank gets
-    the epoch number, and ``BroadcastInitialState`` then copies rank 0's
+    the epoch number, and ``BroadcastGlobalVariablesCallback`` then copies rank 0's
     weights and optimizer state to the others when training starts. The
     model must be compiled so its optimizer state can be restored.
     """

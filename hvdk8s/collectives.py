@@ -1,78 +1,250 @@
 """Gradient and state collectives on Horovod's core TensorFlow ops.
 
-The one place where hvdk8s talks to ``horovod.tensorflow``: the optimizer,
-the gradient tape and the callbacks all reduce or broadcast through here, so
-they cannot disagree on fusion, compression or naming.
+The one place where hvdk8s talks to ``horovod.tensorflow``'s collectives: the
+optimizer, the gradient tape, the callbacks and Horovod's top-level functions
+(``allreduce``, ``broadcast`` ...) all go through here, so they cannot disagree
+on grouping, compression or naming.
+
+Nothing here decides by ``size()`` while a step is traced: Horovod's ops read
+the job's size when they run, so a step traced on one rank still reduces after
+an elastic job grows.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
+from horovod.tensorflow.compression import Compression
 
 from hvdk8s import commtime
 
 Average = hvd.Average
 Sum = hvd.Sum
+Adasum = hvd.Adasum
+ProcessSet = hvd.ProcessSet
+global_process_set = hvd.global_process_set
+add_process_set = hvd.add_process_set
+remove_process_set = hvd.remove_process_set
 
-COMPRESSIONS: Mapping[str, Any] = {
-    "none": hvd.Compression.none,
-    "fp16": hvd.Compression.fp16,
-}
+COMPRESSIONS: Mapping[str, Any] = {"none": Compression.none, "fp16": Compression.fp16}
 
 
 def resolve_compression(compression: str | Any) -> Any:
-    """Accept ``"none"``/``"fp16"`` or one of Horovod's Compression classes."""
+    """Accept Horovod's ``Compression.none``/``Compression.fp16`` or their names."""
     if isinstance(compression, str):
         try:
             return COMPRESSIONS[compression]
         except KeyError:
-            raise ValueError(
-                f"compression={compression!r}: expected one of {sorted(COMPRESSIONS)}"
-            ) from None
+            raise ValueError(f"compression={compression!r}: expected one of {sorted(COMPRESSIONS)}") from None
     return compression
 
 
-def allreduce_gradients(
-    grads: Sequence[tf.Tensor | tf.IndexedSlices | None],
-    *,
-    op: Any = Average,
-    compression: Any = hvd.Compression.none,
-    name: str = "hvdk8s.grads",
-) -> list[tf.Tensor | None]:
-    """Reduce all gradients of one step with a single fused, grouped allreduce.
+def variable_key(var: Any) -> Any:
+    """A hashable key for a variable: Keras 3 variables are keyed by the tf.Variable backing them.
 
-    Sparse gradients (embeddings) are densified first: one grouped op over
-    dense tensors beats an allgather per variable on the model sizes hvdk8s
-    targets. ``None`` gradients (variables not reached by the loss) stay
-    ``None`` and take no part; every rank has the same ones.
+    ``keras.Variable`` is unhashable; the optimizer, the tape and user code may
+    hold either the Keras variable or its ``value``, and both map to one key.
     """
-    compression = resolve_compression(compression)
+    if isinstance(var, keras.Variable):
+        var = var.value
+    return var.ref()
+
+
+def split_list(items: Sequence[Any], n: int) -> list[list[Any]]:
+    """Horovod's ``split_list``: ``n`` contiguous chunks whose lengths differ by at most one."""
+    d, r = divmod(len(items), n)
+    return [list(items[i * d + min(i, r):(i + 1) * d + min(i + 1, r)]) for i in range(n)]
+
+
+@dataclass(frozen=True)
+class GradientReduction:
+    """How gradients are reduced: Horovod's ``DistributedOptimizer`` arguments, checked once.
+
+    ``groups`` is Horovod's: ``None`` reduces each gradient with its own
+    allreduce as soon as backprop produces it (Horovod's tensor fusion then
+    batches those that are ready together); an int ``n`` makes ``n`` grouped
+    allreduces over contiguous runs of variables; a list of variable lists
+    makes one group per list (variables in no list get one each). A grouped
+    allreduce waits for every gradient in it, so fewer groups mean less
+    overlap of communication with backprop.
+    """
+
+    op: Any = Average
+    compression: Any = Compression.none
+    sparse_as_dense: bool = False
+    gradient_predivide_factor: float = 1.0
+    groups: int | tuple[frozenset, ...] | None = None
+    process_set: Any = global_process_set
+    device_dense: str = ""
+    device_sparse: str = ""
+    name: str = "hvdk8s.grads"
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        op: Any = Average,
+        compression: Any = Compression.none,
+        sparse_as_dense: bool = False,
+        gradient_predivide_factor: float = 1.0,
+        num_groups: int = 0,
+        groups: int | Sequence[Sequence[Any]] | None = None,
+        process_set: Any = global_process_set,
+        device_dense: str = "",
+        device_sparse: str = "",
+        name: str = "hvdk8s.grads",
+    ) -> GradientReduction:
+        """Validate Horovod's arguments with messages naming the argument."""
+        if op not in (Average, Sum, Adasum):
+            raise ValueError(f"op={op!r}: expected hvdk8s.Average, hvdk8s.Sum or hvdk8s.Adasum")
+        if num_groups and groups is None:
+            groups = num_groups  # Horovod's deprecated spelling of groups=int
+        if isinstance(groups, int) and not isinstance(groups, bool):
+            if groups < 0:
+                raise ValueError(f"groups={groups}: must be a non-negative integer or a list of variable lists")
+            groups = groups or None
+        elif groups is not None:
+            if not all(isinstance(g, (list, tuple)) for g in groups):
+                raise ValueError("groups: expected a non-negative integer or a list of lists of variables")
+            groups = tuple(frozenset(variable_key(v) for v in g) for g in groups)
+        if gradient_predivide_factor != 1.0 and op != Average:
+            raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor}: only applies to op=Average")
+        if op == Adasum:
+            _check_adasum(groups, gradient_predivide_factor)
+        return cls(
+            op=op,
+            compression=resolve_compression(compression),
+            sparse_as_dense=bool(sparse_as_dense),
+            gradient_predivide_factor=float(gradient_predivide_factor),
+            groups=groups,
+            process_set=process_set,
+            device_dense=device_dense,
+            device_sparse=device_sparse,
+            name=name,
+        )
+
+
+def _check_adasum(groups: Any, predivide: float) -> None:
+    """Adasum runs one allreduce per tensor: Horovod 0.28.1's grouped Adasum path fails.
+
+    (``horovod.tensorflow.grouped_allreduce`` reads an undefined ``tensor`` for
+    Adasum; its per-tensor ``allreduce`` works.) On CPU Horovod also needs a
+    power-of-two number of ranks.
+    """
+    if groups is not None:
+        raise ValueError("op=Adasum cannot be combined with groups: Horovod 0.28.1's grouped allreduce "
+                         "fails for Adasum, so hvdk8s reduces each tensor on its own; pass groups=None")
+    if predivide != 1.0:
+        raise ValueError("op=Adasum does not take gradient_predivide_factor")
+    if hvd.is_initialized() and not hvd.nccl_built() and hvd.size() & (hvd.size() - 1):
+        raise ValueError(f"op=Adasum on CPU needs a power-of-two number of ranks, this job has {hvd.size()}")
+
+
+def _scale_factors(reduction: GradientReduction) -> dict[str, float]:
+    """Horovod's split of the average around the sum; its op adds 1/size for Average."""
+    if reduction.op == Average:
+        f = reduction.gradient_predivide_factor
+        return {"prescale_factor": 1.0 / f, "postscale_factor": f}
+    return {}
+
+
+def _dense(reduction: GradientReduction, grad: Any) -> Any:
+    if isinstance(grad, tf.IndexedSlices) and not reduction.sparse_as_dense:
+        return grad
+    return tf.convert_to_tensor(grad)
+
+
+def _reduce_one(reduction: GradientReduction, grad: Any, name: str) -> Any:
+    """One gradient: a dense allreduce, or for ``IndexedSlices`` an allgather of values and indices."""
+    if isinstance(grad, tf.IndexedSlices):
+        if reduction.op == Adasum:
+            raise ValueError("op=Adasum cannot reduce sparse gradients (IndexedSlices): pass sparse_as_dense=True")
+        if reduction.gradient_predivide_factor != 1.0:
+            raise ValueError("gradient_predivide_factor cannot apply to sparse gradients (IndexedSlices): "
+                             "pass sparse_as_dense=True")
+    return hvd.allreduce(
+        grad, device_dense=reduction.device_dense, device_sparse=reduction.device_sparse,
+        compression=reduction.compression, op=reduction.op, name=name,
+        process_set=reduction.process_set, **_scale_factors(reduction),
+    )
+
+
+def _reduce_group(reduction: GradientReduction, grads: list[Any], name: str) -> list[Any]:
+    if len(grads) == 1:
+        return [_reduce_one(reduction, grads[0], name)]
+    dense = [g for g in grads if not isinstance(g, tf.IndexedSlices)]
+    reduced = iter(hvd.grouped_allreduce(
+        dense, device_dense=reduction.device_dense, compression=reduction.compression, op=reduction.op,
+        name=name, process_set=reduction.process_set, **_scale_factors(reduction),
+    ) if dense else [])
+    return [
+        _reduce_one(reduction, g, f"{name}.sparse{i}") if isinstance(g, tf.IndexedSlices) else next(reduced)
+        for i, g in enumerate(grads)
+    ]
+
+
+def _partition(reduction: GradientReduction, present: list[int], variables: Sequence[Any] | None) -> list[list[int]]:
+    """Indices of the gradients, one list per allreduce op."""
+    groups = reduction.groups
+    if groups is None:
+        return [[i] for i in present]
+    if isinstance(groups, int):
+        return [chunk for chunk in split_list(present, groups) if chunk]
+    if variables is None:
+        raise ValueError("groups given as variable lists need the variables: pass them to apply()/apply_gradients()")
+    keys = {i: variable_key(variables[i]) for i in present}
+    out, placed = [], set()
+    for group in groups:
+        members = [i for i in present if keys[i] in group and i not in placed]
+        placed.update(members)
+        if members:
+            out.append(members)
+    return out + [[i] for i in present if i not in placed]
+
+
+def reduce_gradients(
+    reduction: GradientReduction,
+    grads: Sequence[Any],
+    variables: Sequence[Any] | None = None,
+) -> list[Any]:
+    """Reduce one step's gradients across the ranks of ``reduction.process_set``.
+
+    ``None`` gradients (variables the loss does not reach) stay ``None``; every
+    rank has the same ones. Each allreduce op depends only on its own
+    gradients, so in a compiled step TensorFlow starts it as soon as backprop
+    has produced them, while earlier layers are still differentiating.
+    ``commtime`` records the communication left exposed after the last
+    gradient without ordering anything.
+    """
+    if not reduction.process_set.included():
+        return [None if g is None else _dense(reduction, g) for g in grads]
     present = [i for i, g in enumerate(grads) if g is not None]
-    if hvd.size() == 1:
-        return [None if g is None else tf.convert_to_tensor(g) for g in grads]
-    tensors, contexts = [], []
-    for i in present:
-        compressed, ctx = compression.compress(tf.convert_to_tensor(grads[i]))
-        tensors.append(compressed)
-        contexts.append(ctx)
-    reduced = commtime.timed(
-        lambda ts: hvd.grouped_allreduce(ts, op=op, name=name), tensors
-    ) if tensors else []
-    out: list[tf.Tensor | None] = [None] * len(grads)
-    for i, tensor, ctx in zip(present, reduced, contexts):
-        out[i] = compression.decompress(tensor, ctx)
+    dense = {i: _dense(reduction, grads[i]) for i in present}
+    out: list[Any] = [None] * len(grads)
+    with tf.name_scope(reduction.name.replace(".", "_")):
+        for n, members in enumerate(_partition(reduction, present, variables)):
+            reduced = _reduce_group(reduction, [dense[i] for i in members], f"{reduction.name}.{n}")
+            for i, r in zip(members, reduced):
+                out[i] = r
+    commtime.record_exposed(list(dense.values()), [out[i] for i in present])
     return out
 
 
-def broadcast_variables(variables: Sequence[keras.Variable | tf.Variable], root_rank: int = 0) -> None:
-    """Overwrite ``variables`` on every rank with their values on ``root_rank``."""
-    for i, var in enumerate(variables):
-        value = hvd.broadcast(tf.convert_to_tensor(var), root_rank, name=f"hvdk8s.bcast.{i}")
-        var.assign(value)
+def runtime_size(process_set: Any = global_process_set) -> tf.Tensor:
+    """The process set's size, read when the op runs (elastic jobs change it)."""
+    return hvd.size_op(process_set_id=process_set.process_set_id)
+
+
+def broadcast_variables(variables: Sequence[Any], root_rank: int = 0, process_set: Any = global_process_set) -> None:
+    """Overwrite ``variables`` on every rank with their values on ``root_rank`` (one traced group of broadcasts)."""
+    if variables:
+        hvd.broadcast_variables(
+            [v.value if isinstance(v, keras.Variable) else v for v in variables], root_rank, process_set=process_set
+        )
 
 
 def average_scalars(values: Mapping[str, float], name: str = "hvdk8s.metrics") -> dict[str, float]:
@@ -82,15 +254,64 @@ def average_scalars(values: Mapping[str, float], name: str = "hvdk8s.metrics") -
     pass the same keys (they do for Keras logs of the same model and data).
     """
     keys = sorted(values)
-    if not keys or hvd.size() == 1:
-        return {k: float(values[k]) for k in keys}
+    if not keys:
+        return {}
     tensors = [tf.constant(float(values[k]), dtype=tf.float64) for k in keys]
     reduced = hvd.grouped_allreduce(tensors, op=Average, name=name)
     return {k: float(t.numpy()) for k, t in zip(keys, reduced)}
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: str = "hvdk8s.object") -> Any:
-    """Send a picklable Python object from ``root_rank`` to every rank."""
-    if hvd.size() == 1:
-        return obj
-    return hvd.broadcast_object(obj, root_rank=root_rank, name=name)
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = global_process_set) -> Any:
+    """Send a picklable Python object from ``root_rank`` to every rank (Horovod's ``broadcast_object``)."""
+    return hvd.broadcast_object(obj, root_rank=root_rank, name=name, process_set=process_set)
+
+
+def allgather_object(obj: Any, name: str | None = None, process_set: Any = global_process_set) -> list[Any]:
+    """Every rank's picklable object, in rank order (Horovod's ``allgather_object``)."""
+    return hvd.allgather_object(obj, name=name, process_set=process_set)
+
+
+# Horovod's Keras top-level collectives: eager values in, eager tensors out.
+
+
+def allreduce(
+    value: Any,
+    name: str | None = None,
+    average: bool | None = None,
+    prescale_factor: float = 1.0,
+    postscale_factor: float = 1.0,
+    op: Any = None,
+    compression: Any = Compression.none,
+) -> tf.Tensor:
+    """Allreduce a tensor-compatible value (``horovod.tensorflow.keras.allreduce``)."""
+    return hvd.allreduce(
+        tf.constant(value, name=name), average=average, prescale_factor=prescale_factor,
+        postscale_factor=postscale_factor, op=op, compression=resolve_compression(compression),
+    )
+
+
+def allgather(value: Any, name: str | None = None) -> tf.Tensor:
+    """Concatenate every rank's value along the first dimension (``hvd.allgather``)."""
+    return hvd.allgather(tf.constant(value, name=name))
+
+
+def broadcast(value: Any, root_rank: int, name: str | None = None) -> tf.Tensor:
+    """``root_rank``'s value on every rank (``hvd.broadcast``)."""
+    return hvd.broadcast(tf.constant(value, name=name), root_rank)
+
+
+def reducescatter(value: Any, name: str | None = None, op: Any = Average) -> tf.Tensor:
+    """Reduce across ranks and give each rank its slice of the first dimension (``hvd.reducescatter``)."""
+    return hvd.reducescatter(tf.constant(value, name=name), op=op)
+
+
+def broadcast_global_variables(root_rank: int) -> None:
+    """Horovod's TF1 ``broadcast_global_variables``, which Horovod itself refuses under eager TF2.
+
+    Keras 3 has no global variable collection: refused with what to use instead.
+    """
+    raise RuntimeError(
+        "broadcast_global_variables: Keras 3 and TF2 have no global variables collection; use "
+        "hvdk8s.callbacks.BroadcastGlobalVariablesCallback(root_rank) in fit, or "
+        "hvdk8s.broadcast_variables(model.variables + optimizer.variables, root_rank) in a custom loop"
+    )

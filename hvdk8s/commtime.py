@@ -1,13 +1,16 @@
-"""Wall time of the gradient allreduce, measured inside compiled train steps.
+"""Gradient communication left exposed after backprop, measured inside compiled train steps.
 
-Horovod's timeline records this too, but as a trace file far too heavy to
-leave on. Here two ``tf.timestamp`` ops bracket the grouped allreduce in the
-graph and add the span to a host-side variable: no Python in the graph, no
-extra device sync, and the metrics callback reads the total after each step.
+Horovod's timeline records every allreduce, but as a trace file far too heavy
+to leave on. Here two ``tf.timestamp`` ops in the step's graph mark when the
+last gradient exists and when the last reduced gradient exists; their
+difference, added to a host-side variable, is the communication that backprop
+did not hide. No op waits for the stamps (a stateful op in a ``tf.function``
+runs without anything depending on it), so the allreduces still start as soon
+as their own gradients are ready. The metrics callback samples the total.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import tensorflow as tf
 
@@ -15,7 +18,7 @@ _clock: tf.Variable | None = None
 
 
 def _variable() -> tf.Variable:
-    """[seconds, allreduces], created outside any tf.function on first use."""
+    """[seconds, steps], created outside any tf.function on first use."""
     global _clock
     if _clock is None:
         with tf.init_scope(), tf.device("/CPU:0"):
@@ -23,31 +26,25 @@ def _variable() -> tf.Variable:
     return _clock
 
 
-def timed(reduce: Callable[[list[tf.Tensor]], list[tf.Tensor]], tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
-    """Return ``reduce(tensors)``, adding its wall time and one call to the clock.
+def record_exposed(grads: Sequence[tf.Tensor], reduced: Sequence[tf.Tensor]) -> None:
+    """Add (time from the last of ``grads`` to the last of ``reduced``, one step) to the clock.
 
-    The start stamp waits for every input and the collective for the start
-    stamp; the end stamp waits for every output. A grouped allreduce is one op
-    over all gradients, so it could not start before the last one anyway: the
-    ordering delays nothing. The span is what a rank loses to communication:
-    negotiation, waiting for slower ranks, transfer. On GPU, TensorFlow counts
-    a kernel as done once it is queued, so the span may also hold the tail of
-    the backward pass still running on the stream: an upper bound there.
+    On GPU, TensorFlow counts a kernel as done once it is queued, so both
+    stamps can run ahead of the device: the span is then approximate.
     """
-    with tf.control_dependencies(list(tensors)):
-        start = tf.timestamp()
-    with tf.control_dependencies([start]):
-        inputs = [tf.identity(t) for t in tensors]
-    reduced = reduce(inputs)
-    with tf.control_dependencies(list(reduced)):
-        elapsed = tf.timestamp() - start
-    record = _variable().assign_add(tf.stack([elapsed, tf.constant(1.0, tf.float64)]))
-    with tf.control_dependencies([record]):
-        return [tf.identity(t) for t in reduced]
+    if not grads:
+        return
+    # IndexedSlices (sparse gradients) are composite: depend on their component tensors.
+    with tf.control_dependencies(tf.nest.flatten(list(grads), expand_composites=True)):
+        grads_done = tf.timestamp()
+    with tf.control_dependencies(tf.nest.flatten(list(reduced), expand_composites=True)):
+        reduced_done = tf.timestamp()
+    exposed = tf.maximum(reduced_done - grads_done, 0.0)
+    _variable().assign_add(tf.stack([exposed, tf.constant(1.0, tf.float64)]))
 
 
 def read() -> tuple[float, int]:
-    """(seconds, allreduces) this process has spent in timed allreduces so far."""
+    """(seconds, steps) of exposed gradient communication this process has recorded so far."""
     if _clock is None:
         return 0.0, 0
     seconds, calls = _clock.numpy()

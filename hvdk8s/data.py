@@ -116,7 +116,7 @@ def image_folder(
         batch_size=None,
         shuffle=shuffle,
         seed=seed,
-        verbose=runtime.is_chief() if runtime.initialized() else True,
+        verbose=runtime.is_chief() if runtime.is_initialized() else True,
     )
     return ds.map(lambda x, y: (x / 255.0, y), num_parallel_calls=tf.data.AUTOTUNE), classes
 

@@ -1,10 +1,10 @@
-"""Elastic training for Keras 3 on Horovod's elastic driver (``horovodrun --min-np/--max-np``).
+"""``horovod.tensorflow.keras.elastic`` for Keras 3, on Horovod's elastic driver (``horovodrun --min-np/--max-np``).
 
 Horovod's ``TensorFlowKerasState`` calls ``optimizer.variables()``, which is a
 list in Keras 3, and its ``run`` only recognises failures of ops named
 ``HorovodAllreduce``/``Allgather``/``Broadcast``, so a failed
-``HorovodGroupedAllreduce`` (what hvdk8s uses) never triggered a reset, and
-any other ``UnknownError`` was swallowed. This module keeps Horovod's driver
+``HorovodGroupedAllreduce`` never triggered a reset, and any other
+``UnknownError`` was swallowed. This module keeps Horovod's names and driver
 protocol (``ObjectState``, ``run_fn``) and fixes both.
 """
 from __future__ import annotations
@@ -23,57 +23,140 @@ from hvdk8s import collectives
 
 
 class KerasState(ObjectState):
-    """Model weights, optimizer state and any extra attributes (``epoch=0``) kept in sync.
+    """Model weights, optimizer state and any extra attributes (``epoch=0, batch=0``) kept in sync.
 
-    ``commit()`` copies the variables to host memory; after a worker is lost the
-    survivors ``restore()`` the last commit, and ``sync()`` brings new workers
-    to rank 0's state.
+    ``commit()`` copies the variables to host memory and checks for host
+    changes; after a worker is lost the survivors ``restore()`` the last
+    commit, and ``sync()`` brings every rank to rank 0's state. A model that
+    Keras builds during its first step (no ``Input``) may not be built on a
+    worker that joins later: ``sync()`` builds it from rank 0's
+    ``get_build_config()`` first, so the variable lists match. When no rank
+    has built the model yet (a fresh start), the variables are broadcast after
+    the first step instead, by ``CommitStateCallback`` (as Horovod's
+    ``BroadcastGlobalVariablesCallback`` does for such models).
     """
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer | None = None, **kwargs: Any) -> None:
         self.model = model
         self.optimizer = optimizer or model.optimizer
-        if not self.optimizer.built:
-            self.optimizer.build(model.trainable_variables)
-        self._values = self._read()
+        self._saved: list[tuple[keras.Variable, np.ndarray]] = []
+        self._variables_synced = False
+        self._save_variables()
         super().__init__(bcast_object=collectives.broadcast_object, get_rank=hvd.rank, **kwargs)
 
     def _variables(self) -> list[keras.Variable]:
-        return list(self.model.variables) + list(self.optimizer.variables)
+        optimizer_vars = list(self.optimizer.variables) if self.optimizer is not None and self.optimizer.built else []
+        return list(self.model.variables) + optimizer_vars
 
-    def _read(self) -> list[np.ndarray]:
-        return [np.array(v.numpy()) for v in self._variables()]
+    def _save_variables(self) -> None:
+        variables = self._variables()
+        self._saved = list(zip(variables, _read_all(variables)))
 
     def save(self) -> None:
-        self._values = self._read()
+        self._save_variables()
         super().save()
 
     def restore(self) -> None:
-        for var, value in zip(self._variables(), self._values):
+        for var, value in self._saved:
             var.assign(value)
         super().restore()
 
     def sync(self) -> None:
-        collectives.broadcast_variables(self._variables())
-        self._values = self._read()
+        build_config = collectives.broadcast_object(
+            self.model.get_build_config() if self.model.built else None, name="hvdk8s.elastic.build"
+        )
+        self._variables_synced = False
+        if build_config is not None:
+            if not self.model.built:
+                self.model.build_from_config(build_config)
+            self.sync_variables()
+        self._save_variables()
         super().sync()
 
+    def sync_variables(self) -> None:
+        """Broadcast model and optimizer variables from rank 0 once per sync, when the model is built."""
+        if self._variables_synced or not self.model.built:
+            return
+        if self.optimizer is not None and not self.optimizer.built:
+            self.optimizer.build(self.model.trainable_variables)
+        collectives.broadcast_variables(self._variables())
+        self._variables_synced = True
 
-class CommitState(keras.callbacks.Callback):
-    """Commit at every epoch end (recording the epoch) and check for host changes every N batches."""
 
-    def __init__(self, state: KerasState, check_every_batches: int = 10) -> None:
+class CommitStateCallback(keras.callbacks.Callback):
+    """Commit ``state`` every ``batches_per_commit`` batches and at each epoch end (Horovod's).
+
+    A commit saves the state and checks for host changes, so workers that
+    join or leave are taken in at the next commit. After the first step it
+    also broadcasts the variables of a model that Keras built during that step.
+    """
+
+    def __init__(self, state: KerasState, batches_per_commit: int = 1) -> None:
         super().__init__()
         self.state = state
-        self.check_every_batches = check_every_batches
+        self.batches_per_commit = batches_per_commit
+        self.batches_remaining = batches_per_commit
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.batches_remaining = self.batches_per_commit  # the same on every rank after a reset
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if (batch + 1) % self.check_every_batches == 0:
-            self.state.check_host_updates()
+        self.state.sync_variables()  # a no-op unless the model was built by this first step
+        self.batches_remaining -= 1
+        if self.batches_remaining == 0:
+            self.state.commit()
+            self.batches_remaining = self.batches_per_commit
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self.state.epoch = epoch + 1
         self.state.commit()
+
+
+class UpdateBatchStateCallback(keras.callbacks.Callback):
+    """Keep ``state.batch`` at the last finished batch of the epoch, 0 at each epoch end (Horovod's).
+
+    Horovod also shortens the first epoch after a reset by ``state.batch``
+    steps through ``params["steps"]``; Keras 3's ``fit`` does not read that
+    back, so here the interrupted epoch runs in full (``state.batch`` still
+    tells where it was).
+    """
+
+    def __init__(self, state: KerasState) -> None:
+        super().__init__()
+        self.state = state
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.state.batch = batch
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.state.batch = 0
+
+
+class UpdateEpochStateCallback(keras.callbacks.Callback):
+    """Keep ``state.epoch`` at the global number of finished epochs, across resets (Horovod's)."""
+
+    def __init__(self, state: KerasState) -> None:
+        super().__init__()
+        self.state = state
+        self.initial_epoch = state.epoch
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        self.initial_epoch = self.state.epoch
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self.state.epoch = self.initial_epoch + epoch + 1
+
+
+def _read_all(variables: list[keras.Variable]) -> list[np.ndarray]:
+    """Host copies of ``variables`` from one compiled call (a commit may run every batch)."""
+    if not variables:
+        return []
+    values = _snapshot([v.value for v in variables])
+    return [np.array(t) for t in values]
+
+
+@tf.function(reduce_retracing=True)
+def _snapshot(variables: list[tf.Variable]) -> list[tf.Tensor]:
+    return [tf.identity(v) for v in variables]
 
 
 def _reset() -> None:

@@ -14,6 +14,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -31,7 +32,8 @@ STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 JOB_METRICS: Mapping[str, str] = {
     "examples_per_second": "Training examples per second of the whole job in the last epoch (sum over ranks).",
     "step_seconds": "Wall time per step in the last epoch, mean over ranks.",
-    "allreduce_seconds": "Time per step in the gradient allreduce in the last epoch, mean over ranks.",
+    "allreduce_seconds": "Gradient communication per step left exposed after backprop in the last epoch, "
+    "mean over ranks.",
     "loss": "Training loss of the last epoch, mean over ranks.",
     "ranks": "Number of ranks in the job.",
 }
@@ -85,7 +87,9 @@ class Exporter:
             buckets=STEP_BUCKETS,
         )
         self.allreduce_seconds = series(
-            Histogram, "hvdk8s_allreduce_seconds", "Time per training step spent in the gradient allreduce.",
+            Histogram, "hvdk8s_allreduce_seconds",
+            "Gradient communication per training step left exposed after backprop: from the last gradient "
+            "to the last reduced gradient (allreduces that overlap backprop cost nothing here).",
             buckets=STEP_BUCKETS,
         )
         self.loss = series(Gauge, "hvdk8s_loss", "This rank's running mean training loss in the current epoch.")
@@ -173,27 +177,32 @@ def epoch_examples(tracker: keras.metrics.Metric | None, steps: int, batch_size:
 class TrainingMetrics(keras.callbacks.Callback):
     """Export this rank's progress to Prometheus, and the job's on rank 0.
 
-    Per step: examples/s over the last ``window`` steps, wall time per step
-    (end to end, so input stalls count), time in the gradient allreduce
-    (``hvdk8s.commtime``), running loss. At each epoch end the ranks average
-    their epoch figures in one allreduce, so this callback must be in every
-    rank's list; the job figures also go into the epoch logs
+    Per step, in plain Python (no TensorFlow read, so nothing waits for the
+    device): steps and wall time per step (end to end, so input stalls count).
+    Every ``sample_seconds`` and at each epoch end it reads the TensorFlow
+    side once: examples (Keras's loss tracker), the gradient communication
+    left exposed after backprop (``hvdk8s.commtime``) and the running loss,
+    and derives examples/s over the last ``window`` samples. At each epoch end
+    the ranks average their epoch figures in one allreduce, so this callback
+    must be in every rank's list; the job figures also go into the epoch logs
     (``examples_per_second``, ``step_seconds``, ``allreduce_seconds``) for
     TensorBoard, the progress bar and History. Place it after
-    ``MetricAverage`` so the loss it reports is the job's.
+    ``MetricAverageCallback`` so the loss it reports is the job's.
     """
 
-    def __init__(self, *, port: int | None = None, batch_size: int | None = None, window: int = 20) -> None:
+    def __init__(
+        self, *, port: int | None = None, batch_size: int | None = None, window: int = 20, sample_seconds: float = 1.0
+    ) -> None:
         super().__init__()
         self.port = port
         self.batch_size = batch_size
+        self.sample_seconds = sample_seconds
         self.exporter: Exporter | None = None
         self._recent: deque[tuple[float, int]] = deque(maxlen=window)
         self._epoch_start: float | None = None
         self._last_end = 0.0
         self._steps = 0
-        self._examples = 0
-        self._allreduce_seen = 0.0
+        self._sample = _Sample()
         self._allreduce_epoch = 0.0
 
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -205,50 +214,60 @@ class TrainingMetrics(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.exporter.epoch.set(epoch + 1)
         self._epoch_start = None
-        self._steps = self._examples = 0
-        self._allreduce_seen = self._allreduce_epoch = commtime.read()[0]
+        self._steps = 0
+        self._allreduce_epoch = commtime.read()[0]
+        self._sample = _Sample(allreduce=self._allreduce_epoch)
         self._recent.clear()
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         if self._epoch_start is None:
-            self._epoch_start = self._last_end = time.perf_counter()
+            self._epoch_start = self._last_end = self._sample.time = time.perf_counter()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         now = time.perf_counter()
         seconds, self._last_end = now - self._last_end, now
         done = steps_done(batch, self.model, self.params)
         steps, self._steps = done - self._steps, done
-        examples = epoch_examples(self._tracker, done, self.batch_size)
-        new_examples, self._examples = examples - self._examples, examples
-        allreduce_total = commtime.read()[0]
-        allreduce, self._allreduce_seen = allreduce_total - self._allreduce_seen, allreduce_total
-        if examples == 0:
+        exp = self.exporter
+        exp.steps.inc(steps)
+        for _ in range(steps):
+            exp.step_seconds.observe(seconds / steps)
+        exp.last_step.set_to_current_time()
+        if now - self._sample.time >= self.sample_seconds:
+            self._take_sample(now, logs)
+
+    def _take_sample(self, now: float, logs: dict | None) -> None:
+        """Read the TensorFlow-side counters once and publish what they imply since the last sample."""
+        examples = epoch_examples(self._tracker, self._steps, self.batch_size)
+        allreduce = commtime.read()[0]
+        last, self._sample = self._sample, _Sample(now, self._steps, examples, allreduce)
+        steps, new_examples = self._steps - last.steps, examples - last.examples
+        if examples == 0 and self._steps:
             log_once(
                 "examples/s unknown: this model's train_step does not count samples in Keras's loss tracker; "
                 "pass batch_size= to the observability callbacks",
                 rank=runtime.rank(), local_rank=runtime.local_rank(),
             )
-
         exp = self.exporter
-        exp.steps.inc(steps)
         exp.examples.inc(new_examples)
         for _ in range(steps):
-            exp.step_seconds.observe(seconds / steps)
-            exp.allreduce_seconds.observe(allreduce / steps)
-        self._recent.append((seconds, new_examples))
+            exp.allreduce_seconds.observe((allreduce - last.allreduce) / steps)
+        self._recent.append((now - last.time, new_examples))
         window_seconds = sum(s for s, _ in self._recent)
         exp.examples_per_second.set(sum(n for _, n in self._recent) / window_seconds if window_seconds else 0.0)
         if logs and "loss" in logs:
             exp.loss.set(float(logs["loss"]))
-        exp.last_step.set_to_current_time()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        seconds = self._last_end - self._epoch_start if self._epoch_start is not None else 0.0
+        if self._epoch_start is None:
+            return
+        self._take_sample(self._last_end, logs)
+        seconds = self._last_end - self._epoch_start
         steps = max(self._steps, 1)
         mine = {
-            "examples_per_second": self._examples / seconds if seconds else 0.0,
+            "examples_per_second": self._sample.examples / seconds if seconds else 0.0,
             "step_seconds": seconds / steps,
-            "allreduce_seconds": (commtime.read()[0] - self._allreduce_epoch) / steps,
+            "allreduce_seconds": (self._sample.allreduce - self._allreduce_epoch) / steps,
         }
         job = collectives.average_scalars(mine, name="hvdk8s.observability")
         job["examples_per_second"] *= runtime.size()
@@ -257,3 +276,13 @@ class TrainingMetrics(keras.callbacks.Callback):
             if "loss" in logs:
                 job["loss"] = float(logs["loss"])
         self.exporter.set_job(job)
+
+
+@dataclass
+class _Sample:
+    """Counters at the last read of the TensorFlow side: wall time, steps, examples, exposed allreduce seconds."""
+
+    time: float = 0.0
+    steps: int = 0
+    examples: int = 0
+    allreduce: float = 0.0

@@ -1,6 +1,6 @@
 """The observability callbacks in the order they must run.
 
-``hvdk8s.callbacks()`` appends these after ``MetricAverage``: the metrics
+``hvdk8s.default_callbacks()`` appends these after ``MetricAverageCallback``: the metrics
 callback publishes the job throughput into the (already rank-averaged) epoch
 logs, which the progress bar and TensorBoard after it then show.
 """
@@ -20,7 +20,7 @@ def chief_tensorboard(log_dir: str | os.PathLike[str], **kwargs: Any) -> list[ke
     """Keras's TensorBoard callback on rank 0, nothing elsewhere.
 
     Every rank writing to one log dir would give N copies of each curve (and
-    racing event files); rank 0's logs are the job's once ``MetricAverage`` ran.
+    racing event files); rank 0's logs are the job's once ``MetricAverageCallback`` ran.
     """
     return [keras.callbacks.TensorBoard(log_dir=os.fspath(log_dir), **kwargs)] if runtime.is_chief() else []
 

@@ -1,23 +1,28 @@
-"""Data-parallel Keras 3 optimizer and gradient tape on Horovod collectives.
+"""Horovod's ``DistributedOptimizer`` and ``DistributedGradientTape`` for Keras 3.
 
-``horovod.tensorflow.keras`` targets Keras 2's optimizer API and breaks on
-Keras 3 (horovod#4290). Here the wrapped optimizer keeps Keras 3's public
-``apply`` contract, which both ``model.fit`` and custom loops go through, and
-reduces the gradients first with one grouped allreduce per step.
+``horovod.tensorflow.keras`` reduces gradients in Keras 2 hooks
+(``_compute_gradients``, ``get_gradients``) that Keras 3 never calls, so under
+Keras 3 its ``fit`` silently applies each rank's own gradients. Here the
+wrapped optimizer reduces in Keras 3's public ``apply``, which ``model.fit``,
+``apply_gradients`` and custom loops all go through, with Horovod's arguments,
+defaults and semantics.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import keras
 import tensorflow as tf
+from horovod.tensorflow.compression import Compression
 
 from hvdk8s import collectives
+from hvdk8s.collectives import Average, GradientReduction, global_process_set, variable_key
 
 
 class _Accumulators:
-    """Local gradient sums for ``backward_passes_per_step > 1``.
+    """Local gradient sums and the pass counter for ``backward_passes_per_step > 1``.
 
     A plain object on purpose: neither Keras nor TensorFlow tracking sees these
     variables, so checkpoints and exported models hold only the wrapped
@@ -27,98 +32,252 @@ class _Accumulators:
     def __init__(self, grads: Sequence[Any]) -> None:
         with tf.init_scope():
             self.sums = [
-                None if g is None else tf.Variable(tf.zeros(g.shape, g.dtype), trainable=False)
-                for g in grads
+                None if g is None else tf.Variable(tf.zeros(g.shape, g.dtype), trainable=False) for g in grads
             ]
-            self.passes = tf.Variable(0, dtype=tf.int64, trainable=False)
+            self.counter = tf.Variable(0, dtype=tf.int64, trainable=False)
 
 
 class _DistributedMixin:
-    """Placed in front of the user's optimizer class in the MRO."""
+    """Placed in front of the user's optimizer class in the MRO; settings live on the class.
 
-    _hvdk8s_op: Any
-    _hvdk8s_compression: Any
+    Class-level settings make ``from_config`` copies (which Keras and Horovod's
+    own tests create) reduce exactly like the original.
+    """
+
+    _hvdk8s_reduction: GradientReduction
     _hvdk8s_passes: int
     _hvdk8s_average_passes: bool
-    _hvdk8s_acc: _Accumulators | None
+    _hvdk8s_scale_local: bool
 
-    def apply(self, grads: Sequence[Any], trainable_variables: Sequence[keras.Variable] | None = None) -> Any:
-        base_apply = super().apply  # type: ignore[misc]
+    def register_local_var(self, var: Any) -> None:
+        """Keep ``var``'s gradient local: not reduced, and divided by size (unless ``scale_local_gradients=False``)."""
+        self._hvdk8s_locals().add(variable_key(var))
+
+    def _hvdk8s_locals(self) -> set:
+        if "_hvdk8s_local_keys" not in self.__dict__:
+            self.__dict__["_hvdk8s_local_keys"] = set()
+        return self.__dict__["_hvdk8s_local_keys"]
+
+    def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
+        grads = list(grads)
+        variables = None if trainable_variables is None else list(trainable_variables)
+        base = super()
         if self._hvdk8s_passes == 1:
-            return base_apply(self._reduce(grads), trainable_variables)
-        if self._hvdk8s_acc is None:
-            self._hvdk8s_acc = _Accumulators(grads)
-        acc = self._hvdk8s_acc
+            return base.apply(self._reduce(grads, variables), variables)  # type: ignore[misc]
+        if variables is not None and not self.built:  # type: ignore[attr-defined]
+            self.build(variables)  # type: ignore[attr-defined]  # not inside the tf.cond branch below
+        acc = self.__dict__.get("_hvdk8s_acc")
+        if acc is None:
+            acc = self.__dict__["_hvdk8s_acc"] = _Accumulators(grads)
         for total, grad in zip(acc.sums, grads):
             if total is not None:
                 total.assign_add(tf.convert_to_tensor(grad))
-        acc.passes.assign_add(1)
+        acc.counter.assign_add(1)
 
-        def update() -> None:
-            scale = 1.0 / self._hvdk8s_passes if self._hvdk8s_average_passes else 1.0
-            summed = [None if t is None else t.read_value() * tf.cast(scale, t.dtype) for t in acc.sums]
-            base_apply(self._reduce(summed), trainable_variables)
+        def reduce_and_apply() -> tf.Tensor:
+            summed = [None if t is None else t.read_value() for t in acc.sums]
+            reduced = self._reduce(summed, variables)
+            if self._hvdk8s_average_passes:
+                reduced = [None if r is None else r / self._hvdk8s_passes for r in reduced]
+            base.apply(reduced, variables)  # type: ignore[misc]
+            # The next cycle starts from zero (Horovod clears when its counter is back at 0), so a
+            # non-finite gradient never leaks into it.
+            acc.counter.assign(0)
             for total in acc.sums:
                 if total is not None:
                     total.assign(tf.zeros_like(total))
+            return tf.constant(True)
 
-        tf.cond(acc.passes % self._hvdk8s_passes == 0, update, lambda: None)
-        return None
+        def count_pass() -> tf.Tensor:
+            # Horovod counts every backward pass in ``iterations``, applied or not.
+            self.iterations.assign_add(1)  # type: ignore[attr-defined]
+            return tf.constant(False)
 
-    def _reduce(self, grads: Sequence[Any]) -> list[Any]:
-        return collectives.allreduce_gradients(
-            grads, op=self._hvdk8s_op, compression=self._hvdk8s_compression
+        return tf.cond(acc.counter >= self._hvdk8s_passes, reduce_and_apply, count_pass)
+
+    def _reduce(self, grads: list[Any], variables: list[Any] | None) -> list[Any]:
+        return reduce_keeping_locals(
+            self._hvdk8s_reduction, grads, variables, self._hvdk8s_locals(), self._hvdk8s_scale_local
         )
 
+
+def reduce_keeping_locals(
+    reduction: GradientReduction,
+    grads: list[Any],
+    variables: list[Any] | None,
+    local: set,
+    scale_local: bool,
+) -> list[Any]:
+    """Reduce the gradients of shared variables; keep those of ``local`` ones, divided by size if ``scale_local``.
+
+    Horovod scales local gradients by 1/size so that, summed over ranks, they
+    weigh like one averaged gradient (horovod#3695).
+    """
+    if not local:
+        return collectives.reduce_gradients(reduction, grads, variables)
+    if variables is None:
+        raise ValueError("local variables are registered: pass the variables with the gradients "
+                         "(apply_gradients(zip(grads, variables)))")
+    is_local = [variable_key(v) in local for v in variables]
+    shared = collectives.reduce_gradients(reduction, [None if loc else g for g, loc in zip(grads, is_local)], variables)
+    size = collectives.runtime_size(reduction.process_set) if scale_local and any(is_local) else None
+    return [
+        (g if size is None or g is None else _divide(g, size)) if loc else r
+        for g, loc, r in zip(grads, is_local, shared)
+    ]
+
+
+def _divide(grad: Any, size: tf.Tensor) -> Any:
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / tf.cast(size, grad.values.dtype), grad.indices, grad.dense_shape)
+    return grad / tf.cast(size, grad.dtype)
 
 
 def DistributedOptimizer(
     optimizer: keras.optimizers.Optimizer,
-    *,
-    op: Any = collectives.Average,
-    compression: str | Any = "none",
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: Any = Average,
     backward_passes_per_step: int = 1,
-    average_aggregated_gradients: bool = True,
+    average_aggregated_gradients: bool = False,
+    num_groups: int = 0,
+    groups: int | Sequence[Sequence[Any]] | None = None,
+    process_set: Any = global_process_set,
+    scale_local_gradients: bool = True,
 ) -> keras.optimizers.Optimizer:
-    """Wrap a Keras 3 optimizer so each update uses gradients reduced across ranks.
+    """Wrap a Keras 3 optimizer so each update uses gradients reduced across ranks (Horovod's signature).
 
     The result is an instance of a subclass named like the original (same
     module, same ``get_config``), so models saved during training load with
-    plain Keras. ``backward_passes_per_step=k`` accumulates k local gradients
-    and communicates once, averaged over the k passes unless
-    ``average_aggregated_gradients=False`` (Horovod's historical sum).
+    plain Keras. As in Horovod: ``groups``/``num_groups`` choose how gradients
+    are grouped into allreduces (default: one per gradient, started as soon as
+    backprop produces it); ``sparse_as_dense=False`` allgathers sparse
+    (``IndexedSlices``) gradients; ``gradient_predivide_factor`` splits the
+    average around the sum; ``device_dense``/``device_sparse`` are placement
+    hints for Horovod's ops; ``process_set`` limits the reduction to a Horovod
+    process set; ``backward_passes_per_step=k`` accumulates k passes locally,
+    counts each in ``iterations`` and sums them (averages with
+    ``average_aggregated_gradients=True``). ``name`` prefixes the allreduce ops.
+    ``op=Adasum`` reduces each tensor on its own (Horovod 0.28.1's grouped
+    Adasum fails) and is refused with ``groups``.
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"optimizer: expected a keras.optimizers.Optimizer, got {type(optimizer).__name__}")
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step={backward_passes_per_step}: must be >= 1")
     base = type(optimizer)
-    cls = type(base.__name__, (_DistributedMixin, base), {"__module__": base.__module__})
-    wrapped = cls.from_config(optimizer.get_config())
-    wrapped._hvdk8s_op = op
-    wrapped._hvdk8s_compression = collectives.resolve_compression(compression)
-    wrapped._hvdk8s_passes = int(backward_passes_per_step)
-    wrapped._hvdk8s_average_passes = average_aggregated_gradients
-    wrapped._hvdk8s_acc = None
-    return wrapped
+    reduction = GradientReduction.create(
+        op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups,
+        process_set=process_set, device_dense=device_dense, device_sparse=device_sparse,
+        name=name or f"Distributed{base.__name__}",
+    )
+    if backward_passes_per_step > 1 and not reduction.sparse_as_dense:
+        # Horovod: IndexedSlices cannot be accumulated locally; densified here as Horovod's helper requires.
+        reduction = dataclasses.replace(reduction, sparse_as_dense=True)
+    cls = type(base.__name__, (_DistributedMixin, base), {
+        "__module__": base.__module__,
+        "_hvdk8s_reduction": reduction,
+        "_hvdk8s_passes": int(backward_passes_per_step),
+        "_hvdk8s_average_passes": bool(average_aggregated_gradients),
+        "_hvdk8s_scale_local": bool(scale_local_gradients),
+    })
+    return cls.from_config(optimizer.get_config())
 
 
-class DistributedGradientTape(tf.GradientTape):
-    """``tf.GradientTape`` whose ``gradient`` returns rank-averaged gradients.
+def PartialDistributedOptimizer(
+    optimizer: keras.optimizers.Optimizer,
+    name: str | None = None,
+    device_dense: str = "",
+    device_sparse: str = "",
+    compression: Any = Compression.none,
+    sparse_as_dense: bool = False,
+    gradient_predivide_factor: float = 1.0,
+    op: Any = Average,
+    groups: int | Sequence[Sequence[Any]] | None = None,
+    process_set: Any = global_process_set,
+    local_layers: keras.layers.Layer | Iterable[keras.layers.Layer] | None = None,
+    scale_local_gradients: bool = True,
+) -> keras.optimizers.Optimizer:
+    """``DistributedOptimizer`` whose ``local_layers`` keep their gradients local (``horovod.keras``'s)."""
+    opt = DistributedOptimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
+        sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor, op=op,
+        groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients,
+    )
+    if isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    for layer in local_layers or []:
+        for var in layer.trainable_weights:
+            opt.register_local_var(var)
+    return opt
 
-    For custom training loops that call ``optimizer.apply`` on a plain
-    optimizer; use either this tape or ``DistributedOptimizer``, not both.
+
+def is_distributed(optimizer: Any) -> bool:
+    """True for an optimizer made by ``DistributedOptimizer`` (or loaded by ``hvdk8s.load_model``)."""
+    return isinstance(optimizer, _DistributedMixin)
+
+
+def is_distributed_class(cls: type) -> bool:
+    """True for the classes ``DistributedOptimizer`` creates."""
+    return issubclass(cls, _DistributedMixin)
+
+
+class DistributedGradientTape:
+    """``horovod.tensorflow.DistributedGradientTape``: ``gradient()`` returns rank-reduced gradients.
+
+    Wraps a recorded tape (``hvd.DistributedGradientTape(tape)``, Horovod's
+    usage) or records itself (``with DistributedGradientTape() as tape``).
+    Everything except ``gradient`` is the wrapped tape's. For custom loops that
+    apply with a plain optimizer; use it or ``DistributedOptimizer``, not both.
     """
 
-    def __init__(self, *args: Any, op: Any = collectives.Average, compression: str | Any = "none", **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._hvdk8s_op = op
-        self._hvdk8s_compression = collectives.resolve_compression(compression)
+    def __init__(
+        self,
+        gradtape: tf.GradientTape | None = None,
+        device_dense: str = "",
+        device_sparse: str = "",
+        compression: Any = Compression.none,
+        sparse_as_dense: bool = False,
+        op: Any = Average,
+        gradient_predivide_factor: float = 1.0,
+        num_groups: int = 0,
+        groups: int | Sequence[Sequence[Any]] | None = None,
+        process_set: Any = global_process_set,
+        scale_local_gradients: bool = True,
+        **tape_kwargs: Any,
+    ) -> None:
+        self._tape = gradtape if gradtape is not None else tf.GradientTape(**tape_kwargs)
+        self._reduction = GradientReduction.create(
+            op=op, compression=compression, sparse_as_dense=sparse_as_dense,
+            gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups,
+            process_set=process_set, device_dense=device_dense, device_sparse=device_sparse,
+            name="DistributedGradientTape",
+        )
+        self._scale_local = scale_local_gradients
+        self._local: set = set()
+
+    def __enter__(self) -> DistributedGradientTape:
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._tape.__exit__(*exc)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tape, name)
+
+    def register_local_source(self, source: Any) -> None:
+        """Keep ``source``'s gradient local (Horovod's ``register_local_source``)."""
+        self._local.add(variable_key(source))
 
     def gradient(self, target: Any, sources: Any, *args: Any, **kwargs: Any) -> Any:
-        grads = super().gradient(target, sources, *args, **kwargs)
-        flat = tf.nest.flatten(grads, expand_composites=False)
-        reduced = collectives.allreduce_gradients(
-            flat, op=self._hvdk8s_op, compression=self._hvdk8s_compression, name="hvdk8s.tape"
+        grads = self._tape.gradient(target, sources, *args, **kwargs)
+        reduced = reduce_keeping_locals(
+            self._reduction, tf.nest.flatten(grads), tf.nest.flatten(sources), self._local, self._scale_local
         )
         return tf.nest.pack_sequence_as(grads, reduced)

@@ -42,7 +42,7 @@ class ProgressBar(keras.callbacks.Callback):
 
     During the epoch, examples/s is rank 0's rate times the number of ranks
     (ranks step in lockstep); at the epoch end the bar shows the epoch logs,
-    rank-averaged by ``MetricAverage`` and with the exact job throughput when
+    rank-averaged by ``MetricAverageCallback`` and with the exact job throughput when
     ``TrainingMetrics`` runs before this callback. Pass ``verbose=0`` to
     ``model.fit`` on every rank, or Keras prints its own display as well.
     ``mininterval`` defaults to 0.1 s on a terminal, 10 s in logs.
@@ -56,7 +56,7 @@ class ProgressBar(keras.callbacks.Callback):
         self.file = file
         self.mininterval = mininterval
         self._bar: tqdm | None = None
-        self._start = 0.0
+        self._start = self._postfix_at = 0.0
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._tracker = None if self.batch_size else loss_tracker(self.model)
@@ -79,18 +79,21 @@ class ProgressBar(keras.callbacks.Callback):
             mininterval=self.mininterval if self.mininterval is not None else (0.1 if terminal else 10.0),
             dynamic_ncols=terminal,
         )
-        self._start = time.perf_counter()
+        self._start = self._postfix_at = time.perf_counter()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self._bar is None:
             return
         done = steps_done(batch, self.model, self.params)
-        elapsed = time.perf_counter() - self._start
-        postfix = {"loss": f"{logs['loss']:.4g}"} if logs and "loss" in logs else {}
-        examples = epoch_examples(self._tracker, done, self.batch_size) * runtime.size()
-        if examples and elapsed > 0:
-            postfix["examples/s"] = f"{examples / elapsed:,.0f}"
-        self._bar.set_postfix(postfix, refresh=False)
+        now = time.perf_counter()
+        if now - self._postfix_at >= self._bar.mininterval:
+            # Reading the loss and the example count waits for TensorFlow: only when the bar will redraw.
+            self._postfix_at = now
+            postfix = {"loss": f"{float(logs['loss']):.4g}"} if logs and "loss" in logs else {}
+            examples = epoch_examples(self._tracker, done, self.batch_size) * runtime.size()
+            if examples and now > self._start:
+                postfix["examples/s"] = f"{examples / (now - self._start):,.0f}"
+            self._bar.set_postfix(postfix, refresh=False)
         self._bar.update(done - self._bar.n)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:

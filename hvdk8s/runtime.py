@@ -7,16 +7,51 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 from collections import Counter
+from typing import Any
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-_initialized = False
+# Horovod's process-level queries and build flags, unchanged (horovod.tensorflow.keras exports them too).
+from horovod.tensorflow import (  # noqa: F401  (re-exported)
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    size,
+    start_timeline,
+    stop_timeline,
+)
+
+_devices_set = False
 
 
-def init(*, threads_per_rank: int | None = None, quiet: bool = False) -> None:
-    """Initialise Horovod and give this rank its share of the machine.
+def init(
+    comm: Any = None,
+    process_sets: Any = None,
+    *,
+    threads_per_rank: int | None = None,
+    quiet: bool = False,
+) -> None:
+    """Initialise Horovod (``hvd.init(comm, process_sets)``) and give this rank its share of the machine.
+
+    ``comm`` and ``process_sets`` are Horovod's: an mpi4py communicator (or a
+    list of ranks) to run on a subset of ``MPI_COMM_WORLD``, and the process
+    sets to register (or ``"dynamic"``).
 
     On GPU hosts each rank sees only the GPU of its local rank (memory growth
     on), the layout NCCL and the MPI Operator's ``slotsPerWorker`` assume. On
@@ -24,12 +59,30 @@ def init(*, threads_per_rank: int | None = None, quiet: bool = False) -> None:
     ranks each start ``cores`` threads and the host is oversubscribed N times.
     ``threads_per_rank`` (or ``HVDK8S_THREADS_PER_RANK``) overrides the split.
     Unless ``quiet``, rank 0 prints where the ranks run, so a job that came up
-    on fewer hosts than planned is visible at once. Safe to call more than once.
+    on fewer hosts than planned is visible at once (not under Horovod's elastic
+    driver: a worker joining a running job would wait in that collective for
+    ranks that are training). Safe to call more than
+    once; after ``shutdown()`` it starts Horovod again (devices and threads are
+    set once per process: TensorFlow cannot change them after start-up).
     """
-    global _initialized
-    if _initialized:
+    global _devices_set
+    if hvd.is_initialized():
         return
-    hvd.init()
+    hvd.init(comm=comm, process_sets=process_sets)
+    if not _devices_set:
+        try:
+            _set_devices(threads_per_rank)
+        except RuntimeError as err:  # TensorFlow already started: Horovod itself runs fine
+            warnings.warn(f"hvdk8s.init(): device and thread pinning skipped ({err}); call init() before "
+                          "any TensorFlow operation to get one GPU or a share of the cores per rank", stacklevel=2)
+        _devices_set = True
+    if not quiet and os.environ.get("HOROVOD_ELASTIC") != "1":
+        hosts = hvd.allgather_object(socket.gethostname(), name="hvdk8s.hosts")
+        if hvd.rank() == 0:
+            print(f"hvdk8s: {placement(hosts)}", flush=True)
+
+
+def _set_devices(threads_per_rank: int | None) -> None:
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         gpu = gpus[hvd.local_rank() % len(gpus)]
@@ -38,11 +91,6 @@ def init(*, threads_per_rank: int | None = None, quiet: bool = False) -> None:
     else:
         threads = threads_per_rank or int(os.environ.get("HVDK8S_THREADS_PER_RANK", 0))
         set_threads(threads or max(1, (os.cpu_count() or 1) // hvd.local_size()))
-    _initialized = True
-    if not quiet:
-        hosts = hvd.allgather_object(socket.gethostname(), name="hvdk8s.hosts")
-        if hvd.rank() == 0:
-            print(f"hvdk8s: {placement(hosts)}", flush=True)
 
 
 def set_threads(threads: int) -> None:
@@ -64,42 +112,11 @@ def placement(hosts: list[str]) -> str:
     return f"{len(hosts)} {ranks} on {len(counts)} {hosts_word} ({listing})"
 
 
-def initialized() -> bool:
-    """True once ``init()`` has run in this process."""
-    return _initialized
-
-
-def rank() -> int:
-    """Global rank of this process (0 … size-1)."""
-    return hvd.rank()
-
-
-def size() -> int:
-    """Number of processes in the job."""
-    return hvd.size()
-
-
-def local_rank() -> int:
-    """Rank of this process among the processes on its host."""
-    return hvd.local_rank()
-
-
-def local_size() -> int:
-    """Number of processes on this host."""
-    return hvd.local_size()
-
-
 def is_chief() -> bool:
     """True on rank 0, the one rank that writes checkpoints, logs and exports."""
     return hvd.rank() == 0
 
 
 def shutdown() -> None:
-    """Shut Horovod down; ``init()`` may then start it again in this process.
-
-    (Elastic resets restart Horovod without this: TensorFlow's thread pools,
-    set once by ``init``, cannot change after start-up.)
-    """
-    global _initialized
+    """Shut Horovod down; ``init()`` may then start it again in this process."""
     hvd.shutdown()
-    _initialized = False

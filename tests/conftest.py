@@ -31,3 +31,13 @@ def job_env() -> dict[str, str]:
 def run_ranks(np: int, script: str, *args: str, **kw) -> subprocess.CompletedProcess[str]:
     """Launch ``tests/mpi_scripts/SCRIPT`` on ``np`` ranks through ``hvdk8s run``."""
     return hvdk8s_cli("run", "-np", str(np), str(SCRIPTS / script), *args, **kw)
+
+
+def discovery_script(tmp_path: Path, hosts: str) -> tuple[Path, Path]:
+    """An elastic host-discovery script that prints ``hosts.txt``; write that file to change the offer."""
+    hosts_file = tmp_path / "hosts.txt"
+    hosts_file.write_text(hosts)
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
+    script.chmod(0o755)
+    return hosts_file, script

@@ -53,6 +53,30 @@ def test_listing_ignores_temporaries_and_other_files(tmp_path: Path) -> None:
     assert checkpoint.list_checkpoints(tmp_path / "missing") == []
 
 
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` and wait until none is left."""
+    def members() -> list[int]:
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == sid and fields[0] != "Z":  # fields after the name: state, ppid, pgrp, session
+                pids.append(int(stat.parent.name))
+        return pids
+
+    deadline = time.monotonic() + 30
+    while (pids := members()) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+    assert not members(), "processes of the killed job survived"
+
+
 def test_killed_job_resumes_from_last_checkpoint(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     args = ["run", "-np", "2", "examples/train_digits.py", "--checkpoint-dir", str(ckpt), "--warmup-epochs", "0"]
@@ -67,7 +91,7 @@ def test_killed_job_resumes_from_last_checkpoint(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "no checkpoint after 240 s"
             time.sleep(0.2)
     finally:
-        os.killpg(job.pid, signal.SIGKILL)
+        kill_session(job.pid)  # mpirun and every rank, as a pod kill would: mpirun's ranks may not share its group
         job.wait()
     killed_at = checkpoint.list_checkpoints(ckpt)[-1][0]
     assert 3 <= killed_at < 60

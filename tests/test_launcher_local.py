@@ -35,9 +35,17 @@ def test_mpirun_argv_exact() -> None:
     assert argv == [
         "mpirun", "-np", "4", "--allow-run-as-root", "-H", "a:2,b:2",
         "-bind-to", "none", "-map-by", "slot", "--tag-output", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
+        "-mca", "mpi_yield_when_idle", "1",
         "-x", "PATH", "-x", "NCCL_DEBUG",
         "python", "train.py", "--epochs", "3",
     ]
+
+
+def test_mca_overrides_replace_the_defaults_instead_of_repeating_them() -> None:
+    argv = mpirun.mpirun_argv(2, ["t"], mca={"mpi_yield_when_idle": "0", "btl_tcp_if_include": "eth0"})
+    assert argv.count("mpi_yield_when_idle") == 1
+    assert argv[argv.index("mpi_yield_when_idle") + 1] == "0"
+    assert argv[argv.index("btl_tcp_if_include") + 1] == "eth0"
 
 
 def test_forwarded_env_picks_library_knobs_only() -> None:

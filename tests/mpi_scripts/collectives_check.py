@@ -19,7 +19,7 @@ result: dict = {"rank": rank, "size": size}
 
 # Metric averaging, called directly: values differ per rank.
 logs = {"loss": float(rank), "accuracy": 10.0 * rank, "note": "text stays"}
-hvdk8s.MetricAverage().on_epoch_end(0, logs)
+hvdk8s.callbacks.MetricAverageCallback().on_epoch_end(0, logs)
 result["direct_average"] = logs
 
 # fp16 compression through the optimizer: SGD(lr=1) on v=0 with gradient g_rank.
@@ -41,16 +41,11 @@ opt.apply([tf.constant([1.0, float(rank)])], [v])
 result["update_sum"] = (-v.numpy()).tolist()
 
 
-# Inside fit: logs averaged over ranks (History sees means of per-rank values),
-# and the warm-up rate set before every batch.
+# Inside fit: logs averaged over ranks (History sees means of per-rank values).
 class Record(keras.callbacks.Callback):
     def __init__(self) -> None:
         super().__init__()
         self.raw: list[dict] = []
-        self.lrs: list[float] = []
-
-    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self.lrs.append(float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         self.raw.append({k: float(v) for k, v in logs.items()})
@@ -61,19 +56,11 @@ x = np.random.rand(64, 4).astype("float32")
 y = (x.sum(axis=1) > 2).astype("int64")
 model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
 model.compile(hvdk8s.DistributedOptimizer(keras.optimizers.SGD(0.1)), "sparse_categorical_crossentropy", metrics=["accuracy"])
-raw, lr_seen = Record(), Record()
-callbacks = [
-    hvdk8s.BroadcastInitialState(),
-    raw,
-    hvdk8s.MetricAverage(),
-    hvdk8s.LearningRateWarmup(0.1, warmup_epochs=2),
-    hvdk8s.LearningRateSchedule(0.1, multiplier=lambda epoch: 0.5 ** (epoch - 1), start_epoch=2),
-    lr_seen,
-]
+raw = Record()
+callbacks = [hvdk8s.callbacks.BroadcastGlobalVariablesCallback(0), raw, hvdk8s.callbacks.MetricAverageCallback()]
 history = model.fit(x, y, batch_size=16, epochs=4, callbacks=callbacks, verbose=0, shuffle=False)
 result["raw_logs"] = raw.raw
 result["history"] = {k: [float(v) for v in vals] for k, vals in history.history.items()}
-result["lrs"] = lr_seen.lrs
 result["weights"] = [w.tolist() for w in model.get_weights()]
 
 out.mkdir(parents=True, exist_ok=True)

@@ -42,9 +42,11 @@ model = keras.Sequential([
 loss_fn = keras.losses.SparseCategoricalCrossentropy()
 
 if args.mode == "fit":
-    opt = hvdk8s.DistributedOptimizer(keras.optimizers.SGD(0.5), backward_passes_per_step=args.passes)
+    opt = hvdk8s.DistributedOptimizer(
+        keras.optimizers.SGD(0.5), backward_passes_per_step=args.passes, average_aggregated_gradients=True
+    )
     model.compile(optimizer=opt, loss=loss_fn)
-    model.fit(data, epochs=1, callbacks=hvdk8s.callbacks(), verbose=0)
+    model.fit(data, epochs=1, callbacks=hvdk8s.default_callbacks(), verbose=0)
     iterations = int(opt.iterations.numpy())
 else:
     opt = keras.optimizers.SGD(0.5)

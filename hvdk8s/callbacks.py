@@ -1,0 +1,283 @@
+"""``horovod.tensorflow.keras.callbacks`` for Keras 3: Horovod's names, arguments and numbers.
+
+The learning-rate callbacks compute Horovod's formulas exactly (``initial_lr``
+is the already-scaled rate; a constant multiplier ``m`` means
+``m ** (epoch - start_epoch)``; warm-up ends on the last batch of its last
+epoch). Where Keras 3 forces a difference, the class docstring says so.
+"""
+from __future__ import annotations
+
+import numbers
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from hvdk8s import collectives, runtime
+from hvdk8s.collectives import variable_key
+from hvdk8s.optimizer import is_distributed
+
+
+class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+    """Broadcast the model's and the optimizer's variables from ``root_rank`` once, before training diverges.
+
+    A model that is already built is broadcast at train begin, so every rank
+    takes its first step from the same weights; a model that Keras builds
+    during the first step (no ``Input``) is broadcast after that step, as in
+    Horovod. ``local_variables`` (Keras or TF variables) keep each rank's
+    values. ``device`` is accepted for Horovod compatibility (a placement hint
+    Horovod uses for the broadcast; here the variables' own device is used).
+    Horovod's collectives cannot be XLA-compiled, so XLA is switched off for
+    the model's train step (Keras 3 turns it on by default on GPUs). Warns when
+    the model's optimizer is not distributed: the ranks would silently diverge.
+    """
+
+    def __init__(self, root_rank: int, device: str = "", local_variables: Any = None) -> None:
+        super().__init__()
+        self.root_rank = root_rank
+        self.device = device
+        self.broadcast_done = False
+        self._local_vars: set = set()
+        if local_variables is None:
+            local_variables = []
+        elif not isinstance(local_variables, Iterable):
+            local_variables = [local_variables]
+        for var in local_variables:
+            self.register_local_var(var)
+
+    def register_local_var(self, var: Any) -> None:
+        """Leave ``var`` out of the broadcast."""
+        self._local_vars.add(variable_key(var))
+
+    def set_model(self, model: keras.Model) -> None:
+        super().set_model(model)
+        if getattr(model, "jit_compile", False):
+            warnings.warn("hvdk8s: XLA (jit_compile) cannot compile Horovod collectives; turning it off", stacklevel=2)
+            model.jit_compile = False
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        optimizer = self.model.optimizer
+        if optimizer is not None and not is_distributed(optimizer) and runtime.size() > 1:
+            warnings.warn(
+                f"hvdk8s: the model's optimizer ({type(optimizer).__name__}) is not a DistributedOptimizer, so each "
+                "rank applies only its own gradients and the ranks diverge; wrap it with "
+                "hvdk8s.DistributedOptimizer, or load saved models with hvdk8s.load_model", stacklevel=2,
+            )
+        if self.model.built:
+            self._broadcast()
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if not self.broadcast_done:
+            self._broadcast()
+
+    def _broadcast(self) -> None:
+        optimizer = self.model.optimizer
+        if optimizer is not None and not optimizer.built:
+            optimizer.build(self.model.trainable_variables)
+        variables = [v for v in self.model.variables if variable_key(v) not in self._local_vars]
+        if optimizer is not None:
+            variables += list(optimizer.variables)
+        collectives.broadcast_variables(variables, self.root_rank)
+        self.broadcast_done = True
+
+
+class MetricAverageCallback(keras.callbacks.Callback):
+    """Replace each numeric epoch log (loss, metrics, ``val_*``) by its mean over ranks, in one allreduce.
+
+    Put it before callbacks that read the logs (ReduceLROnPlateau, early
+    stopping, checkpoints, TensorBoard). ``device`` is accepted for Horovod
+    compatibility.
+    """
+
+    def __init__(self, device: str = "") -> None:
+        super().__init__()
+        self.device = device
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs:
+            numeric = {k: v for k, v in logs.items() if isinstance(v, numbers.Real)}
+            logs.update(collectives.average_scalars(numeric))
+
+
+def _get(value: Any) -> float:
+    return float(keras.ops.convert_to_numpy(value))
+
+
+class LearningRateScheduleCallback(keras.callbacks.Callback):
+    """Set the rate to ``initial_lr × multiplier(epoch)`` for epochs in [``start_epoch``, ``end_epoch``).
+
+    Horovod's semantics: ``initial_lr`` is the rate at the start of training
+    (already scaled by ``size()``); a constant ``multiplier`` m decays
+    exponentially, ``m ** (epoch - start_epoch)``; with ``staircase`` the rate
+    changes at the first batch of each epoch (integer epoch), otherwise at
+    every batch with ``epoch + batch / steps_per_epoch``.
+
+    ``momentum_correction`` (Goyal et al. 2017) scales the momentum term by
+    ``new_lr / old_lr`` for the step where the rate changes. Keras 3 compiles an
+    optimizer's ``momentum`` into the train step as a constant, so instead of
+    changing that constant for one step as Horovod does, this scales SGD's
+    momentum buffers by the same ratio before the step, which yields the same
+    update for SGD without Nesterov. For other optimizers it is not applied.
+    """
+
+    def __init__(
+        self,
+        initial_lr: float,
+        multiplier: float | Callable[[float], float],
+        start_epoch: int = 0,
+        end_epoch: int | None = None,
+        staircase: bool = True,
+        momentum_correction: bool = True,
+        steps_per_epoch: int | None = None,
+    ) -> None:
+        super().__init__()
+        if initial_lr is None:
+            raise ValueError("Parameter `initial_lr` is required")
+        self.initial_lr = initial_lr
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = steps_per_epoch
+        self.current_epoch: int | None = None
+        self._setter: _RateSetter | None = None
+        if callable(multiplier):
+            self.multiplier = multiplier
+        else:
+            self.multiplier = lambda epoch: multiplier ** (epoch - start_epoch)
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if not self.staircase and not self.steps_per_epoch:
+            self.steps_per_epoch = self.params.get("steps")
+            if not self.steps_per_epoch:
+                raise ValueError(
+                    f"{type(self).__name__}: could not autodetect the number of steps per epoch "
+                    "(the dataset has no known length); pass steps_per_epoch="
+                )
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self.current_epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        epoch = self.current_epoch
+        if epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
+            return
+        if self.staircase and batch == 0:
+            self._adjust_learning_rate(epoch)
+        elif not self.staircase:
+            self._adjust_learning_rate(epoch + float(batch) / self.steps_per_epoch)
+
+    def _adjust_learning_rate(self, epoch: float) -> None:
+        optimizer = self.model.optimizer
+        if self._setter is None or self._setter.optimizer is not optimizer or self._setter.stale():
+            self._setter = _RateSetter(optimizer, self.momentum_correction)
+        self._setter(self.initial_lr * self.multiplier(epoch))
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs is not None:
+            logs["lr"] = _get(self.model.optimizer.learning_rate)
+
+
+class _RateSetter:
+    """Sets an optimizer's rate (and corrects SGD's momentum) in one compiled call.
+
+    Warm-up changes the rate before every batch; Keras's eager setter and a
+    read of the old rate cost several eager ops each time, a share of a small
+    step. Here the old rate is read, the momentum buffers scaled and the new
+    rate assigned inside one ``tf.function``.
+    """
+
+    def __init__(self, optimizer: keras.optimizers.Optimizer, momentum_correction: bool) -> None:
+        self.optimizer = optimizer
+        self._built = optimizer.built
+        lr = optimizer.learning_rate.value  # the backend (tf.Variable) behind Keras's variable
+        buffers = [b.value for b in optimizer.momentums] if (
+            momentum_correction and self._built and isinstance(optimizer, keras.optimizers.SGD)
+            and optimizer.momentum and not optimizer.nesterov
+        ) else []
+
+        @tf.function
+        def set_rate(new_lr: tf.Tensor) -> None:
+            if buffers:  # momentum' = momentum × new/old for this step, as a scale of the buffers
+                ratio = tf.math.divide_no_nan(new_lr, lr) + tf.cast(tf.equal(lr, 0), lr.dtype)
+                for buffer in buffers:
+                    buffer.assign(buffer * tf.cast(ratio, buffer.dtype))
+            lr.assign(new_lr)
+
+        self._set_rate, self._dtype = set_rate, lr.dtype
+
+    def stale(self) -> bool:
+        """Built since: its momentum buffers exist now."""
+        return self.optimizer.built and not self._built
+
+    def __call__(self, new_lr: float) -> None:
+        self._set_rate(tf.constant(new_lr, self._dtype))
+
+
+class LearningRateWarmupCallback(LearningRateScheduleCallback):
+    """Gradual warm-up from ``initial_lr / size()`` to ``initial_lr`` over ``warmup_epochs`` (Goyal et al. 2017).
+
+    Horovod's formula, per batch: ``lr = initial_lr / size × (e × (size − 1) / warmup_epochs + 1)`` with
+    ``e = epoch + (batch + 1) / steps_per_epoch``, so the last batch of the last warm-up epoch trains at
+    ``initial_lr``. ``verbose=1`` prints on rank 0 when the warm-up ends.
+    """
+
+    def __init__(
+        self,
+        initial_lr: float,
+        warmup_epochs: int = 5,
+        momentum_correction: bool = True,
+        steps_per_epoch: int | None = None,
+        verbose: int = 0,
+    ) -> None:
+        def multiplier(epoch: float) -> float:
+            epoch += 1.0 / self.steps_per_epoch
+            size = runtime.size()
+            return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
+
+        super().__init__(
+            initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
+            momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch,
+        )
+        self.verbose = verbose
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        super().on_epoch_end(epoch, logs)
+        if epoch == self.end_epoch - 1 and self.verbose > 0 and runtime.rank() == 0:
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
+                  f"{_get(self.model.optimizer.learning_rate):g}.")
+
+
+class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+    """Keras's ``ModelCheckpoint`` with ``save_best_only=True`` (Horovod's signature).
+
+    Horovod leaves ``filepath`` to be set later (its Spark estimator does);
+    here it may also be passed, and must end in ``.keras`` (``.weights.h5``
+    with ``save_weights_only``), as Keras 3 requires. Saving happens only if
+    ``filepath`` is set by the time training starts.
+    """
+
+    _UNSET = "unset.keras"
+
+    def __init__(
+        self,
+        monitor: str = "val_loss",
+        verbose: int = 0,
+        save_weights_only: bool = False,
+        mode: str = "auto",
+        save_freq: str | int = "epoch",
+        filepath: str | None = None,
+    ) -> None:
+        placeholder = filepath or ("unset.weights.h5" if save_weights_only else self._UNSET)
+        super().__init__(
+            filepath=placeholder, monitor=monitor, verbose=verbose, save_best_only=True,
+            save_weights_only=save_weights_only, mode=mode, save_freq=save_freq,
+        )
+        self.filepath = filepath
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if not self.filepath:
+            raise ValueError("BestModelCheckpoint: set .filepath (or pass filepath=) before training")
+        super().on_train_begin(logs)

@@ -1,0 +1,68 @@
+"""``hvdk8s migrate``: print (or write) the Horovod Keras 2 -> hvdk8s Keras 3 rewrite of scripts.
+
+Exit status: 0 when nothing is left to do by hand, 1 when manual items remain (listed on
+stderr as ``file:line: manual: ...``), 2 on bad input (missing file, syntax error).
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import sys
+from pathlib import Path
+
+from hvdk8s.errors import UserError
+
+MANUAL_EXIT = 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "migrate",
+        help="rewrite a Horovod Keras 2 script for hvdk8s on Keras 3 (prints a diff)",
+        description="Rewrite the mechanical Horovod -> hvdk8s and Keras 2 -> 3 changes, keeping comments and "
+        "formatting. Prints a unified diff (or writes the files with --write) and lists on stderr what it "
+        "could not rewrite, with the Keras 3 code to use. Exit status: 0 nothing left to do by hand, "
+        "1 manual items remain, 2 bad input.",
+    )
+    parser.add_argument("scripts", nargs="+", metavar="script.py", help="Python files to migrate")
+    parser.add_argument("--write", action="store_true", help="replace the files in place (atomically)")
+    parser.set_defaults(handler=_migrate)
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    from hvdk8s.migrate import migrate_source
+    from hvdk8s.mpijob.files import write_atomic
+
+    sources = {path: _read(path) for path in args.scripts}  # every file is checked before any is written
+    results = {}
+    for path, source in sources.items():
+        try:
+            results[path] = migrate_source(source, path)
+        except SyntaxError as err:
+            raise UserError(f"{path}:{err.lineno}: syntax error: {err.msg}; migrate reads Python 3 code") from None
+    manual = False
+    for path, result in results.items():
+        if result.code != sources[path]:
+            if args.write:
+                mode = Path(path).stat().st_mode
+                write_atomic(path, result.code)
+                os.chmod(path, mode)  # a script's executable bit survives
+                print(f"{path}: rewritten", file=sys.stderr)
+            else:
+                sys.stdout.writelines(difflib.unified_diff(
+                    sources[path].splitlines(keepends=True), result.code.splitlines(keepends=True),
+                    path, path))  # fmt: skip
+        for finding in result.findings:
+            kind = "manual" if finding.manual else "note"
+            print(f"{path}:{finding.line}: {kind}: {finding.message}", file=sys.stderr)
+        manual |= result.manual
+    return MANUAL_EXIT if manual else 0
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", newline="") as f:  # newline="": CRLF files stay CRLF
+            return f.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{path}: cannot read: {err}") from None

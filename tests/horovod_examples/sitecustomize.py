@@ -1,0 +1,82 @@
+"""Test harness for Horovod's Keras examples, loaded through PYTHONPATH by tests/test_migrate_examples.py.
+
+The examples are run unchanged apart from ``hvdk8s migrate``; this module changes their world instead:
+
+- ``keras.datasets.mnist.load_data`` (also reached as ``tf.keras.datasets.mnist``) returns scikit-learn's
+  bundled digits upscaled to MNIST's shapes and dtypes (28x28 uint8 images, uint8 labels): nothing is downloaded.
+- ``Model.fit`` caps ``epochs``, ``steps_per_epoch`` and ``validation_steps`` (keyword arguments) at
+  ``HVDK8S_EXAMPLE_MAX_EPOCHS`` / ``HVDK8S_EXAMPLE_MAX_STEPS`` when set, so 24-epoch examples fit a test budget.
+
+The patches are applied when Keras imports the modules, so processes that never import Keras pay nothing.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+
+def digits_as_mnist(path: str = "mnist.npz") -> tuple[tuple[Any, Any], tuple[Any, Any]]:
+    """scikit-learn's 1,797 8x8 digits (0..16) as 28x28 uint8 (0..255) MNIST-style train/test splits."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = np.kron(digits.images, np.ones((3, 3)))  # 24x24
+    images = np.pad(images, ((0, 0), (2, 2), (2, 2)))  # 28x28, a blank border like MNIST's
+    images = np.round(images * (255 / 16)).astype(np.uint8)
+    labels = digits.target.astype(np.uint8)
+    return (images[:1500], labels[:1500]), (images[1500:], labels[1500:])
+
+
+def capped_fit(fit: Callable[..., Any]) -> Callable[..., Any]:
+    caps = {
+        "epochs": os.environ.get("HVDK8S_EXAMPLE_MAX_EPOCHS"),
+        "steps_per_epoch": os.environ.get("HVDK8S_EXAMPLE_MAX_STEPS"),
+        "validation_steps": os.environ.get("HVDK8S_EXAMPLE_MAX_STEPS"),
+    }
+
+    def fit_with_caps(self: Any, *args: Any, **kwargs: Any) -> Any:
+        for name, cap in caps.items():
+            if cap and kwargs.get(name) is not None:
+                kwargs[name] = min(kwargs[name], int(cap))
+        return fit(self, *args, **kwargs)
+
+    return fit_with_caps
+
+
+def _patch_mnist(module: ModuleType) -> None:
+    module.load_data = digits_as_mnist
+
+
+def _patch_model(module: ModuleType) -> None:
+    module.Model.fit = capped_fit(module.Model.fit)
+
+
+PATCHES = {"keras.src.datasets.mnist": _patch_mnist, "keras.src.models.model": _patch_model}
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds the modules in PATCHES as usual and patches each right after it executes."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name not in PATCHES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader_exec = spec.loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            loader_exec(module)
+            PATCHES[name](module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+sys.meta_path.insert(0, _PatchOnImport())

@@ -1,0 +1,98 @@
+"""Horovod's three Keras examples run on hvdk8s after ``hvdk8s migrate --write``, on 2 ranks.
+
+Each test copies an example from ../shared/peer/horovod/examples (never into the repo), migrates the
+copy and trains it with ``hvdk8s run``. The scripts are changed by ``migrate`` only; the harness on
+PYTHONPATH (tests/horovod_examples/sitecustomize.py) serves scikit-learn's digits as MNIST and caps
+``fit`` at HVDK8S_EXAMPLE_MAX_EPOCHS epochs of HVDK8S_EXAMPLE_MAX_STEPS steps, so the 24-epoch,
+500-step examples fit the test budget.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+from conftest import HVDK8S, REPO, discovery_script, job_env
+
+EXAMPLES = REPO.parent / "shared" / "peer" / "horovod" / "examples"
+HARNESS = Path(__file__).resolve().parent / "horovod_examples"
+
+
+def migrated(tmp_path: Path, name: str) -> Path:
+    """A migrated copy of example ``name`` in ``tmp_path``; migrate must leave nothing to do by hand."""
+    script = shutil.copy(EXAMPLES / name, tmp_path / name)
+    proc = subprocess.run([HVDK8S, "migrate", "--write", name], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "import hvdk8s as hvd" in Path(script).read_text()
+    return Path(script)
+
+
+def example_env(max_epochs: int, max_steps: int) -> dict[str, str]:
+    env = job_env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HARNESS), env.get("PYTHONPATH")]))
+    env["HVDK8S_EXAMPLE_MAX_EPOCHS"] = str(max_epochs)
+    env["HVDK8S_EXAMPLE_MAX_STEPS"] = str(max_steps)
+    return env
+
+
+def run_example(tmp_path: Path, argv: list[str], env: dict[str, str]) -> str:
+    proc = subprocess.run([HVDK8S, "run", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    return proc.stdout
+
+
+def test_keras_mnist_advanced_trains_on_2_ranks_with_identical_weights(tmp_path: Path) -> None:
+    migrated(tmp_path, "keras_mnist_advanced.py")
+    out = run_example(tmp_path, ["-np", "2", "keras_mnist_advanced.py", "--epochs", "2"], example_env(2, 4))
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1.keras", "checkpoint-2.keras"]
+    scores = dict(re.findall(r"^\[(\d)\] Test accuracy: (\S+)", out, re.M))
+    # both ranks evaluate the whole test set: the same number only if their weights are the same
+    assert scores.keys() == {"0", "1"} and scores["0"] == scores["1"], out[-3000:]
+
+
+def test_tensorflow2_keras_mnist_trains_on_2_ranks(tmp_path: Path) -> None:
+    migrated(tmp_path, "tensorflow2_keras_mnist.py")
+    out = run_example(tmp_path, ["-np", "2", "tensorflow2_keras_mnist.py"], example_env(2, 4))
+    assert re.search(r"^\[0\] Epoch 2/2", out, re.M), out[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1.keras", "checkpoint-2.keras"]
+
+
+def kill_after(job: subprocess.Popen[str], seconds: float) -> threading.Timer:
+    """Kill ``job``'s process group (horovodrun and its workers) in ``seconds`` unless cancelled."""
+    timer = threading.Timer(seconds, os.killpg, (job.pid, signal.SIGKILL))
+    timer.start()
+    return timer
+
+
+def test_tensorflow2_keras_mnist_elastic_grows_from_1_to_2_ranks(tmp_path: Path) -> None:
+    migrated(tmp_path, "tensorflow2_keras_mnist_elastic.py")
+    hosts, discover = discovery_script(tmp_path, "localhost:1\n")
+    argv = [
+        HVDK8S, "run", "-np", "1", "--min-np", "1", "--max-np", "2", "--host-discovery-script", str(discover),
+        "--network-interface", "lo", "tensorflow2_keras_mnist_elastic.py",
+    ]  # fmt: skip
+    lines: list[str] = []
+    env = example_env(3, 6)
+    with subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                          start_new_session=True) as job:  # fmt: skip
+        # a hung job fails the test instead of hanging it: killed after 300 s, or after 120 s without output
+        deadline, silence = kill_after(job, 300), kill_after(job, 120)
+        assert job.stdout is not None
+        for line in job.stdout:
+            silence.cancel()
+            silence = kill_after(job, 120)
+            lines.append(line)
+            if re.match(r"^\[0\] Epoch 1/[2-9]", line):  # the real fit (not the 1-step warm-up fits) has begun
+                hosts.write_text("localhost:2\n")  # a second slot appears: a worker joins mid-run
+        job.wait()
+        deadline.cancel()
+        silence.cancel()
+    out = "".join(lines)
+    assert job.returncode == 0, out[-5000:]
+    joined = next(i for i, line in enumerate(lines) if re.match(r"^\[0\] Epoch 1/[2-9]", line))
+    assert any(line.startswith("[1] Epoch") for line in lines[joined:]), out[-5000:]  # rank 1 trained after joining
+    assert list(tmp_path.glob("checkpoint-*.keras")), out[-3000:]
