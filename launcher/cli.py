@@ -1,5 +1,5 @@
 """Launcher commands of the ``hvdk8s`` CLI: ``run`` locally; ``submit``, ``status``, ``logs``, ``delete``
-on Kubernetes (MPI Operator MPIJobs, kubeflow.org/v2beta1)."""
+on Kubernetes (MPI Operator MPIJobs, kubeflow.org/v2beta1, or Kubeflow Trainer TrainJobs with --api trainjob)."""
 from __future__ import annotations
 
 import argparse
@@ -58,13 +58,17 @@ def _cluster_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", help="kubeconfig context (default: its current-context)")
     parser.add_argument("-n", "--namespace", help="namespace (default: the manifest's, else the context's, "
                         "else default)")
+    parser.add_argument("--api", choices=("mpijob", "trainjob"), default="mpijob",
+                        help="mpijob: MPI Operator MPIJob (default); trainjob: Kubeflow Trainer TrainJob")
 
 
 def _register_cluster(sub: argparse._SubParsersAction) -> None:
     submit = sub.add_parser(
-        "submit", help="create an MPIJob on Kubernetes from a job spec or MPIJob YAML",
-        description="Create the MPIJob (kubeflow.org/v2beta1) and, with --wait, report its conditions and "
-        "replica counts as they change until it ends: exit 0 when it Succeeded, 1 when it Failed.")
+        "submit", help="create an MPIJob (or TrainJob) on Kubernetes from a job spec or MPIJob YAML",
+        description="Create the MPIJob (kubeflow.org/v2beta1; with --api trainjob a Kubeflow Trainer TrainJob "
+        "and its ClusterTrainingRuntime) and, with --wait, report its conditions and replica counts as they "
+        "change until it ends, and what it waits for when it does not start: exit 0 when it succeeded, "
+        "1 when it failed.")
     submit.add_argument("file", help="hvdk8s job spec or MPIJob manifest (YAML)")
     submit.add_argument("--wait", action="store_true", help="follow the job's status until it ends")
     submit.add_argument("--follow", action="store_true", help="--wait and stream the launcher's logs")
@@ -73,25 +77,25 @@ def _register_cluster(sub: argparse._SubParsersAction) -> None:
     _cluster_flags(submit)
     submit.set_defaults(handler=_submit)
 
-    status = sub.add_parser("status", help="an MPIJob's conditions and replica counts",
-                            description="One-shot summary of an MPIJob: phase, conditions, replica counts.")
-    status.add_argument("name", help="MPIJob name")
+    status = sub.add_parser("status", help="an MPIJob's (or TrainJob's) conditions and replica counts",
+                            description="One-shot summary of a job: phase, conditions, replica counts.")
+    status.add_argument("name", help="job name")
     _cluster_flags(status)
     status.set_defaults(handler=_status)
 
-    logs = sub.add_parser("logs", help="the MPIJob launcher's logs",
+    logs = sub.add_parser("logs", help="the job launcher's logs",
                           description="Print the log of the job's newest launcher pod.")
-    logs.add_argument("name", help="MPIJob name")
+    logs.add_argument("name", help="job name")
     logs.add_argument("-f", "--follow", action="store_true", help="wait for the launcher and stream until it exits")
     _cluster_flags(logs)
     logs.set_defaults(handler=_logs)
 
     delete = sub.add_parser(
-        "delete", help="delete an MPIJob and (foreground) its pods",
-        description="Delete with foreground propagation: the MPIJob stays, marked for deletion, until its "
+        "delete", help="delete an MPIJob (or TrainJob) and (foreground) its pods",
+        description="Delete with foreground propagation: the job stays, marked for deletion, until its "
         "pods, services and secrets are gone, so resubmitting the same name cannot collide with them.")
-    delete.add_argument("name", help="MPIJob name")
-    delete.add_argument("--wait", action="store_true", help="return once the MPIJob and its pods are gone")
+    delete.add_argument("name", help="job name")
+    delete.add_argument("--wait", action="store_true", help="return once the job and its pods are gone")
     _cluster_flags(delete)
     delete.set_defaults(handler=_delete)
 
@@ -99,54 +103,69 @@ def _register_cluster(sub: argparse._SubParsersAction) -> None:
 def _submit(args: argparse.Namespace) -> int:
     import yaml
 
+    from hvdk8s import k8s, mpijob
     from hvdk8s.errors import UserError
     from hvdk8s.launcher import kube, watch
-    from hvdk8s.mpijob import manifest_from_file
 
     dry_run = args.dry_run == "server"
     if dry_run and (args.wait or args.follow):
         raise UserError("--wait/--follow cannot be combined with --dry-run=server: nothing is created")
-    manifest = manifest_from_file(args.file)
-    cluster = kube.connect(args.kubeconfig, args.context)
-    namespace = kube.resolve_namespace(args.namespace, manifest.get("metadata", {}).get("namespace"),
-                                       cluster.namespace)
+    *runtimes, manifest = mpijob.objects_from_file(args.file, args.api)
+    kind = kube.kind_of(manifest)
+    cluster = k8s.connect(args.kubeconfig, args.context)
+    namespace = k8s.resolve_namespace(args.namespace, manifest.get("metadata", {}).get("namespace"),
+                                      cluster.namespace)
+    for runtime in runtimes:
+        kube.apply_runtime(cluster, runtime, dry_run=dry_run)
     job = kube.create_job(cluster, manifest, namespace, dry_run=dry_run)
-    name = job["metadata"]["name"]
+    name, resource = job["metadata"]["name"], f"{kind.kind.lower()}.{kind.group}"
     if dry_run:
-        print(f"# mpijob.kubeflow.org/{name} accepted by the API server (dry run: nothing was created)")
+        print(f"# {resource}/{name} accepted by the API server (dry run: nothing was created)")
         print(yaml.safe_dump(job, sort_keys=False), end="")
         return 0
-    print(f"mpijob.kubeflow.org/{name} created in namespace {namespace}", flush=True)
+    on = "".join(f" on runtime {r['metadata']['name']}" for r in runtimes)
+    print(f"{resource}/{name} created in namespace {namespace}{on}", flush=True)
     if not (args.wait or args.follow):
         return 0
-    return watch.wait_for_job(cluster, namespace, name, follow_logs=args.follow)
+    return watch.wait_for_job(cluster, namespace, name, follow_logs=args.follow, kind=kind)
 
 
 def _status(args: argparse.Namespace) -> int:
+    from hvdk8s import k8s
     from hvdk8s.launcher import jobstatus, kube
 
-    cluster = kube.connect(args.kubeconfig, args.context)
-    job = kube.get_job(cluster, args.namespace or cluster.namespace, args.name)
+    cluster = k8s.connect(args.kubeconfig, args.context)
+    job = kube.get_job(cluster, args.namespace or cluster.namespace, args.name, _kind(args))
     print("\n".join(jobstatus.summary(job)))
     return 0
 
 
 def _logs(args: argparse.Namespace) -> int:
-    from hvdk8s.launcher import kube, watch
+    from hvdk8s import k8s
+    from hvdk8s.launcher import watch
 
-    cluster = kube.connect(args.kubeconfig, args.context)
-    return watch.show_logs(cluster, args.namespace or cluster.namespace, args.name, args.follow)
+    cluster = k8s.connect(args.kubeconfig, args.context)
+    return watch.show_logs(cluster, args.namespace or cluster.namespace, args.name, args.follow, kind=_kind(args))
 
 
 def _delete(args: argparse.Namespace) -> int:
+    from hvdk8s import k8s
     from hvdk8s.launcher import kube, watch
 
-    cluster = kube.connect(args.kubeconfig, args.context)
+    kind = _kind(args)
+    cluster = k8s.connect(args.kubeconfig, args.context)
     namespace = args.namespace or cluster.namespace
-    kube.delete_job(cluster, namespace, args.name)
-    print(f"mpijob.kubeflow.org/{args.name} deletion requested ({kube.PROPAGATION.lower()}: "
+    kube.delete_job(cluster, namespace, args.name, kind)
+    resource = f"{kind.kind.lower()}.{kind.group}/{args.name}"
+    print(f"{resource} deletion requested ({kube.PROPAGATION.lower()}: "
           "removed once its pods, services and secrets are gone)", flush=True)
     if args.wait:
-        watch.wait_deleted(cluster, namespace, args.name)
-        print(f"mpijob.kubeflow.org/{args.name} deleted")
+        watch.wait_deleted(cluster, namespace, args.name, kind)
+        print(f"{resource} deleted")
     return 0
+
+
+def _kind(args: argparse.Namespace):  # -> kube.JobKind (imported lazily with the client)
+    from hvdk8s.launcher import kube
+
+    return kube.TRAINJOB if args.api == "trainjob" else kube.MPIJOB

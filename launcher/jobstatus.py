@@ -1,9 +1,12 @@
-"""Turn an MPIJob's ``status`` (kubeflow.org/v2beta1 JobStatus) into lines a person reads.
+"""Turn a job's ``status`` into lines a person reads: an MPIJob's (kubeflow.org/v2beta1
+JobStatus) or a TrainJob's (trainer.kubeflow.org/v1alpha1).
 
 Pure functions over the status dict, so the wording of ``submit --wait`` and
 ``status`` is tested without a server. The MPI Operator keeps one condition
 per type (Created, Running, Restarting, Succeeded, Failed, Suspended) and
-replica counts per role (Launcher, Worker: active/succeeded/failed).
+replica counts per role (Launcher, Worker: active/succeeded/failed). Trainer
+has only Suspended, Complete and Failed conditions, and counts per replicated
+job in ``jobsStatus`` (node, launcher); a TrainJob whose launcher is active is Running.
 """
 from __future__ import annotations
 
@@ -11,10 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-TERMINAL = ("Succeeded", "Failed")
+from hvdk8s.k8s import QUEUE_LABEL
+
+SUCCESS = ("Succeeded", "Complete")  # MPIJob, TrainJob
+TERMINAL = (*SUCCESS, "Failed")
 # Most telling first: the state a job is "in" is its first True condition in this order.
-PHASE_ORDER = ("Succeeded", "Failed", "Suspended", "Restarting", "Running", "Created")
-ROLE_ORDER = ("Launcher", "Worker")
+PHASE_ORDER = ("Succeeded", "Complete", "Failed", "Suspended", "Restarting", "Running", "Created")
+ROLE_ORDER = ("Launcher", "Worker", "launcher", "node")
 COUNTS = ("active", "succeeded", "failed")
 
 
@@ -38,9 +44,14 @@ def conditions(status: Mapping[str, Any] | None) -> list[Condition]:
 
 
 def phase(status: Mapping[str, Any] | None) -> str:
-    """Created/Running/Restarting/Suspended/Succeeded/Failed, or Pending before the operator acts."""
+    """Created/Running/Restarting/Suspended/Succeeded/Complete/Failed, or Pending before the controller acts."""
     true = {c.type for c in conditions(status) if c.status == "True"}
-    return next((p for p in PHASE_ORDER if p in true), "Pending")
+    if found := next((p for p in PHASE_ORDER if p in true), None):
+        return found
+    jobs = {j.get("name"): j for j in (status or {}).get("jobsStatus") or []}  # a TrainJob's
+    if jobs:
+        return "Running" if (jobs.get("launcher") or {}).get("active") else "Created"
+    return "Pending"
 
 
 def outcome(status: Mapping[str, Any] | None) -> Condition | None:
@@ -49,7 +60,8 @@ def outcome(status: Mapping[str, Any] | None) -> Condition | None:
 
 
 def replica_counts(status: Mapping[str, Any] | None) -> dict[str, dict[str, int]]:
-    statuses = (status or {}).get("replicaStatuses") or {}
+    statuses = (status or {}).get("replicaStatuses") or {
+        j["name"]: j for j in (status or {}).get("jobsStatus") or [] if j.get("name")}
     roles = [r for r in ROLE_ORDER if r in statuses] + sorted(set(statuses) - set(ROLE_ORDER))
     return {role: {k: int((statuses[role] or {}).get(k) or 0) for k in COUNTS} for role in roles}
 
@@ -87,10 +99,10 @@ def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) ->
 def summary(job: Mapping[str, Any]) -> list[str]:
     """``hvdk8s status``: the job's phase, every condition, replica counts and times."""
     meta, status = job.get("metadata", {}), job.get("status") or {}
-    lines = [f"MPIJob {meta.get('namespace', '?')}/{meta.get('name', '?')}: {phase(status)}"]
+    lines = [f"{job.get('kind', 'MPIJob')} {meta.get('namespace', '?')}/{meta.get('name', '?')}: {phase(status)}"]
     if "deletionTimestamp" in meta:
         lines.append(f"  being deleted since {meta['deletionTimestamp']}")
-    lines += [f"  {c.line()}" for c in conditions(status)] or ["  no conditions yet (has the MPI Operator seen it?)"]
+    lines += [f"  {c.line()}" for c in conditions(status)] or [f"  no conditions yet{_seen_by(job)}"]
     if line := replica_line(status):
         lines.append(f"  {line}")
     for key, label in (("startTime", "started"), ("completionTime", "completed")):
@@ -105,4 +117,54 @@ def failure_message(job: Mapping[str, Any]) -> str:
     cond = outcome(job.get("status"))
     reason = f" ({cond.reason})" if cond and cond.reason else ""
     detail = f": {cond.message}" if cond and cond.message else ""
-    return f"MPIJob {meta.get('namespace')}/{meta.get('name')} failed{reason}{detail}"
+    return f"{job.get('kind', 'MPIJob')} {meta.get('namespace')}/{meta.get('name')} failed{reason}{detail}"
+
+
+def controller(job: Mapping[str, Any]) -> str:
+    return "Kubeflow Trainer" if job.get("kind") == "TrainJob" else "the MPI Operator"
+
+
+def _seen_by(job: Mapping[str, Any]) -> str:
+    """MPIJobs get a condition at once; a running TrainJob may have none."""
+    return "" if job.get("kind") == "TrainJob" else " (has the MPI Operator seen it?)"
+
+
+def waiting_reasons(job: Mapping[str, Any], pods: list[Mapping[str, Any]],
+                    events: Mapping[str, list[Mapping[str, Any]]]) -> list[str]:
+    """Why a job that has not started is still waiting, from its status, pods and events.
+
+    ``events`` maps an object name (the job's, its pods') to the events about it.
+    Pure, so ``submit --wait`` can say it after a bounded time instead of hanging silently.
+    """
+    meta, spec, status = job.get("metadata", {}), job.get("spec") or {}, job.get("status") or {}
+    name, run_policy = meta.get("name", "?"), spec.get("runPolicy") or {}
+    true = {c.type for c in conditions(status) if c.status == "True"}
+    queue = (meta.get("labels") or {}).get(QUEUE_LABEL)
+    if "Suspended" in true or run_policy.get("suspend") or spec.get("suspend"):
+        if queue:
+            return [f"suspended: waiting for Kueue to admit it from LocalQueue {queue!r} "
+                    f"(kubectl get workloads -n {meta.get('namespace')}; its quota or admission checks hold it)"]
+        field = "suspend" if job.get("kind") == "TrainJob" else "runPolicy.suspend"
+        return [f"suspended ({field}: true): nothing runs until it is resumed"]
+    if phase(status) == "Pending" and not pods:
+        warnings = [e for e in events.get(name, []) if e.get("type") == "Warning"]
+        if warnings:
+            return [f"{controller(job)} did not start it: {e.get('reason')}: {e.get('message')}" for e in warnings]
+        managed_by = run_policy.get("managedBy") or spec.get("managedBy")
+        if managed_by and managed_by not in ("kubeflow.org/mpi-operator", "trainer.kubeflow.org/trainjob-controller"):
+            return [f"no status: its managedBy is {managed_by!r}, so {controller(job)} leaves it to that controller"]
+        if job.get("kind") == "TrainJob":
+            return ["no pods and no status yet: is Kubeflow Trainer running? Check: kubectl get pods -n kubeflow-system"]
+        return ["no status yet: is the MPI Operator running? Check: kubectl get pods -A -l app=mpi-operator"]
+    if not pods:
+        return ["no pods created yet (a gang scheduler's PodGroup or a quota may hold them; "
+                f"kubectl describe {job.get('kind', 'MPIJob').lower()} {name})"]
+    lines = []
+    for pod in pods:
+        pod_name = pod["metadata"]["name"]
+        if (pod.get("status") or {}).get("phase") != "Pending":
+            continue
+        failed = [e for e in events.get(pod_name, []) if e.get("reason") == "FailedScheduling"]
+        lines.append(f"pod {pod_name} is unschedulable: {failed[-1].get('message')}" if failed
+                     else f"pod {pod_name} is Pending")
+    return lines

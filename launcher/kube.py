@@ -1,4 +1,6 @@
-"""The Kubernetes edge of hvdk8s: config, MPIJob create/get/list/watch/delete, launcher pods and logs.
+"""The Kubernetes edge of hvdk8s: MPIJob and TrainJob create/get/list/watch/delete, the
+ClusterTrainingRuntime a TrainJob runs on, launcher pods and logs, pods' events
+(connecting is ``hvdk8s.k8s.connect``).
 
 Every call goes through :func:`translate`, which turns API and connection
 failures into :class:`~hvdk8s.errors.UserError` messages (see ``kubeerrors``),
@@ -7,53 +9,54 @@ so the CLI prints an actionable line instead of a traceback.
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from functools import cached_property
-from pathlib import Path
 
 import urllib3
-from kubernetes import client, config, watch
-from kubernetes.config.config_exception import ConfigException
+from kubernetes import client, watch
 
 from hvdk8s.errors import UserError
-from hvdk8s.launcher.kubeerrors import MPIJOBS, Action, api_error_message, unreachable_message
+from hvdk8s.k8s import Cluster
+from hvdk8s.launcher.kubeerrors import Action, api_error_message, unreachable_message
 
-GROUP, VERSION, PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
-# The labels the MPI Operator (v2beta1) puts on the launcher's pods.
-LAUNCHER_LABELS = {"training.kubeflow.org/operator-name": "mpi-operator",
-                   "training.kubeflow.org/job-role": "launcher"}
-JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+
+@dataclass(frozen=True)
+class JobKind:
+    """A kind of training job hvdk8s submits, and how its controller labels the job's pods."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    job_label: str  # on every pod of the job, naming it
+    launcher_labels: tuple[tuple[str, str], ...]  # with job_label: the launcher's pods
+
+    @property
+    def resource(self) -> str:
+        return f"{self.plural}.{self.group}"
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+
+MPIJOB = JobKind("MPIJob", "kubeflow.org", "v2beta1", "mpijobs", "training.kubeflow.org/job-name",
+                 (("training.kubeflow.org/operator-name", "mpi-operator"), ("training.kubeflow.org/job-role", "launcher")))
+# Trainer runs a TrainJob as a JobSet of the same name; JobSet labels the pods.
+TRAINJOB = JobKind("TrainJob", "trainer.kubeflow.org", "v1alpha1", "trainjobs", "jobset.sigs.k8s.io/jobset-name",
+                   (("jobset.sigs.k8s.io/replicatedjob-name", "launcher"),))
+KINDS = {k.kind: k for k in (MPIJOB, TRAINJOB)}
+RUNTIMES = "clustertrainingruntimes"
 REQUEST_TIMEOUT = (10, 60)  # connect, read (seconds) for calls that are not streams
-SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 # Foreground: the MPIJob stays (with a deletionTimestamp) until the garbage collector has removed
 # its pods, services and secrets, so a resubmission under the same name cannot collide with
-# worker pods (<name>-worker-N) of the old job that are still terminating.
+# worker pods of the old job that are still terminating.
 PROPAGATION = "Foreground"
 
 
 class WatchExpired(Exception):
     """The watch's resourceVersion is too old (410 Gone): list again, then watch from there."""
-
-
-@dataclass
-class Cluster:
-    api: client.ApiClient
-    namespace: str  # the context's (or service account's) namespace, the default for commands
-
-    @property
-    def host(self) -> str:
-        return self.api.configuration.host
-
-    @cached_property
-    def custom(self) -> client.CustomObjectsApi:
-        return client.CustomObjectsApi(self.api)
-
-    @cached_property
-    def core(self) -> client.CoreV1Api:
-        return client.CoreV1Api(self.api)
 
 
 @dataclass(frozen=True)
@@ -62,47 +65,6 @@ class LauncherPod:
     uid: str
     phase: str
     container: str
-
-
-def connect(kubeconfig: str | None = None, context: str | None = None) -> Cluster:
-    """A client for the kubeconfig (``--kubeconfig``, else $KUBECONFIG, else ~/.kube/config), or,
-    with none of those inside a pod, the in-cluster service account."""
-    path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
-    present = any(Path(p).expanduser().is_file() for p in path.split(os.pathsep) if p)
-    if not present and not kubeconfig and "KUBERNETES_SERVICE_HOST" in os.environ:
-        return _in_cluster()
-    if not present:
-        raise UserError(f"no cluster configured: no kubeconfig at {path}. Point --kubeconfig (or KUBECONFIG) at "
-                        "one, e.g. the file your cluster's setup wrote, or run hvdk8s inside a pod")
-    try:
-        contexts, current = config.list_kube_config_contexts(config_file=path)
-        chosen = next((c for c in contexts if c["name"] == context), None) if context else current
-        if chosen is None:
-            names = ", ".join(c["name"] for c in contexts) or "none"
-            raise UserError(f"kubeconfig {path} has no context {context!r} (it has: {names}); choose with --context"
-                            if context else f"kubeconfig {path} sets no current-context; choose one with --context")
-        api = config.new_client_from_config(config_file=path, context=context, persist_config=False)
-    except ConfigException as err:
-        raise UserError(f"cannot use kubeconfig {path}: {err}") from None
-    return Cluster(api, (chosen.get("context") or {}).get("namespace") or "default")
-
-
-def _in_cluster() -> Cluster:
-    cfg = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=cfg)
-    except ConfigException as err:
-        raise UserError(f"cannot use the in-cluster service account: {err}") from None
-    namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip() if SERVICE_ACCOUNT_NAMESPACE.is_file() else ""
-    return Cluster(client.ApiClient(cfg), namespace or "default")
-
-
-def resolve_namespace(flag: str | None, manifest: str | None, context: str) -> str:
-    """--namespace, else the manifest's metadata.namespace, else the context's; they may not disagree."""
-    if flag and manifest and flag != manifest:
-        raise UserError(f'the manifest sets metadata.namespace "{manifest}" but --namespace is "{flag}": '
-                        "drop one of them")
-    return flag or manifest or context
 
 
 @contextmanager
@@ -118,52 +80,80 @@ def translate(cluster: Cluster, action: Action) -> Iterator[None]:
         raise UserError(unreachable_message(cluster.host, err)) from None
 
 
-def _mpijob_call(cluster: Cluster, verb: str, namespace: str,
-                 name: str | None = None) -> AbstractContextManager[None]:
-    return translate(cluster, Action(verb, MPIJOBS, namespace, name))
+def _job_call(cluster: Cluster, kind: JobKind, verb: str, namespace: str,
+              name: str | None = None) -> AbstractContextManager[None]:
+    return translate(cluster, Action(verb, kind.resource, namespace, name))
+
+
+def kind_of(manifest: dict) -> JobKind:
+    return KINDS[manifest["kind"]]
 
 
 def create_job(cluster: Cluster, manifest: dict, namespace: str, dry_run: bool = False) -> dict:
-    """Create the MPIJob; with ``dry_run`` the server validates and defaults it but stores nothing.
+    """Create the job (MPIJob or TrainJob, by its ``kind``); with ``dry_run`` the server validates
+    and defaults it but stores nothing.
 
-    ``fieldValidation=Strict``: the CRD has no ``additionalProperties: false``, so by default the
+    ``fieldValidation=Strict``: the CRDs have no ``additionalProperties: false``, so by default the
     server drops a misspelled field silently; strict makes it refuse the job instead.
     """
+    kind = kind_of(manifest)
     body = copy.deepcopy(manifest)
     body.setdefault("metadata", {})["namespace"] = namespace
-    with _mpijob_call(cluster, "create", namespace, body["metadata"].get("name")):
+    with _job_call(cluster, kind, "create", namespace, body["metadata"].get("name")):
         return cluster.custom.create_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, body, dry_run="All" if dry_run else None,
+            kind.group, kind.version, namespace, kind.plural, body, dry_run="All" if dry_run else None,
             field_validation="Strict", _request_timeout=REQUEST_TIMEOUT)
 
 
-def get_job(cluster: Cluster, namespace: str, name: str) -> dict:
-    with _mpijob_call(cluster, "get", namespace, name):
-        return cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
+def apply_runtime(cluster: Cluster, runtime: dict, dry_run: bool = False) -> dict:
+    """Create the job's ClusterTrainingRuntime, or replace it when a resubmission finds it there."""
+    group, version = runtime["apiVersion"].split("/")
+    name = runtime["metadata"]["name"]
+    dry = "All" if dry_run else None
+    with translate(cluster, Action("create", f"{RUNTIMES}.{group}", "", name)):
+        try:
+            return cluster.custom.create_cluster_custom_object(group, version, RUNTIMES, runtime, dry_run=dry,
+                                                               field_validation="Strict",
+                                                               _request_timeout=REQUEST_TIMEOUT)
+        except client.ApiException as err:
+            if err.status != 409:
+                raise
+        current = cluster.custom.get_cluster_custom_object(group, version, RUNTIMES, name,
+                                                           _request_timeout=REQUEST_TIMEOUT)
+        body = copy.deepcopy(runtime)
+        body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        return cluster.custom.replace_cluster_custom_object(group, version, RUNTIMES, name, body, dry_run=dry,
+                                                            field_validation="Strict",
+                                                            _request_timeout=REQUEST_TIMEOUT)
+
+
+def get_job(cluster: Cluster, namespace: str, name: str, kind: JobKind = MPIJOB) -> dict:
+    with _job_call(cluster, kind, "get", namespace, name):
+        return cluster.custom.get_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural, name,
                                                            _request_timeout=REQUEST_TIMEOUT)
 
 
-def list_job(cluster: Cluster, namespace: str, name: str) -> dict:
+def list_job(cluster: Cluster, namespace: str, name: str, kind: JobKind = MPIJOB) -> dict:
     """The job as a one-item list: its ``metadata.resourceVersion`` is where a watch starts."""
-    with _mpijob_call(cluster, "list", namespace, name):
+    with _job_call(cluster, kind, "list", namespace, name):
         return cluster.custom.list_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, field_selector=f"metadata.name={name}",
+            kind.group, kind.version, namespace, kind.plural, field_selector=f"metadata.name={name}",
             _request_timeout=REQUEST_TIMEOUT)
 
 
 def watch_job(cluster: Cluster, namespace: str, name: str, resource_version: str,
-              seconds: int) -> Iterator[tuple[str, dict]]:
+              seconds: int, kind: JobKind = MPIJOB) -> Iterator[tuple[str, dict]]:
     """(event type, object) for changes after ``resource_version``, for at most ``seconds``.
 
     Ends quietly when the server closes the watch (its timeout) or the connection stalls;
     raises :class:`WatchExpired` when the version is too old (410 Gone).
     """
     stream = watch.Watch().stream(
-        cluster.custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL,
+        cluster.custom.list_namespaced_custom_object, kind.group, kind.version, namespace, kind.plural,
         field_selector=f"metadata.name={name}", resource_version=resource_version,
         allow_watch_bookmarks=True, timeout_seconds=seconds, _request_timeout=(REQUEST_TIMEOUT[0], seconds + 10))
     try:
-        with _mpijob_call(cluster, "watch", namespace, name):
+        with _job_call(cluster, kind, "watch", namespace, name):
             try:
                 for event in stream:
                     yield event["type"], event["raw_object"]
@@ -177,16 +167,16 @@ def watch_job(cluster: Cluster, namespace: str, name: str, resource_version: str
         stream.close()
 
 
-def delete_job(cluster: Cluster, namespace: str, name: str) -> dict:
-    with _mpijob_call(cluster, "delete", namespace, name):
+def delete_job(cluster: Cluster, namespace: str, name: str, kind: JobKind = MPIJOB) -> dict:
+    with _job_call(cluster, kind, "delete", namespace, name):
         return cluster.custom.delete_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name, propagation_policy=PROPAGATION,
+            kind.group, kind.version, namespace, kind.plural, name, propagation_policy=PROPAGATION,
             _request_timeout=REQUEST_TIMEOUT)
 
 
-def launcher_pod(cluster: Cluster, namespace: str, job: str) -> LauncherPod | None:
+def launcher_pod(cluster: Cluster, namespace: str, job: str, kind: JobKind = MPIJOB) -> LauncherPod | None:
     """The newest launcher pod of a job (after a restart there can be several), or None."""
-    selector = ",".join(f"{k}={v}" for k, v in (LAUNCHER_LABELS | {JOB_NAME_LABEL: job}).items())
+    selector = ",".join(f"{k}={v}" for k, v in (dict(kind.launcher_labels) | {kind.job_label: job}).items())
     with translate(cluster, Action("list", "pods", namespace)):
         pods = cluster.core.list_namespaced_pod(namespace, label_selector=selector,
                                                 _request_timeout=REQUEST_TIMEOUT).items
@@ -208,3 +198,19 @@ def log_lines(cluster: Cluster, namespace: str, pod: LauncherPod, follow: bool) 
             return
         yield from watch.Watch().stream(cluster.core.read_namespaced_pod_log, name=pod.name,
                                         namespace=namespace, container=pod.container)
+
+
+def job_pods(cluster: Cluster, namespace: str, job: str, kind: JobKind = MPIJOB) -> list[dict]:
+    """Every pod of a job (launcher and workers), as plain dicts: name, phase, conditions."""
+    with translate(cluster, Action("list", "pods", namespace)):
+        pods = cluster.core.list_namespaced_pod(namespace, label_selector=f"{kind.job_label}={job}",
+                                                _request_timeout=REQUEST_TIMEOUT).items
+    return [cluster.api.sanitize_for_serialization(p) for p in pods]
+
+
+def events_about(cluster: Cluster, namespace: str, name: str) -> list[dict]:
+    """Events whose involved object is ``name`` (the job, or one of its pods), oldest first."""
+    with translate(cluster, Action("list", "events", namespace)):
+        events = cluster.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}",
+                                                    _request_timeout=REQUEST_TIMEOUT).items
+    return [cluster.api.sanitize_for_serialization(e) for e in events]

@@ -11,10 +11,19 @@ import re
 from dataclasses import dataclass
 
 MPIJOBS = "mpijobs.kubeflow.org"
+TRAINJOBS = "trainjobs.trainer.kubeflow.org"
+RUNTIMES = "clustertrainingruntimes.trainer.kubeflow.org"
 OPERATOR_VERSION = "v0.8.2"
 OPERATOR_MANIFEST = (f"https://raw.githubusercontent.com/kubeflow/mpi-operator/{OPERATOR_VERSION}"
                      "/deploy/v2beta1/mpi-operator.yaml")
 INSTALL_OPERATOR = f"kubectl apply --server-side -f {OPERATOR_MANIFEST}"
+TRAINER_VERSION = "v2.3.0"
+INSTALL_TRAINER = ('kubectl apply --server-side -k "https://github.com/kubeflow/trainer.git/manifests/overlays/'
+                   f'manager?ref={TRAINER_VERSION}"')
+# resource -> (kind, apiVersion) of the objects hvdk8s creates
+KINDS = {MPIJOBS: ("MPIJob", "kubeflow.org/v2beta1"), TRAINJOBS: ("TrainJob", "trainer.kubeflow.org/v1alpha1"),
+         RUNTIMES: ("ClusterTrainingRuntime", "trainer.kubeflow.org/v1alpha1")}
+ARTICLE = {"MPIJob": "an"}
 
 
 @dataclass(frozen=True)
@@ -28,7 +37,8 @@ class Action:
 
     def __str__(self) -> str:
         named = f' "{self.name}"' if self.name else ""
-        return f'{self.verb} {self.resource}{named} in namespace "{self.namespace}"'
+        where = f' in namespace "{self.namespace}"' if self.namespace else ""  # "": cluster-scoped
+        return f"{self.verb} {self.resource}{named}{where}"
 
 
 def parse_status(body: str | bytes | None) -> dict:
@@ -43,14 +53,18 @@ def parse_status(body: str | bytes | None) -> dict:
 def api_error_message(code: int, body: str | bytes | None, action: Action) -> str:
     status = parse_status(body)
     said = status.get("message") or (body.decode() if isinstance(body, bytes) else body or "").strip()
-    if code == 404 and action.resource == MPIJOBS and not status:
-        return crd_missing_message()
+    kind, api_version = KINDS.get(action.resource, ("object", ""))
+    if code == 404 and action.resource in KINDS and not status:
+        return crd_missing_message(action.resource)
     if code == 404:
+        plural = action.resource.split(".")[0]
         return f'{action.resource} "{action.name}" not found in namespace "{action.namespace}"' + (
-            f' (list them: kubectl get mpijobs -n {action.namespace})' if action.resource == MPIJOBS else "")
+            f' (list them: kubectl get {plural} -n {action.namespace})' if action.resource in KINDS else "")
     if code == 409 and status.get("reason") == "AlreadyExists":
-        return (f'an MPIJob named "{action.name}" already exists in namespace "{action.namespace}": delete it '
-                f"first (hvdk8s delete {action.name} -n {action.namespace}) or change metadata.name")
+        api = "" if action.resource == MPIJOBS else " --api trainjob"
+        return (f'{ARTICLE.get(kind, "a")} {kind} named "{action.name}" already exists in namespace '
+                f'"{action.namespace}": delete it first (hvdk8s delete {action.name}{api} -n {action.namespace}) '
+                "or change metadata.name")
     if code == 403:
         return (f"forbidden by RBAC: you may not {action}. The API server said: {said}. "
                 f"Check with: kubectl auth can-i {action.verb} {action.resource} -n {action.namespace}; "
@@ -61,8 +75,8 @@ def api_error_message(code: int, body: str | bytes | None, action: Action) -> st
     if code == 422:
         return invalid_message(status, action)
     if code == 400 and "unknown field" in said:
-        return (f'the API server rejected MPIJob "{action.name}": {said} (misspelled, or not a field of '
-                "kubeflow.org/v2beta1 MPIJobs)")
+        return (f'the API server rejected {kind} "{action.name}": {said} (misspelled, or not a field of '
+                f"{api_version} {kind}s)")
     return f"could not {action}: the API server answered {code} {status.get('reason', '')}: {said}".replace(
         "  ", " ")
 
@@ -73,13 +87,17 @@ def invalid_message(status: dict, action: Action) -> str:
     lines = [f"  {c.get('field', '?')}: {c.get('message', c.get('reason', ''))}" for c in causes]
     if not lines:
         lines = [f"  {status.get('message', 'no details given')}"]
-    return f'the API server rejected MPIJob "{action.name}" as invalid:\n' + "\n".join(lines)
+    kind = KINDS.get(action.resource, ("object",))[0]
+    return f'the API server rejected {kind} "{action.name}" as invalid:\n' + "\n".join(lines)
 
 
-def crd_missing_message() -> str:
-    return ("the cluster does not serve kubeflow.org/v2beta1 MPIJobs: the MPI Operator is not installed "
-            f"(or only the older kubeflow.org/v1 MPIJob CRD is). Install it with:\n  {INSTALL_OPERATOR}\n"
-            "then check: kubectl get crd mpijobs.kubeflow.org")
+def crd_missing_message(resource: str = MPIJOBS) -> str:
+    if resource == MPIJOBS:
+        return ("the cluster does not serve kubeflow.org/v2beta1 MPIJobs: the MPI Operator is not installed "
+                f"(or only the older kubeflow.org/v1 MPIJob CRD is). Install it with:\n  {INSTALL_OPERATOR}\n"
+                "then check: kubectl get crd mpijobs.kubeflow.org")
+    return (f"the cluster does not serve trainer.kubeflow.org/v1alpha1 {KINDS[resource][0]}s: Kubeflow Trainer is "
+            f"not installed. Install it with:\n  {INSTALL_TRAINER}\nthen check: kubectl get crd {resource}")
 
 
 def unreachable_message(host: str, error: BaseException | str) -> str:

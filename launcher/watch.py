@@ -1,4 +1,4 @@
-"""Follow an MPIJob until it ends: status changes from the watch API, launcher logs alongside.
+"""Follow an MPIJob or TrainJob until it ends: status changes from the watch API, launcher logs alongside.
 
 The watch is resumed from the last resourceVersion when the server ends it
 (timeoutSeconds, a dropped connection) and started over from a fresh list
@@ -13,19 +13,21 @@ import time
 from collections.abc import Callable, Iterator
 
 from hvdk8s.errors import UserError
+from hvdk8s.k8s import Cluster
 from hvdk8s.launcher import jobstatus, kube
 
 WATCH_SECONDS = 50  # per watch request; the server may end it sooner
 POD_POLL_SECONDS = 2.0  # launcher-pod lookups between status changes
 LOG_DRAIN_SECONDS = 30.0  # after the job ends, how long the last log lines may take to arrive
-OPERATOR_HINT_SECONDS = 60.0
+EXPLAIN_SECONDS = 60.0  # without the job running this long (and as often after), say why it waits
+EXPLAIN_PODS = 5  # pending pods whose events are read each time
 
 
 class Printer:
     """Status lines and log lines from two threads, whole lines, in order."""
 
-    def __init__(self, job: str):
-        self.prefix = f"mpijob/{job}: "
+    def __init__(self, job: str, kind: kube.JobKind = kube.MPIJOB):
+        self.prefix = f"{kind.kind.lower()}/{job}: "
         self._lock = threading.Lock()
 
     def status(self, line: str) -> None:
@@ -42,23 +44,23 @@ class Printer:
             print(line, file=stream, flush=True)
 
 
-def job_updates(cluster: kube.Cluster, namespace: str, name: str,
-                watch_seconds: int = WATCH_SECONDS) -> Iterator[dict]:
-    """The MPIJob now, then each time it changes; ends when it is deleted (or was never there)."""
+def job_updates(cluster: Cluster, namespace: str, name: str, watch_seconds: int = WATCH_SECONDS,
+                kind: kube.JobKind = kube.MPIJOB) -> Iterator[dict]:
+    """The job now, then each time it changes; ends when it is deleted (or was never there)."""
     version = None
     while True:
         if version is None:
-            listing = kube.list_job(cluster, namespace, name)
+            listing = kube.list_job(cluster, namespace, name, kind)
             if not listing.get("items"):
                 return
             version = listing["metadata"]["resourceVersion"]
             yield listing["items"][0]
         try:
-            for kind, obj in kube.watch_job(cluster, namespace, name, version, watch_seconds):
+            for event, obj in kube.watch_job(cluster, namespace, name, version, watch_seconds, kind):
                 version = obj["metadata"]["resourceVersion"]
-                if kind == "DELETED":
+                if event == "DELETED":
                     return
-                if kind in ("ADDED", "MODIFIED"):
+                if event in ("ADDED", "MODIFIED"):
                     yield obj
         except kube.WatchExpired:
             version = None
@@ -71,9 +73,9 @@ class LauncherLogs(threading.Thread):
     by a slow poll; :meth:`finish` says the job has ended: stream what is left, then stop.
     """
 
-    def __init__(self, cluster: kube.Cluster, namespace: str, job: str, printer: Printer):
+    def __init__(self, cluster: Cluster, namespace: str, job: str, printer: Printer, kind: kube.JobKind):
         super().__init__(name=f"logs-{job}", daemon=True)
-        self.cluster, self.namespace, self.job, self.printer = cluster, namespace, job, printer
+        self.cluster, self.namespace, self.job, self.printer, self.kind = cluster, namespace, job, printer, kind
         self._wake, self._done = threading.Event(), threading.Event()
 
     def poke(self) -> None:
@@ -87,7 +89,7 @@ class LauncherLogs(threading.Thread):
         streamed: set[str] = set()
         try:
             while True:
-                pod = kube.launcher_pod(self.cluster, self.namespace, self.job)
+                pod = kube.launcher_pod(self.cluster, self.namespace, self.job, self.kind)
                 if pod and pod.uid not in streamed and pod.phase != "Pending":
                     streamed.add(pod.uid)
                     self.printer.status(f"logs of launcher pod {pod.name}:")
@@ -102,27 +104,62 @@ class LauncherLogs(threading.Thread):
             self.printer.error(f"hvdk8s: cannot stream the launcher's logs: {err}")
 
 
-def wait_for_job(cluster: kube.Cluster, namespace: str, name: str, follow_logs: bool,
-                 printer: Printer | None = None) -> int:
+class Explainer(threading.Thread):
+    """Says why a job is not running yet (suspended, not picked up, unschedulable pods),
+    every EXPLAIN_SECONDS until :meth:`stop`; each reason once."""
+
+    def __init__(self, cluster: Cluster, namespace: str, job: str, printer: Printer, kind: kube.JobKind):
+        super().__init__(name=f"explain-{job}", daemon=True)
+        self.cluster, self.namespace, self.job, self.printer, self.kind = cluster, namespace, job, printer, kind
+        self._stopped = threading.Event()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def run(self) -> None:
+        said: set[str] = set()
+        while not self._stopped.wait(EXPLAIN_SECONDS):
+            try:
+                lines = self.reasons()
+            except UserError as err:
+                self.printer.error(f"hvdk8s: cannot tell why the job waits: {err}")
+                return
+            for line in lines:
+                if line not in said and not self._stopped.is_set():
+                    said.add(line)
+                    self.printer.status(f"waiting: {line}")
+
+    def reasons(self) -> list[str]:
+        listed = kube.list_job(self.cluster, self.namespace, self.job, self.kind)["items"]
+        if not listed:  # deleted meanwhile: the watch reports that
+            return []
+        job = listed[0]
+        pods = kube.job_pods(self.cluster, self.namespace, self.job, self.kind)
+        pending = [p["metadata"]["name"] for p in pods if (p.get("status") or {}).get("phase") == "Pending"]
+        events = {name: kube.events_about(self.cluster, self.namespace, name)
+                  for name in [self.job, *pending[:EXPLAIN_PODS]]}
+        return jobstatus.waiting_reasons(job, pods, events)
+
+
+def wait_for_job(cluster: Cluster, namespace: str, name: str, follow_logs: bool,
+                 printer: Printer | None = None, kind: kube.JobKind = kube.MPIJOB) -> int:
     """Report conditions and replica counts as they change until the job ends.
 
     Returns 0 when it Succeeded, 1 when it Failed (the operator's reason printed) or
     was deleted while we waited.
     """
-    printer = printer or Printer(name)
-    logs = LauncherLogs(cluster, namespace, name, printer) if follow_logs else None
+    printer = printer or Printer(name, kind)
+    logs = LauncherLogs(cluster, namespace, name, printer, kind) if follow_logs else None
     if logs:
         logs.start()
     seen_status: dict | None = None
-    hint = threading.Timer(OPERATOR_HINT_SECONDS, printer.status, [
-        "no status yet: is the MPI Operator running? Check: kubectl get pods -A -l app=mpi-operator"])
-    hint.daemon = True
-    hint.start()
+    explainer = Explainer(cluster, namespace, name, printer, kind)
+    explainer.start()
     try:
-        for job in job_updates(cluster, namespace, name):
+        for job in job_updates(cluster, namespace, name, kind=kind):
             status = job.get("status") or {}
-            if jobstatus.conditions(status):
-                hint.cancel()
+            if jobstatus.phase(status) in ("Running", *jobstatus.TERMINAL):
+                explainer.stop()
             ended = jobstatus.outcome(status)
             if ended and logs:  # the last log lines come before the verdict
                 logs.finish()
@@ -132,34 +169,34 @@ def wait_for_job(cluster: kube.Cluster, namespace: str, name: str, follow_logs: 
             seen_status = status
             if logs and not ended:
                 logs.poke()
-            if ended and ended.type == "Succeeded":
+            if ended and ended.type in jobstatus.SUCCESS:
                 return 0
             if ended:
                 printer.error(f"hvdk8s: {jobstatus.failure_message(job)}")
                 return 1
-        printer.error(f"hvdk8s: MPIJob {namespace}/{name} was deleted before it finished")
+        printer.error(f"hvdk8s: {kind.kind} {namespace}/{name} was deleted before it finished")
         return 1
     finally:
-        hint.cancel()
+        explainer.stop()
         if logs:
             logs.finish()
 
 
-def wait_deleted(cluster: kube.Cluster, namespace: str, name: str) -> None:
-    """Return once the MPIJob is gone (foreground deletion removes its pods first)."""
-    for _ in job_updates(cluster, namespace, name):
+def wait_deleted(cluster: Cluster, namespace: str, name: str, kind: kube.JobKind = kube.MPIJOB) -> None:
+    """Return once the job is gone (foreground deletion removes its pods first)."""
+    for _ in job_updates(cluster, namespace, name, kind=kind):
         pass
 
 
-def show_logs(cluster: kube.Cluster, namespace: str, name: str, follow: bool,
-              emit: Callable[[str], None] = print) -> int:
+def show_logs(cluster: Cluster, namespace: str, name: str, follow: bool,
+              emit: Callable[[str], None] = print, kind: kube.JobKind = kube.MPIJOB) -> int:
     """``hvdk8s logs``: the newest launcher pod's log; with ``follow``, waits for it to start."""
-    job = kube.get_job(cluster, namespace, name)
-    pod = kube.launcher_pod(cluster, namespace, name)
+    job = kube.get_job(cluster, namespace, name, kind)
+    pod = kube.launcher_pod(cluster, namespace, name, kind)
     if follow and (pod is None or pod.phase == "Pending"):
-        pod = _wait_for_launcher(cluster, namespace, name)
+        pod = _wait_for_launcher(cluster, namespace, name, kind)
     if pod is None:
-        raise UserError(f"MPIJob {namespace}/{name} ({jobstatus.phase(job.get('status'))}) has no launcher pod: "
+        raise UserError(f"{kind.kind} {namespace}/{name} ({jobstatus.phase(job.get('status'))}) has no launcher pod: "
                         "not started yet (try --follow), or removed by runPolicy.cleanPodPolicy")
     if pod.phase == "Pending":
         raise UserError(f"launcher pod {pod.name} has not started yet (Pending): try again, or use --follow")
@@ -168,11 +205,11 @@ def show_logs(cluster: kube.Cluster, namespace: str, name: str, follow: bool,
     return 0
 
 
-def _wait_for_launcher(cluster: kube.Cluster, namespace: str, name: str) -> kube.LauncherPod:
+def _wait_for_launcher(cluster: Cluster, namespace: str, name: str, kind: kube.JobKind) -> kube.LauncherPod:
     while True:
-        pod = kube.launcher_pod(cluster, namespace, name)
+        pod = kube.launcher_pod(cluster, namespace, name, kind)
         if pod and pod.phase != "Pending":
             return pod
-        if jobstatus.outcome(kube.get_job(cluster, namespace, name).get("status")):
-            raise UserError(f"MPIJob {namespace}/{name} ended before its launcher pod started")
+        if jobstatus.outcome(kube.get_job(cluster, namespace, name, kind).get("status")):
+            raise UserError(f"{kind.kind} {namespace}/{name} ended before its launcher pod started")
         time.sleep(POD_POLL_SECONDS)

@@ -1,4 +1,4 @@
-"""``hvdk8s render``: a job spec (file and/or flags) -> MPIJob YAML for ``kubectl apply -f``."""
+"""``hvdk8s render``: a job spec (file and/or flags) -> MPIJob (or TrainJob) YAML for ``kubectl apply -f``."""
 from __future__ import annotations
 
 import argparse
@@ -11,8 +11,9 @@ SPEC_SUFFIXES = (".yaml", ".yml", ".json")
 def register(sub: argparse._SubParsersAction) -> None:
     render = sub.add_parser(
         "render",
-        help="print (or write) the Kubeflow MPIJob manifest of a job spec",
-        description="Render an hvdk8s job spec as a kubeflow.org/v2beta1 MPIJob. Either give "
+        help="print (or write) the Kubeflow MPIJob (or TrainJob) manifest of a job spec",
+        description="Render an hvdk8s job spec as a kubeflow.org/v2beta1 MPIJob (or, with --api trainjob, "
+        "a Kubeflow Trainer TrainJob and its ClusterTrainingRuntime). Either give "
         "JOB.yaml (flags then override its fields), or build the spec from flags alone: "
         "hvdk8s render --name digits --image IMAGE --workers 2 -- python /app/examples/train_digits.py",
     )
@@ -22,6 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     render.add_argument("-o", "--output", metavar="FILE", help="write here (atomically) instead of stdout")
     render.add_argument("--podmonitor", action="store_true", help="append a Prometheus Operator PodMonitor")
+    render.add_argument("--api", choices=("mpijob", "trainjob"), default="mpijob",
+                        help="mpijob: MPI Operator MPIJob (default); trainjob: Kubeflow Trainer v2 TrainJob "
+                        "+ an hvdk8s ClusterTrainingRuntime")
     render.add_argument("--name", help="job name")
     render.add_argument("--namespace", help="namespace (default: none in the manifest, so kubectl's or the context's)")
     render.add_argument("--image", help="container image for launcher and workers")
@@ -63,17 +67,20 @@ def spec_source(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 def _render(args: argparse.Namespace) -> int:
     from hvdk8s.errors import UserError
-    from hvdk8s.mpijob.files import is_mpijob, load_spec, manifest_from_data, to_yaml, write_atomic
-    from hvdk8s.mpijob.render import render, render_podmonitor
+    from hvdk8s.mpijob import trainjob
+    from hvdk8s.mpijob.files import checked_render, is_mpijob, load_spec, manifest_from_data, to_yaml, write_atomic
+    from hvdk8s.mpijob.render import render_podmonitor
 
     data, origin = spec_source(args)
     if is_mpijob(data):
-        if args.podmonitor:
-            raise UserError(f"{origin}: --podmonitor needs a job spec, not an MPIJob manifest")
+        for flag, given in (("--podmonitor", args.podmonitor), ("--api trainjob", args.api != "mpijob")):
+            if given:
+                raise UserError(f"{origin}: {flag} needs a job spec, not an MPIJob manifest")
         manifests = [manifest_from_data(data, origin)]
     else:
         spec = load_spec(data, origin=origin)
-        manifests = [render(spec)]
+        manifests = trainjob.checked_render_trainjob(spec, origin) if args.api == "trainjob" else [
+            checked_render(spec, origin)]
         if args.podmonitor:
             if not spec.metrics.enabled:
                 raise UserError(f"{origin}: --podmonitor needs metrics.enabled: true")

@@ -1,40 +1,32 @@
-"""Reading job specs and manifests, writing YAML: the file edges of ``hvdk8s.mpijob``."""
+"""Reading job specs and manifests: the file edges of ``hvdk8s.mpijob``.
+
+One path for every caller: parse strictly, default, validate (all errors at
+once), then render once and check the result with the operator's own rules.
+"""
 from __future__ import annotations
 
 import os
-import tempfile
-from collections.abc import Mapping
-from pathlib import Path
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import yaml
-
 from hvdk8s.errors import UserError
+from hvdk8s.k8s import FieldError, read_yaml, to_yaml, write_atomic
 from hvdk8s.mpijob import parse, validate
 from hvdk8s.mpijob.render import KIND, render
 from hvdk8s.mpijob.spec import JobSpec
 
+__all__ = ["SpecError", "load_spec", "manifest_from_data", "manifest_from_file", "objects_from_file", "read_yaml",
+           "to_yaml", "write_atomic"]
+
 
 class SpecError(UserError):
-    """An invalid job spec or MPIJob: ``errors`` lists every ``path: problem``."""
+    """An invalid job spec or MPIJob: ``field_errors`` holds every problem, ``errors`` them as ``path: detail``."""
 
-    def __init__(self, source: str, errors: list[str]):
-        self.source, self.errors = source, errors
-        super().__init__(f"{source}: invalid:\n  " + "\n  ".join(errors))
-
-
-def read_yaml(path: str | os.PathLike[str]) -> Any:
-    """One YAML document; a missing file or bad syntax is the user's to fix."""
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read: {exc.strerror}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML: {exc}") from None
+    def __init__(self, source: str, field_errors: list[FieldError]):
+        self.source, self.field_errors = source, field_errors
+        self.errors = [str(e) for e in field_errors]
+        super().__init__(f"{source}: invalid:\n  " + "\n  ".join(self.errors))
 
 
 def load_spec(source: str | os.PathLike[str] | Mapping[str, Any], *, origin: str | None = None) -> JobSpec:
@@ -47,18 +39,25 @@ def load_spec(source: str | os.PathLike[str] | Mapping[str, Any], *, origin: str
         data, where = source, origin or "job spec"
     if is_mpijob(data):
         raise UserError(f"{where}: is an MPIJob manifest, not an hvdk8s job spec (apply it as is)")
-    errors: list[str] = []
-    spec = parse.from_mapping(JobSpec, data, errors)
-    if spec is None or errors:
-        raise SpecError(where, errors)
+    parse_errors: list[FieldError] = []
+    spec = parse.from_mapping(JobSpec, data, parse_errors)
+    if spec is None:
+        raise SpecError(where, parse_errors)
     spec = validate.with_defaults(spec)
-    if errors := validate.check_spec(spec):
-        raise SpecError(where, errors)
-    # The operator's rules on the result: a failure here is an hvdk8s bug,
-    # but one the user sees as an error instead of a Failed MPIJob.
-    if errors := validate.check_manifest(render(spec)):
+    refused = {e.path for e in parse_errors}  # those fields kept their (valid) defaults
+    errors = parse_errors + [e for e in validate.check_spec(spec) if e.path not in refused]
+    if errors:
         raise SpecError(where, errors)
     return spec
+
+
+def checked_render(spec: JobSpec, where: str) -> dict[str, Any]:
+    """Render once and hold the result to the operator's rules: a failure is an
+    hvdk8s bug, but one the user sees as an error instead of a silent MPIJob."""
+    manifest = render(spec)
+    if errors := validate.check_manifest(manifest):
+        raise SpecError(where, errors)
+    return manifest
 
 
 def is_mpijob(data: Any) -> bool:
@@ -66,49 +65,35 @@ def is_mpijob(data: Any) -> bool:
     return isinstance(data, Mapping) and data.get("kind") == KIND
 
 
-def manifest_from_data(data: Any, where: str) -> dict[str, Any]:
-    """An MPIJob as is (after the operator's checks), or a job spec rendered; ``where`` names the source."""
+def manifest_from_data(data: Any, where: str, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """An MPIJob as is (after the operator's checks; ``warn`` gets what it allows
+    but is likely wrong, default stderr), or a job spec rendered; ``where`` names the source."""
     if is_mpijob(data):
         if errors := validate.check_manifest(data):
             raise SpecError(where, errors)
+        for line in validate.manifest_warnings(data):
+            (warn or _stderr)(f"hvdk8s: warning: {where}: {line}")
         return dict(data)
-    return render(load_spec(data, origin=where))
+    return checked_render(load_spec(data, origin=where), where)
 
 
-def manifest_from_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+def manifest_from_file(path: str | os.PathLike[str], warn: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The manifest of an MPIJob or job-spec file (see ``manifest_from_data``)."""
-    return manifest_from_data(read_yaml(path), str(path))
+    return manifest_from_data(read_yaml(path), str(path), warn)
 
 
-class _Dumper(yaml.SafeDumper):
-    """Block style, no anchors/aliases, multi-line strings as ``|`` blocks (people read these files)."""
+def objects_from_file(path: str | os.PathLike[str], api: str = "mpijob") -> list[dict[str, Any]]:
+    """What ``submit`` creates, in order: the MPIJob (a ready one as is, or a job spec rendered), or with
+    ``api="trainjob"`` a job spec's ClusterTrainingRuntime and TrainJob."""
+    from hvdk8s.mpijob.trainjob import checked_render_trainjob  # it imports this module
 
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
-_Dumper.add_representer(
-    str, lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
-)
-
-
-def to_yaml(*manifests: Mapping[str, Any]) -> str:
-    """Manifests as YAML documents, keys in the order they were built."""
-    return "---\n".join(
-        yaml.dump(dict(m), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=10_000)
-        for m in manifests
-    )
+    data, where = read_yaml(path), str(path)
+    if api == "trainjob":
+        if is_mpijob(data):
+            raise UserError(f"{where}: --api trainjob needs a job spec, not an MPIJob manifest")
+        return checked_render_trainjob(load_spec(data, origin=where), where)
+    return [manifest_from_data(data, where)]
 
 
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Replace ``path`` in one step, so ``kubectl apply`` never reads half a file."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the file from other readers
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)

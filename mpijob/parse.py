@@ -3,7 +3,10 @@
 The MPIJob CRD has no ``additionalProperties: false``, so the API server
 silently drops a misspelled field (``slotPerWorker: 4`` becomes the default 1).
 Job-spec files are therefore read strictly: every key must be a field of the
-model, every value of its type; all problems are collected with their paths.
+model, every value of its type (one of the listed values for ``Literal``
+types); all problems are collected as field errors with their paths. A field
+whose value is refused keeps its default, so the rules can still check the rest
+and every error is reported at once.
 """
 from __future__ import annotations
 
@@ -12,7 +15,9 @@ import difflib
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
+
+from hvdk8s.k8s import FieldError, invalid, not_supported, required
 
 T = TypeVar("T")
 _MISSING = dataclasses.MISSING
@@ -30,14 +35,15 @@ def join(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else key
 
 
-def from_mapping(cls: type[T], data: Any, errors: list[str], path: str = "") -> T | None:
-    """Build ``cls`` from ``data``; append ``"path: problem"`` to ``errors``.
+def from_mapping(cls: type[T], data: Any, errors: list[FieldError], path: str = "") -> T | None:
+    """Build ``cls`` from ``data``; append a FieldError per problem to ``errors``.
 
     Returns None when ``data`` is unusable at this level (errors say why).
-    Missing optional fields take the dataclass defaults.
+    Missing optional fields, and fields whose value was refused, take the
+    dataclass defaults.
     """
     if not isinstance(data, Mapping):
-        errors.append(f"{path or '<top level>'}: must be a mapping, got {_kind(data)}")
+        errors.append(invalid(path or "<top level>", f"must be a mapping, got {_kind(data)}"))
         return None
     fields = {camel(f.name): f for f in dataclasses.fields(cls) if f.init}
     hints = typing.get_type_hints(cls)
@@ -46,21 +52,27 @@ def from_mapping(cls: type[T], data: Any, errors: list[str], path: str = "") -> 
         where = join(path, str(key))
         f = fields.get(key) if isinstance(key, str) else None
         if f is None:
-            errors.append(f"{where}: unknown field{_suggest(key, fields)}")
+            errors.append(FieldError("NotSupported", where, f"unknown field{_suggest(key, fields)}"))
             continue
         before = len(errors)
         value = _convert(hints[f.name], raw, errors, where)
         if len(errors) == before:
             values[f.name] = value
-    required = {key: f for key, f in fields.items() if f.default is _MISSING and f.default_factory is _MISSING}
-    errors.extend(f"{join(path, key)}: required" for key in required if key not in data)
-    if any(f.name not in values for f in required.values()):
+    needed = {key: f for key, f in fields.items() if f.default is _MISSING and f.default_factory is _MISSING}
+    errors.extend(required(join(path, key)) for key in needed if key not in data)
+    if any(f.name not in values for f in needed.values()):
         return None
     return cls(**values)
 
 
-def _convert(tp: Any, raw: Any, errors: list[str], where: str) -> Any:
+def _convert(tp: Any, raw: Any, errors: list[FieldError], where: str) -> Any:
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:  # a plain Kubernetes object, checked by the API server's schema
+        return raw
+    if origin is Literal:
+        if raw not in args or not isinstance(raw, str):
+            errors.append(not_supported(where, raw, args))
+        return raw
     if origin in (typing.Union, types.UnionType):
         if raw is None and type(None) in args:
             return None
@@ -70,18 +82,18 @@ def _convert(tp: Any, raw: Any, errors: list[str], where: str) -> Any:
         return from_mapping(tp, raw, errors, where)
     if origin is tuple:
         if not isinstance(raw, list):
-            errors.append(f"{where}: must be a list, got {_kind(raw)}")
+            errors.append(_type_error(where, "a list", raw))
             return None
         return tuple(_convert(args[0], item, errors, join(where, i)) for i, item in enumerate(raw))
     if origin is dict:
         if not isinstance(raw, Mapping):
-            errors.append(f"{where}: must be a mapping, got {_kind(raw)}")
+            errors.append(_type_error(where, "a mapping", raw))
             return None
         return {str(k): _convert(args[1], v, errors, join(where, str(k))) for k, v in raw.items()}
     return _scalar(tp, raw, errors, where)
 
 
-def _scalar(tp: type, raw: Any, errors: list[str], where: str) -> Any:
+def _scalar(tp: type, raw: Any, errors: list[FieldError], where: str) -> Any:
     # YAML's true/false are ints to Python: never accept them as numbers or text.
     if tp is bool:
         if isinstance(raw, bool):
@@ -89,6 +101,9 @@ def _scalar(tp: type, raw: Any, errors: list[str], where: str) -> Any:
     elif tp is int:
         if isinstance(raw, int) and not isinstance(raw, bool):
             return raw
+    elif tp is float:
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return float(raw)
     elif tp is str:
         if isinstance(raw, str):
             return raw
@@ -97,11 +112,15 @@ def _scalar(tp: type, raw: Any, errors: list[str], where: str) -> Any:
     else:  # pragma: no cover - the model only uses the types above
         raise TypeError(f"unsupported field type {tp!r}")
     hint = " (quote it)" if tp is str and isinstance(raw, bool) else ""
-    errors.append(f"{where}: must be {_NAMES[tp]}, got {_kind(raw)}{hint}")
+    errors.append(_type_error(where, _NAMES[tp], raw, hint))
     return None
 
 
-_NAMES = {bool: "true or false", int: "an integer", str: "a string"}
+def _type_error(where: str, expected: str, raw: Any, hint: str = "") -> FieldError:
+    return FieldError("TypeInvalid", where, f"must be {expected}, got {_kind(raw)}{hint}")
+
+
+_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
 def _kind(value: Any) -> str:

@@ -9,18 +9,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from hvdk8s.k8s import QUEUE_LABEL
 from hvdk8s.launcher.mpirun import forwarded_env, horovodrun_argv, mpirun_argv
 from hvdk8s.mpijob.spec import (
     DISCOVER_HOSTS,
     GPU_RESOURCE,
     LAUNCHER_CONTAINER,
+    MPI_CONFIG_DIR,
     WORKER_CONTAINER,
     JobSpec,
+    Resources,
     Toleration,
 )
 
 API_VERSION = "kubeflow.org/v2beta1"
 KIND = "MPIJob"
+LAUNCHER_COMMANDS = ("mpirun", "horovodrun")
+HOSTS_MODULE = ("python", "-m", "hvdk8s.launcher.hosts")
 SHM_VOLUME = "dshm"
 SHARED_VOLUME = "shared"
 # Variables an ssh-started rank would not see otherwise: orted's session gets
@@ -32,6 +37,9 @@ GENERATED_ENV = {
     "HVDK8S_JOB_NAME": "name",
     "HVDK8S_METRICS_PORT": "metrics.port",
     "HOROVOD_FUSION_THRESHOLD": "horovod.fusionThreshold",
+    "HOROVOD_CYCLE_TIME": "horovod.cycleTimeMs",
+    "HOROVOD_CACHE_CAPACITY": "horovod.cacheCapacity",
+    "HOROVOD_AUTOTUNE": "horovod.autotune",
     "HOROVOD_TIMELINE": "horovod.timeline",
     "NCCL_DEBUG": "nccl.debug",
     "PYTHONUNBUFFERED": "(always 1, so logs stream)",
@@ -39,11 +47,11 @@ GENERATED_ENV = {
 
 
 def labels(spec: JobSpec, component: str | None = None) -> dict[str, str]:
-    """Recommended app labels; the PodMonitor selects workers by them."""
+    """Recommended app labels (the PodMonitor selects workers by them), then the spec's own."""
     out = {"app.kubernetes.io/name": "hvdk8s", "app.kubernetes.io/instance": spec.name}
     if component:
         out["app.kubernetes.io/component"] = component
-    return out
+    return out | spec.labels
 
 
 def pod_env(spec: JobSpec) -> dict[str, str]:
@@ -52,6 +60,12 @@ def pod_env(spec: JobSpec) -> dict[str, str]:
     if spec.metrics.enabled:
         env["HVDK8S_METRICS_PORT"] = str(spec.metrics.port)
     env["HOROVOD_FUSION_THRESHOLD"] = str(spec.horovod.fusion_threshold)
+    if spec.horovod.cycle_time_ms is not None:
+        env["HOROVOD_CYCLE_TIME"] = f"{spec.horovod.cycle_time_ms:g}"
+    if spec.horovod.cache_capacity is not None:
+        env["HOROVOD_CACHE_CAPACITY"] = str(spec.horovod.cache_capacity)
+    if spec.horovod.autotune:
+        env["HOROVOD_AUTOTUNE"] = "1"
     if spec.horovod.timeline:
         env["HOROVOD_TIMELINE"] = spec.horovod.timeline
     env["NCCL_DEBUG"] = spec.nccl.debug
@@ -60,10 +74,12 @@ def pod_env(spec: JobSpec) -> dict[str, str]:
 
 
 def launcher_command(spec: JobSpec) -> list[str]:
-    """mpirun (or, for elastic jobs, horovodrun) argv of the launcher container."""
+    """mpirun (or, for elastic jobs, horovodrun) argv of the launcher container (``spec`` defaulted)."""
+    port = str(spec.ssh_port)
     if spec.elastic:
-        # The operator keeps discover_hosts.sh listing the running workers, one
-        # host per line without a count, hence --slots.
+        # The operator's discover_hosts.sh lists the Running workers, one host
+        # per line without a count (hence --slots); only those whose sshd
+        # answers (Ready) are handed to Horovod.
         slots = spec.slots_per_worker
         return horovodrun_argv(
             spec.np,
@@ -71,22 +87,28 @@ def launcher_command(spec: JobSpec) -> list[str]:
             min_np=spec.elastic.min_workers * slots,
             max_np=spec.elastic.max_workers * slots,
             slots=slots,
-            discovery_script=DISCOVER_HOSTS,
+            discovery_script=" ".join([*HOSTS_MODULE, "ready", "--port", port, "--", DISCOVER_HOSTS]),
         )
     names = forwarded_env(pod_env(spec), extra=(*IMAGE_ENV, *spec.env))
-    return mpirun_argv(spec.np, spec.command, env_names=names, allow_run_as_root=spec.user is None)
+    argv = mpirun_argv(spec.np, spec.command, env_names=names, allow_run_as_root=spec.user is None)
+    if spec.launcher_creation_policy == "AtStartup" and spec.workers:
+        # Started with its workers, not after them: wait for their sshd first.
+        return [*HOSTS_MODULE, "wait", "--port", port, "--hostfile", f"{MPI_CONFIG_DIR}/hostfile", "--", *argv]
+    return argv
 
 
 def metadata(spec: JobSpec) -> dict[str, Any]:
-    """name, namespace only when the spec sets one (else the applier's), labels."""
+    """name, namespace only when the spec sets one (else the applier's), labels
+    (with Kueue's queue-name), annotations."""
     meta: dict[str, Any] = {"name": spec.name}
     _put(meta, "namespace", spec.namespace)
-    meta["labels"] = labels(spec)
+    meta["labels"] = labels(spec) | ({QUEUE_LABEL: spec.queue} if spec.queue else {})
+    _put(meta, "annotations", dict(spec.annotations))
     return meta
 
 
 def render(spec: JobSpec) -> dict[str, Any]:
-    """The MPIJob manifest for ``kubectl apply -f`` (``spec`` must be validated)."""
+    """The MPIJob manifest for ``kubectl apply -f`` (``spec`` defaulted and validated: ``load_spec``)."""
     run_policy: dict[str, Any] = {
         "cleanPodPolicy": spec.run_policy.clean_pod_policy,
         "backoffLimit": spec.run_policy.backoff_limit,
@@ -101,28 +123,34 @@ def render(spec: JobSpec) -> dict[str, Any]:
         _put(gang, "scheduleTimeoutSeconds", policy.schedule_timeout_seconds)
         _put(gang, "minResources", policy.min_resources)
         run_policy["schedulingPolicy"] = gang
+    _put(run_policy, "suspend", spec.run_policy.suspend)
+    _put(run_policy, "managedBy", spec.run_policy.managed_by)
+    replicas = {
+        "Launcher": {
+            "replicas": 1,
+            "restartPolicy": spec.restart_policy.launcher,
+            "template": _launcher_template(spec),
+        },
+    }
+    if spec.workers:  # none: the launcher runs every rank (runLauncherAsWorker)
+        replicas["Worker"] = {
+            "replicas": spec.workers,
+            "restartPolicy": spec.restart_policy.worker,
+            "template": _worker_template(spec),
+        }
+    job_spec: dict[str, Any] = {"slotsPerWorker": spec.slots_per_worker}
+    if spec.run_launcher_as_worker:
+        job_spec["runLauncherAsWorker"] = True
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
         "metadata": metadata(spec),
-        "spec": {
-            "slotsPerWorker": spec.slots_per_worker,
+        "spec": job_spec | {
             "runPolicy": run_policy,
             "launcherCreationPolicy": spec.launcher_creation_policy,
             "mpiImplementation": spec.mpi_implementation,
             "sshAuthMountPath": spec.ssh_auth_mount_path,
-            "mpiReplicaSpecs": {
-                "Launcher": {
-                    "replicas": 1,
-                    "restartPolicy": spec.restart_policy.launcher,
-                    "template": _launcher_template(spec),
-                },
-                "Worker": {
-                    "replicas": spec.workers,
-                    "restartPolicy": spec.restart_policy.worker,
-                    "template": _worker_template(spec),
-                },
-            },
+            "mpiReplicaSpecs": replicas,
         },
     }
 
@@ -143,26 +171,29 @@ def render_podmonitor(spec: JobSpec) -> dict[str, Any]:
 
 
 def _launcher_template(spec: JobSpec) -> dict[str, Any]:
+    """mpirun's pod; with runLauncherAsWorker it also hosts ranks, sized and placed like a worker."""
+    ranks = spec.run_launcher_as_worker
     container: dict[str, Any] = {
         "name": LAUNCHER_CONTAINER,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": launcher_command(spec),
         "env": _env_list(spec),
-        "resources": _resources(spec.resources.launcher.cpu, spec.resources.launcher.memory),
     }
-    _put(container, "volumeMounts", _mounts(spec, shm=False))
-    pod = _pod_spec(spec, container, shm=False)
-    return {"metadata": {"labels": labels(spec, "launcher")}, "spec": pod}
+    if ranks:
+        _put(container, "ports", _metrics_ports(spec))
+    container["resources"] = _resources(spec, spec.resources.worker if ranks else spec.resources.launcher, gpus=ranks)
+    _put(container, "volumeMounts", _mounts(spec, shm=ranks))
+    pod = _pod_spec(spec, container, shm=ranks)
+    if ranks:
+        _place_like_a_worker(spec, pod)
+    return {"metadata": _pod_metadata(spec, "launcher", metrics=ranks), "spec": pod}
 
 
 def _worker_template(spec: JobSpec) -> dict[str, Any]:
     sshd = ["/usr/sbin/sshd", "-De"]
     if spec.user:  # non-root sshd: its own config (port, host key, pid file) in $HOME
         sshd += ["-f", f"{spec.home}/.sshd_config"]
-    resources = _resources(spec.resources.worker.cpu, spec.resources.worker.memory)
-    if spec.gpu:
-        resources["limits"][GPU_RESOURCE] = spec.slots_per_worker
     container: dict[str, Any] = {
         "name": WORKER_CONTAINER,
         "image": spec.image,
@@ -173,33 +204,58 @@ def _worker_template(spec: JobSpec) -> dict[str, Any]:
         # Ready = sshd accepts connections: what WaitForWorkersReady waits for
         # before it creates the launcher.
         "readinessProbe": {"tcpSocket": {"port": spec.ssh_port}, "periodSeconds": 2},
-        "resources": resources,
+        "resources": _resources(spec, spec.resources.worker, gpus=True),
     }
+    if spec.capabilities:
+        container["securityContext"] = {"capabilities": {"add": list(spec.capabilities)}}
     _put(container, "volumeMounts", _mounts(spec, shm=True))
-    metadata: dict[str, Any] = {"labels": labels(spec, "worker")}
-    if spec.metrics.enabled:
+    pod = _pod_spec(spec, container, shm=True)
+    _place_like_a_worker(spec, pod)
+    if spec.host_network:
+        # The node's network (RDMA NICs); ClusterFirstWithHostNet keeps the
+        # headless Service's pod names resolvable.
+        pod["hostNetwork"] = True
+        pod["dnsPolicy"] = "ClusterFirstWithHostNet"
+    return {"metadata": _pod_metadata(spec, "worker", metrics=True), "spec": pod}
+
+
+def _pod_metadata(spec: JobSpec, component: str, *, metrics: bool) -> dict[str, Any]:
+    annotations = dict(spec.pod_annotations)
+    if metrics and spec.metrics.enabled:
         # The annotation convention names one port: local rank 0's. The
         # PodMonitor (render --podmonitor) scrapes every rank's named port.
-        metadata["annotations"] = {
+        annotations |= {
             "prometheus.io/scrape": "true",
             "prometheus.io/port": str(spec.metrics.port),
             "prometheus.io/path": spec.metrics.path,
         }
-    pod = _pod_spec(spec, container, shm=True)
+    meta: dict[str, Any] = {"labels": labels(spec, component)}
+    _put(meta, "annotations", annotations)
+    return meta
+
+
+def _place_like_a_worker(spec: JobSpec, pod: dict[str, Any]) -> None:
+    """Node selection of a pod that runs ranks: GPU model, node labels, affinity, spreading."""
     node_selector = dict(spec.scheduling.node_selector)
     if spec.scheduling.gpu_product:
         node_selector[spec.scheduling.gpu_product_label] = spec.scheduling.gpu_product
     _put(pod, "nodeSelector", node_selector)
-    _put(pod, "tolerations", [_toleration(t) for t in spec.scheduling.tolerations or ()])
-    return {"metadata": metadata, "spec": pod}
+    _put(pod, "affinity", spec.affinity)
+    _put(pod, "topologySpreadConstraints", list(spec.topology_spread_constraints))
 
 
 def _pod_spec(spec: JobSpec, container: dict[str, Any], *, shm: bool) -> dict[str, Any]:
+    """What every pod shares: identity, scheduler, priority, user, tolerations, volumes."""
     pod: dict[str, Any] = {"containers": [container]}
+    _put(pod, "serviceAccountName", spec.service_account_name)
+    _put(pod, "imagePullSecrets", [{"name": name} for name in spec.image_pull_secrets])
+    _put(pod, "schedulerName", spec.scheduler_name)
     _put(pod, "priorityClassName", spec.scheduling.priority_class_name)
     if spec.user:
         uid = spec.user.uid
         pod["securityContext"] = {"runAsUser": uid, "runAsGroup": uid, "runAsNonRoot": True, "fsGroup": uid}
+    # On the launcher too: on a tainted GPU-only pool it must land as well.
+    _put(pod, "tolerations", [_toleration(t) for t in spec.scheduling.tolerations or ()])
     _put(pod, "volumes", _volumes(spec, shm=shm))
     return pod
 
@@ -241,8 +297,13 @@ def _env_list(spec: JobSpec) -> list[dict[str, str]]:
     return [{"name": name, "value": value} for name, value in pod_env(spec).items()]
 
 
-def _resources(cpu: str, memory: str) -> dict[str, dict[str, Any]]:
-    return {"requests": {"cpu": cpu, "memory": memory}, "limits": {"cpu": cpu, "memory": memory}}
+def _resources(spec: JobSpec, res: Resources, *, gpus: bool) -> dict[str, dict[str, Any]]:
+    """Requests = limits; ``gpus``: this pod runs ranks, one GPU each when ``spec.gpu``."""
+    amounts: dict[str, Any] = {"cpu": res.cpu, "memory": res.memory, **res.extra}
+    limits = dict(amounts)
+    if gpus and spec.gpu:
+        limits[GPU_RESOURCE] = spec.slots_per_worker
+    return {"requests": amounts, "limits": limits}
 
 
 def _toleration(t: Toleration) -> dict[str, Any]:

@@ -4,10 +4,13 @@ Field names are snake_case here and camelCase in the YAML file
 (``slots_per_worker`` <-> ``slotsPerWorker``), like Kubernetes objects. Every
 field has a default that works on a real cluster except ``name``, ``image``
 and ``command``; ``parse.from_mapping`` fills them, ``validate`` checks them.
+Fields that take one of a few values say which beside their type (``Literal``):
+the parser refuses any other value, and the manifest checks read the same lists.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Literal, get_args
 
 # Where the MPI Operator mounts the hostfile and discover_hosts.sh (its
 # ConfigMap), and the Open MPI flavour hvdk8s's mpirun flags are written for.
@@ -16,6 +19,26 @@ DISCOVER_HOSTS = f"{MPI_CONFIG_DIR}/discover_hosts.sh"
 GPU_RESOURCE = "nvidia.com/gpu"
 LAUNCHER_CONTAINER = "launcher"
 WORKER_CONTAINER = "worker"
+# Kubeflow profile namespaces inject Istio sidecars; MPI's ssh between pods
+# and the launcher's exit (the sidecar keeps the pod running) break with them.
+DEFAULT_POD_ANNOTATIONS = {"sidecar.istio.io/inject": "false"}
+
+PullPolicy = Literal["Always", "IfNotPresent", "Never"]
+RestartPolicyName = Literal["Never", "OnFailure"]  # the operator accepts only these
+CleanPodPolicy = Literal["None", "Running", "All"]
+LauncherCreationPolicy = Literal["AtStartup", "WaitForWorkersReady"]
+MPIImplementation = Literal["OpenMPI", "Intel", "MPICH"]
+# Who runs the MPIJob: the operator itself, or Kueue's MultiKueue (which
+# dispatches it to a worker cluster). Any other value: nothing ever runs it.
+ManagedBy = Literal["kubeflow.org/mpi-operator", "kueue.x-k8s.io/multikueue"]
+TolerationOperator = Literal["Equal", "Exists"]
+TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+NcclDebug = Literal["VERSION", "WARN", "INFO", "TRACE"]
+
+
+def allowed(literal: Any) -> tuple[str, ...]:
+    """The values of a ``Literal`` type, for messages and manifest checks."""
+    return get_args(literal)
 
 
 @dataclass(frozen=True)
@@ -25,12 +48,16 @@ class Resources:
 
     cpu: str
     memory: str
+    # More resources, requested and limited alike: RDMA devices
+    # (``rdma/hca_shared_devices_a: 1``), hugepages (``hugepages-2Mi: 1Gi``).
+    extra: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class PodResources:
     worker: Resources = Resources(cpu="2", memory="4Gi")
-    # mpirun (or horovodrun's driver) and ssh only: small, and never a GPU.
+    # mpirun (or horovodrun's driver) and ssh only: small, and never a GPU
+    # (unless runLauncherAsWorker: then it gets the worker's resources).
     launcher: Resources = Resources(cpu="500m", memory="1Gi")
 
 
@@ -48,9 +75,9 @@ class SharedVolume:
 @dataclass(frozen=True)
 class Toleration:
     key: str | None = None
-    operator: str = "Equal"
+    operator: TolerationOperator = "Equal"
     value: str | None = None
-    effect: str | None = None
+    effect: TaintEffect | None = None
     toleration_seconds: int | None = None
 
 
@@ -61,7 +88,8 @@ class Scheduling:
     ``gpu_product`` pins workers to one GPU model (the GPU Feature Discovery
     label ``nvidia.com/gpu.product``), ``priority_class_name`` lets a
     low-priority job take older or preemptible cards. ``tolerations`` default
-    (for GPU jobs) to the common ``nvidia.com/gpu:NoSchedule`` taint.
+    (for GPU jobs) to the common ``nvidia.com/gpu:NoSchedule`` taint and apply
+    to the launcher too (on a tainted GPU-only pool it must land as well).
     """
 
     gpu_product: str | None = None
@@ -73,7 +101,12 @@ class Scheduling:
 
 @dataclass(frozen=True)
 class SchedulingPolicy:
-    """Gang scheduling (only used when the operator runs with --gang-scheduling)."""
+    """Gang scheduling (only used when the operator runs with --gang-scheduling).
+
+    ``min_available`` defaults to the pods that exist together: the workers
+    when the launcher waits for them (``WaitForWorkersReady``), workers + 1
+    otherwise; elastic jobs count ``elastic.minWorkers``.
+    """
 
     min_available: int | None = None
     queue: str | None = None
@@ -85,7 +118,7 @@ class SchedulingPolicy:
 @dataclass(frozen=True)
 class RunPolicy:
     # Running: delete the workers (and their GPUs) as soon as the job ends.
-    clean_pod_policy: str = "Running"
+    clean_pod_policy: CleanPodPolicy = "Running"
     # Data-parallel failures are mostly deterministic (bug, OOM): fail fast and
     # show the reason; opt in to retries, which resume from checkpoints.
     backoff_limit: int = 0
@@ -93,13 +126,16 @@ class RunPolicy:
     ttl_seconds_after_finished: int | None = 86400
     active_deadline_seconds: int | None = None
     scheduling_policy: SchedulingPolicy | None = None
+    # Created suspended: no pods until something (Kueue, a person) unsuspends it.
+    suspend: bool | None = None
+    managed_by: ManagedBy | None = None
 
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    # The operator's own defaults; it accepts only Never and OnFailure.
-    launcher: str = "OnFailure"
-    worker: str = "Never"
+    # The operator's own defaults.
+    launcher: RestartPolicyName = "OnFailure"
+    worker: RestartPolicyName = "Never"
 
 
 @dataclass(frozen=True)
@@ -131,25 +167,47 @@ class Metrics:
 
 @dataclass(frozen=True)
 class Horovod:
-    fusion_threshold: int = 64 * 1024 * 1024  # Horovod's default tensor fusion buffer (bytes)
+    """Horovod's tuning knobs; unset ones keep Horovod's defaults (benchmarks/reports/knobs measures them)."""
+
+    fusion_threshold: int = 128 * 1024 * 1024  # Horovod's default tensor fusion buffer (bytes)
+    cycle_time_ms: float | None = None  # HOROVOD_CYCLE_TIME; Horovod's default 1 ms
+    cache_capacity: int | None = None  # HOROVOD_CACHE_CAPACITY; Horovod's default 1024, 0 turns the cache off
+    autotune: bool = False  # HOROVOD_AUTOTUNE
     timeline: str | None = None  # Chrome-trace file written by rank 0 (put it on the shared volume)
 
 
 @dataclass(frozen=True)
 class Nccl:
-    debug: str = "WARN"
+    debug: NcclDebug = "WARN"
 
 
 @dataclass(frozen=True)
 class JobSpec:
     """One data-parallel training job: ``workers`` pods x ``slots_per_worker``
-    ranks each (= GPUs per worker when ``gpu``), launched by one launcher pod."""
+    ranks each (= GPUs per worker when ``gpu``), launched by one launcher pod
+    (which runs ranks too with ``run_launcher_as_worker``)."""
 
     name: str
     image: str
     command: tuple[str, ...]
     namespace: str | None = None  # None: kubectl's / the context's namespace decides
-    image_pull_policy: str = "IfNotPresent"
+    # Kueue LocalQueue: the MPIJob gets the queue-name label and Kueue admits it whole.
+    queue: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)  # on the MPIJob and every pod
+    annotations: dict[str, str] = field(default_factory=dict)  # on the MPIJob
+    # On every pod, over DEFAULT_POD_ANNOTATIONS (set a key to override it).
+    pod_annotations: dict[str, str] = field(default_factory=dict)
+    service_account_name: str | None = None
+    image_pull_secrets: tuple[str, ...] = ()
+    scheduler_name: str | None = None  # every pod, e.g. volcano
+    # Plain Kubernetes objects for the worker pods (checked by the API server's pod schema).
+    affinity: dict[str, Any] | None = None
+    topology_spread_constraints: tuple[dict[str, Any], ...] = ()
+    # RDMA/InfiniBand opt-ins for the workers: the node's network stack, and
+    # added container capabilities (IPC_LOCK lets verbs pin memory).
+    host_network: bool = False
+    capabilities: tuple[str, ...] = ()
+    image_pull_policy: PullPolicy = "IfNotPresent"
     workers: int = 2
     slots_per_worker: int = 1
     gpu: bool = False
@@ -162,8 +220,11 @@ class JobSpec:
     scheduling: Scheduling = Scheduling()
     run_policy: RunPolicy = RunPolicy()
     restart_policy: RestartPolicy = RestartPolicy()
-    launcher_creation_policy: str = "WaitForWorkersReady"
-    mpi_implementation: str = "OpenMPI"
+    # None: WaitForWorkersReady, or AtStartup for jobs created suspended or
+    # queued (the operator then starts the launcher with the workers anyway).
+    launcher_creation_policy: LauncherCreationPolicy | None = None
+    run_launcher_as_worker: bool = False
+    mpi_implementation: MPIImplementation = "OpenMPI"
     user: User | None = None
     ssh_auth_mount_path: str | None = None  # default: the user's ~/.ssh
     ssh_port: int = 2222  # sshd port baked into the image (the operator's convention)
@@ -173,9 +234,14 @@ class JobSpec:
     nccl: Nccl = Nccl()
 
     @property
+    def hosts(self) -> int:
+        """Pods in the operator's hostfile: the workers, and the launcher when it runs ranks."""
+        return self.workers + int(self.run_launcher_as_worker)
+
+    @property
     def np(self) -> int:
-        """Ranks at start: the operator's hostfile gives each worker ``slotsPerWorker`` slots."""
-        return self.workers * self.slots_per_worker
+        """Ranks at start: the operator's hostfile gives each host ``slotsPerWorker`` slots."""
+        return self.hosts * self.slots_per_worker
 
     @property
     def home(self) -> str:

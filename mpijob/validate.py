@@ -1,170 +1,324 @@
 """Defaulting, then validation: of job specs (paths as written in the job file)
 and of MPIJob manifests (the MPI Operator's own rules, MPIJob paths).
 
-The operator validates an MPIJob only after the API server has stored it, and
-then just marks it Failed; checking here turns that into an error at render
-or submit time. Rules mirror kubeflow/mpi-operator pkg/apis/kubeflow/validation
-plus hvdk8s's own invariants (-np = workers x slots, GPUs per worker = slots).
+Shaped like the operator's ``pkg/apis/kubeflow/validation``: one validator per
+section, each returning field errors (kind, path, detail), all collected at
+once. The operator validates an MPIJob only after the API server has stored
+it; on an invalid one it records a Warning event (ValidationError) and does
+nothing else: no condition, no pods. Checking here turns that silence into an
+error at render or submit time. hvdk8s adds its own invariants (-np fills the
+hostfile, GPUs per worker = slots) and refuses combinations the operator
+accepts but no scheduler will run (see ``_check_gang`` and ``_check_queueing``).
 """
 from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from hvdk8s.mpijob.render import API_VERSION, GENERATED_ENV, KIND
-from hvdk8s.mpijob.spec import GPU_RESOURCE, MPI_CONFIG_DIR, JobSpec, Toleration
-
-# \Z, not $: $ also matches before a final newline (YAML block scalars end in one).
-DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?\Z")
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
-DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
-LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
-LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
-# Kubernetes resource.Quantity, as the CRD's schema spells it.
-QUANTITY = re.compile(
-    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?\Z"
+from hvdk8s import k8s
+from hvdk8s.k8s import MULTIKUEUE, FieldError, at_least, forbidden, invalid, one_of, quantity, required
+from hvdk8s.mpijob.render import API_VERSION, GENERATED_ENV, KIND, LAUNCHER_COMMANDS
+from hvdk8s.mpijob.spec import (
+    DEFAULT_POD_ANNOTATIONS,
+    GPU_RESOURCE,
+    MPI_CONFIG_DIR,
+    CleanPodPolicy,
+    JobSpec,
+    LauncherCreationPolicy,
+    ManagedBy,
+    MPIImplementation,
+    RestartPolicyName,
+    SchedulingPolicy,
+    Toleration,
+    allowed,
 )
-ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*\Z")
-USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
 
-RESTART_POLICIES = ("Never", "OnFailure")
-CLEAN_POD_POLICIES = ("None", "Running", "All")
-LAUNCHER_CREATION_POLICIES = ("AtStartup", "WaitForWorkersReady")
-MPI_IMPLEMENTATIONS = ("OpenMPI", "Intel", "MPICH")
-PULL_POLICIES = ("Always", "IfNotPresent", "Never")
-NCCL_DEBUG_LEVELS = ("VERSION", "WARN", "INFO", "TRACE")
-TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
+CAPABILITY = re.compile(r"^[A-Z][A-Z_]*\Z")
+AFFINITY_KINDS = ("nodeAffinity", "podAffinity", "podAntiAffinity")
 GPU_TOLERATION = Toleration(key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
-Err = Callable[[str], None]  # appends one "path: problem"
+
+
+# ---- defaulting --------------------------------------------------------------
 
 
 def with_defaults(spec: JobSpec) -> JobSpec:
-    """Fill the defaults that depend on other fields."""
-    changes: dict[str, Any] = {}
+    """Fill the defaults that depend on other fields (before any rule is checked)."""
+    changes: dict[str, Any] = {"pod_annotations": DEFAULT_POD_ANNOTATIONS | spec.pod_annotations}
     if spec.ssh_auth_mount_path is None:
         changes["ssh_auth_mount_path"] = f"{spec.home}/.ssh"
     if spec.scheduling.tolerations is None:
         tolerations = (GPU_TOLERATION,) if spec.gpu else ()
         changes["scheduling"] = dataclasses.replace(spec.scheduling, tolerations=tolerations)
+    policy = spec.launcher_creation_policy
+    if policy is None:
+        # A job created suspended gets its launcher created at once anyway
+        # (mpi-operator issue 615): AtStartup says what really happens.
+        policy = "AtStartup" if _created_suspended(spec) else "WaitForWorkersReady"
+        changes["launcher_creation_policy"] = policy
+    gang = spec.run_policy.scheduling_policy or SchedulingPolicy()
+    if gang.min_available is None:
+        gang = dataclasses.replace(gang, min_available=gang_pods(spec, policy))
+    changes["run_policy"] = dataclasses.replace(spec.run_policy, scheduling_policy=gang)
     return dataclasses.replace(spec, **changes)
 
 
-def check_spec(spec: JobSpec) -> list[str]:
-    """Every problem of a defaulted spec, as ``field.path: problem``."""
-    errors: list[str] = []
-    err = errors.append
+def gang_pods(spec: JobSpec, launcher_creation_policy: str) -> int:
+    """Pods a gang scheduler must place together for the job to start.
 
-    max_workers = spec.elastic.max_workers if spec.elastic else spec.workers
-    if problem := _pod_hostname_problem(spec.name, max_workers):
-        err(f"name: {problem}")
-    if spec.namespace is not None and (not DNS1123_LABEL.match(spec.namespace) or len(spec.namespace) > 63):
-        err(f"namespace: {spec.namespace!r} is not a valid namespace (DNS-1123 label)")
+    The operator's default (workers + 1) counts the launcher, which under
+    WaitForWorkersReady is created only after the workers run: a PodGroup
+    waiting for it never fills (mpi-operator issue 608). Elastic jobs start
+    with as few as ``minWorkers``.
+    """
+    workers = min(spec.elastic.min_workers, spec.workers) if spec.elastic else spec.workers
+    launcher = launcher_creation_policy == "AtStartup"
+    return workers + int(launcher) if workers else 1
+
+
+def _created_suspended(spec: JobSpec) -> bool:
+    """Kueue creates queued jobs suspended (its webhook sets runPolicy.suspend)."""
+    return spec.queue is not None or bool(spec.run_policy.suspend)
+
+
+# ---- job specs: one validator per section ------------------------------------
+
+
+def check_spec(spec: JobSpec) -> list[FieldError]:
+    """Every problem of a defaulted spec, with job-file paths."""
+    return [
+        *_check_identity(spec),
+        *_check_metadata(spec),
+        *_check_size(spec),
+        *_check_resources(spec),
+        *_check_env(spec),
+        *_check_volumes(spec),
+        *_check_scheduling(spec),
+        *_check_network(spec),
+        *_check_run_policy(spec),
+        *_check_gang(spec),
+        *_check_queueing(spec),
+        *_check_mpi(spec),
+        *_check_metrics(spec),
+    ]
+
+
+def _check_identity(spec: JobSpec) -> list[FieldError]:
+    errors = []
+    if problem := pod_hostname_problem(spec.name, spec.elastic.max_workers if spec.elastic else spec.workers):
+        errors.append(invalid("name", problem))
+    if spec.namespace is not None and not k8s.is_namespace(spec.namespace):
+        errors.append(invalid("namespace", f"{spec.namespace!r} is not a valid namespace (DNS-1123 label)"))
     if not spec.image or any(c.isspace() for c in spec.image):
-        err(f"image: {spec.image!r} is not an image reference")
-    _one_of(err, "imagePullPolicy", spec.image_pull_policy, PULL_POLICIES)
+        errors.append(invalid("image", f"{spec.image!r} is not an image reference"))
     if not spec.command:
-        err("command: must not be empty")
-    for i, arg in enumerate(spec.command):
-        if not arg:
-            err(f"command[{i}]: must not be empty")
-
-    _at_least(err, "workers", spec.workers, 1)
-    _at_least(err, "slotsPerWorker", spec.slots_per_worker, 1)
-    for role in ("worker", "launcher"):
-        res = getattr(spec.resources, role)
-        _quantity(err, f"resources.{role}.cpu", res.cpu)
-        _quantity(err, f"resources.{role}.memory", res.memory)
-    if spec.shm_size is not None:
-        _quantity(err, "shmSize", spec.shm_size)
-
-    for name in spec.env:
-        if not ENV_NAME.match(name):
-            err(f"env.{name}: not a valid environment variable name")
-        elif name in GENERATED_ENV:
-            err(f"env.{name}: set by hvdk8s from {GENERATED_ENV[name]}; set it there")
-
-    reserved = {
-        "/dev/shm": "shmSize",
-        MPI_CONFIG_DIR: "the MPI Operator's hostfile",
-        spec.ssh_auth_mount_path or "": "sshAuthMountPath",
-    }
-    if vol := spec.shared_volume:
-        if not DNS1123_SUBDOMAIN.match(vol.claim_name):
-            err(f"sharedVolume.claimName: {vol.claim_name!r} is not a valid PersistentVolumeClaim name")
-        if _absolute(err, "sharedVolume.mountPath", vol.mount_path):
-            for path, owner in reserved.items():
-                if _overlaps(vol.mount_path, path):
-                    err(f"sharedVolume.mountPath: {vol.mount_path!r} overlaps {path} ({owner})")
-
-    sched = spec.scheduling
-    if sched.gpu_product is not None:
-        if not spec.gpu:
-            err("scheduling.gpuProduct: only for GPU jobs (gpu: true)")
-        if not _label_value_ok(sched.gpu_product):
-            err(f"scheduling.gpuProduct: {sched.gpu_product!r} is not a node label value, e.g. NVIDIA-A100-SXM4-80GB")
-    if not _label_key_ok(sched.gpu_product_label):
-        err(f"scheduling.gpuProductLabel: {sched.gpu_product_label!r} is not a label key")
-    for key, value in sched.node_selector.items():
-        where = f"scheduling.nodeSelector.{key}"
-        if not _label_key_ok(key):
-            err(f"{where}: {key!r} is not a label key")
-        elif not _label_value_ok(value):
-            err(f"{where}: {value!r} is not a label value")
-    for i, tol in enumerate(sched.tolerations or ()):
-        _toleration(err, f"scheduling.tolerations[{i}]", tol)
-    if sched.priority_class_name is not None and not DNS1123_SUBDOMAIN.match(sched.priority_class_name):
-        err(f"scheduling.priorityClassName: {sched.priority_class_name!r} is not a PriorityClass name")
-
-    rp = spec.run_policy
-    _one_of(err, "runPolicy.cleanPodPolicy", rp.clean_pod_policy, CLEAN_POD_POLICIES)
-    _at_least(err, "runPolicy.backoffLimit", rp.backoff_limit, 0)
-    _at_least(err, "runPolicy.ttlSecondsAfterFinished", rp.ttl_seconds_after_finished, 0)
-    _at_least(err, "runPolicy.activeDeadlineSeconds", rp.active_deadline_seconds, 1)
-    if gang := rp.scheduling_policy:
-        _at_least(err, "runPolicy.schedulingPolicy.minAvailable", gang.min_available, 1)
-        if gang.min_available is not None and gang.min_available > max_workers + 1:
-            err(f"runPolicy.schedulingPolicy.minAvailable: must be <= {max_workers + 1} (workers + launcher)")
-        _at_least(err, "runPolicy.schedulingPolicy.scheduleTimeoutSeconds", gang.schedule_timeout_seconds, 1)
-        for key, value in (gang.min_resources or {}).items():
-            _quantity(err, f"runPolicy.schedulingPolicy.minResources.{key}", value)
-
-    _one_of(err, "restartPolicy.launcher", spec.restart_policy.launcher, RESTART_POLICIES)
-    _one_of(err, "restartPolicy.worker", spec.restart_policy.worker, RESTART_POLICIES)
-    _one_of(err, "launcherCreationPolicy", spec.launcher_creation_policy, LAUNCHER_CREATION_POLICIES)
-    if spec.mpi_implementation != "OpenMPI":
-        err(f"mpiImplementation: {spec.mpi_implementation!r}: hvdk8s launches with Open MPI's mpirun; only OpenMPI")
-    if spec.user:
-        _at_least(err, "user.uid", spec.user.uid, 1)
-        if not USER_NAME.match(spec.user.name):
-            err(f"user.name: {spec.user.name!r} is not a user name")
-    _absolute(err, "sshAuthMountPath", spec.ssh_auth_mount_path or "")
-    _port(err, "sshPort", spec.ssh_port)
-
-    if el := spec.elastic:
-        _at_least(err, "elastic.minWorkers", el.min_workers, 1)
-        if el.max_workers < el.min_workers:
-            err(f"elastic.maxWorkers: must be >= elastic.minWorkers ({el.min_workers})")
-        elif not el.min_workers <= spec.workers <= el.max_workers:
-            err(f"workers: must be between elastic.minWorkers ({el.min_workers}) and elastic.maxWorkers ({el.max_workers})")
-
-    if spec.metrics.enabled:
-        last = spec.metrics.port + max(spec.slots_per_worker, 1) - 1
-        if _port(err, "metrics.port", spec.metrics.port) and last > 65535:
-            err(f"metrics.port: ranks use ports {spec.metrics.port}..{last}, past 65535")
-        elif spec.metrics.port <= spec.ssh_port <= last:
-            err(f"metrics.port: ranks use ports {spec.metrics.port}..{last}, which include sshPort {spec.ssh_port}")
-        if not spec.metrics.path.startswith("/"):
-            err(f"metrics.path: {spec.metrics.path!r} must start with /")
-    _at_least(err, "horovod.fusionThreshold", spec.horovod.fusion_threshold, 0)
-    if spec.horovod.timeline is not None:
-        _absolute(err, "horovod.timeline", spec.horovod.timeline)
-    _one_of(err, "nccl.debug", spec.nccl.debug, NCCL_DEBUG_LEVELS)
+        errors.append(required("command", "must not be empty"))
+    errors += [required(f"command[{i}]", "must not be empty") for i, arg in enumerate(spec.command) if not arg]
     return errors
 
 
-# ---- MPIJob manifests ------------------------------------------------------
+def _check_metadata(spec: JobSpec) -> list[FieldError]:
+    errors = [
+        *k8s.labels_errors("labels", spec.labels),
+        *k8s.labels_errors("annotations", spec.annotations, values=False),
+        *k8s.labels_errors("podAnnotations", spec.pod_annotations, values=False),
+    ]
+    if spec.queue is not None and not k8s.is_label_value(spec.queue):
+        errors.append(invalid("queue", f"{spec.queue!r} is not a LocalQueue name (a label value)"))
+    for path, name in (("serviceAccountName", spec.service_account_name), ("schedulerName", spec.scheduler_name),
+                       *((f"imagePullSecrets[{i}]", s) for i, s in enumerate(spec.image_pull_secrets))):
+        if name is not None and not k8s.is_subdomain(name):
+            errors.append(invalid(path, f"{name!r} is not an object name (DNS-1123 subdomain)"))
+    return errors
+
+
+def _check_size(spec: JobSpec) -> list[FieldError]:
+    # A launcher that runs ranks may be the only pod (the operator allows no Worker).
+    errors = at_least("workers", spec.workers, 0 if spec.run_launcher_as_worker else 1)
+    if spec.slots_per_worker == 0:
+        errors.append(invalid("slotsPerWorker", "0 slots give mpirun no host to start a rank on: "
+                              "set the ranks per worker (= GPUs per worker with gpu: true)"))
+    else:
+        errors += at_least("slotsPerWorker", spec.slots_per_worker, 1)
+    if el := spec.elastic:
+        errors += at_least("elastic.minWorkers", el.min_workers, 1)
+        if el.max_workers < el.min_workers:
+            errors.append(invalid("elastic.maxWorkers", f"must be >= elastic.minWorkers ({el.min_workers})"))
+        elif not el.min_workers <= spec.workers <= el.max_workers:
+            errors.append(invalid("workers", f"must be between elastic.minWorkers ({el.min_workers}) "
+                                  f"and elastic.maxWorkers ({el.max_workers})"))
+        if spec.run_launcher_as_worker:
+            errors.append(forbidden("runLauncherAsWorker", "not with elastic: Horovod's elastic driver runs on "
+                                    "the launcher and discovers only worker pods"))
+    return errors
+
+
+def _check_resources(spec: JobSpec) -> list[FieldError]:
+    errors = []
+    for role in ("worker", "launcher"):
+        res = getattr(spec.resources, role)
+        errors += quantity(f"resources.{role}.cpu", res.cpu) + quantity(f"resources.{role}.memory", res.memory)
+        for name, value in res.extra.items():
+            where = f"resources.{role}.extra.{name}"
+            if name in ("cpu", "memory", GPU_RESOURCE):
+                errors.append(invalid(where, f"set {name} with resources.{role}.{name}"
+                                      if name != GPU_RESOURCE else "set GPUs with gpu: true and slotsPerWorker"))
+            elif not k8s.is_label_key(name):
+                errors.append(invalid(where, f"{name!r} is not a resource name"))
+            else:
+                errors += quantity(where, value)
+    if spec.shm_size is not None:
+        errors += quantity("shmSize", spec.shm_size)
+    return errors
+
+
+def _check_env(spec: JobSpec) -> list[FieldError]:
+    errors = []
+    for name in spec.env:
+        if not k8s.ENV_NAME.match(name):
+            errors.append(invalid(f"env.{name}", "not a valid environment variable name"))
+        elif name in GENERATED_ENV:
+            errors.append(forbidden(f"env.{name}", f"set by hvdk8s from {GENERATED_ENV[name]}; set it there"))
+    return errors
+
+
+def _check_volumes(spec: JobSpec) -> list[FieldError]:
+    vol = spec.shared_volume
+    if vol is None:
+        return []
+    errors = []
+    if not k8s.is_subdomain(vol.claim_name):
+        errors.append(invalid("sharedVolume.claimName", f"{vol.claim_name!r} is not a valid PersistentVolumeClaim name"))
+    reserved = {"/dev/shm": "shmSize", MPI_CONFIG_DIR: "the MPI Operator's hostfile",
+                spec.ssh_auth_mount_path or "": "sshAuthMountPath"}
+    if not (errors := errors + _absolute("sharedVolume.mountPath", vol.mount_path)):
+        errors += [invalid("sharedVolume.mountPath", f"{vol.mount_path!r} overlaps {path} ({owner})")
+                   for path, owner in reserved.items() if _overlaps(vol.mount_path, path)]
+    return errors
+
+
+def _check_scheduling(spec: JobSpec) -> list[FieldError]:
+    sched, errors = spec.scheduling, []
+    if sched.gpu_product is not None:
+        if not spec.gpu:
+            errors.append(invalid("scheduling.gpuProduct", "only for GPU jobs (gpu: true)"))
+        if not k8s.is_label_value(sched.gpu_product):
+            errors.append(invalid("scheduling.gpuProduct", f"{sched.gpu_product!r} is not a node label value, "
+                                  "e.g. NVIDIA-A100-SXM4-80GB"))
+    if not k8s.is_label_key(sched.gpu_product_label):
+        errors.append(invalid("scheduling.gpuProductLabel", f"{sched.gpu_product_label!r} is not a label key"))
+    errors += k8s.labels_errors("scheduling.nodeSelector", sched.node_selector)
+    for i, tol in enumerate(sched.tolerations or ()):
+        errors += _toleration(f"scheduling.tolerations[{i}]", tol)
+    if sched.priority_class_name is not None and not k8s.is_subdomain(sched.priority_class_name):
+        errors.append(invalid("scheduling.priorityClassName", f"{sched.priority_class_name!r} is not a PriorityClass name"))
+    # The rest of these objects is the pod schema's, which the API server applies on create.
+    if spec.affinity is not None:
+        if not isinstance(spec.affinity, Mapping):
+            errors.append(invalid("affinity", "must be a mapping (a Kubernetes Affinity)"))
+        else:
+            errors += [FieldError("NotSupported", f"affinity.{key}", f"unknown field (known: {', '.join(AFFINITY_KINDS)})")
+                       for key in spec.affinity if key not in AFFINITY_KINDS]
+    for i, constraint in enumerate(spec.topology_spread_constraints):
+        if not isinstance(constraint, Mapping) or not {"maxSkew", "topologyKey", "whenUnsatisfiable"} <= set(constraint):
+            errors.append(required(f"topologySpreadConstraints[{i}]",
+                                   "needs maxSkew, topologyKey and whenUnsatisfiable (a TopologySpreadConstraint)"))
+    return errors
+
+
+def _check_network(spec: JobSpec) -> list[FieldError]:
+    errors = [invalid(f"capabilities[{i}]", f"{cap!r} is not a Linux capability name (e.g. IPC_LOCK)")
+              for i, cap in enumerate(spec.capabilities) if not CAPABILITY.match(cap)]
+    errors += _port("sshPort", spec.ssh_port)
+    return errors
+
+
+def _check_run_policy(spec: JobSpec) -> list[FieldError]:
+    rp = spec.run_policy
+    errors = [
+        *at_least("runPolicy.backoffLimit", rp.backoff_limit, 0),
+        *at_least("runPolicy.ttlSecondsAfterFinished", rp.ttl_seconds_after_finished, 0),
+        *at_least("runPolicy.activeDeadlineSeconds", rp.active_deadline_seconds, 1),
+    ]
+    if gang := rp.scheduling_policy:
+        errors += at_least("runPolicy.schedulingPolicy.minAvailable", gang.min_available, 1)
+        errors += at_least("runPolicy.schedulingPolicy.scheduleTimeoutSeconds", gang.schedule_timeout_seconds, 1)
+        for key, value in (gang.min_resources or {}).items():
+            errors += quantity(f"runPolicy.schedulingPolicy.minResources.{key}", value)
+    return errors
+
+
+def _check_gang(spec: JobSpec) -> list[FieldError]:
+    """A PodGroup's minAvailable must be reachable by the pods that exist together."""
+    gang = spec.run_policy.scheduling_policy
+    if gang is None or gang.min_available is None:
+        return []
+    path = "runPolicy.schedulingPolicy.minAvailable"
+    max_workers = spec.elastic.max_workers if spec.elastic else spec.workers
+    if gang.min_available > max_workers + 1:
+        return [invalid(path, f"{gang.min_available} is more than the job's pods ({max_workers} workers + launcher)")]
+    waits = spec.launcher_creation_policy == "WaitForWorkersReady" and max_workers > 0
+    if waits and gang.min_available > max_workers:
+        return [invalid(path, f"{gang.min_available} counts the launcher, but launcherCreationPolicy: "
+                        f"WaitForWorkersReady creates it only once the workers run, and a gang scheduler runs none "
+                        f"of them before {gang.min_available} pods exist: the job would never start (mpi-operator "
+                        f"issue 608). Use at most {max_workers}, or launcherCreationPolicy: AtStartup")]
+    return []
+
+
+def _check_queueing(spec: JobSpec) -> list[FieldError]:
+    """Kueue, suspension and managedBy: combinations under which the job never runs as written."""
+    errors = []
+    if spec.launcher_creation_policy == "WaitForWorkersReady" and _created_suspended(spec):
+        why = "queue (Kueue creates it suspended)" if spec.queue else "runPolicy.suspend: true"
+        errors.append(forbidden("launcherCreationPolicy", f"WaitForWorkersReady does not hold with {why}: the "
+                                "operator creates the launcher while no worker exists and starts it together "
+                                "with them on resume (mpi-operator issue 615). Leave it unset: hvdk8s then "
+                                "renders AtStartup and the launcher waits for the workers' sshd itself"))
+    if spec.run_policy.managed_by == MULTIKUEUE and spec.queue is None:
+        errors.append(required("queue", f"runPolicy.managedBy: {MULTIKUEUE} hands the job to MultiKueue, "
+                               "which only dispatches queued jobs: set queue to a LocalQueue with MultiKueue"))
+    return errors
+
+
+def _check_mpi(spec: JobSpec) -> list[FieldError]:
+    errors = []
+    if spec.mpi_implementation != "OpenMPI":
+        errors.append(FieldError("NotSupported", "mpiImplementation", f"{spec.mpi_implementation!r}: hvdk8s "
+                                 "launches with Open MPI's mpirun; only OpenMPI"))
+    if spec.user:
+        errors += at_least("user.uid", spec.user.uid, 1)
+        if not USER_NAME.match(spec.user.name):
+            errors.append(invalid("user.name", f"{spec.user.name!r} is not a user name"))
+    errors += _absolute("sshAuthMountPath", spec.ssh_auth_mount_path or "")
+    return errors
+
+
+def _check_metrics(spec: JobSpec) -> list[FieldError]:
+    errors = at_least("horovod.fusionThreshold", spec.horovod.fusion_threshold, 0)
+    if spec.horovod.cycle_time_ms is not None and not spec.horovod.cycle_time_ms > 0:
+        errors.append(invalid("horovod.cycleTimeMs", f"must be > 0 (milliseconds), got {spec.horovod.cycle_time_ms:g}"))
+    if spec.horovod.cache_capacity is not None:
+        errors += at_least("horovod.cacheCapacity", spec.horovod.cache_capacity, 0)
+    if spec.horovod.timeline is not None:
+        errors += _absolute("horovod.timeline", spec.horovod.timeline)
+    if not spec.metrics.enabled:
+        return errors
+    port, last = spec.metrics.port, spec.metrics.port + max(spec.slots_per_worker, 1) - 1
+    if bad_port := _port("metrics.port", port):
+        errors += bad_port
+    elif last > 65535:
+        errors.append(invalid("metrics.port", f"ranks use ports {port}..{last}, past 65535"))
+    elif port <= spec.ssh_port <= last:
+        errors.append(invalid("metrics.port", f"ranks use ports {port}..{last}, which include sshPort {spec.ssh_port}"))
+    if not spec.metrics.path.startswith("/"):
+        errors.append(invalid("metrics.path", f"{spec.metrics.path!r} must start with /"))
+    return errors
+
+
+# ---- MPIJob manifests: the operator's rules, after its defaulting -------------
 
 _SPEC_FIELDS = {
     "slotsPerWorker", "runLauncherAsWorker", "runPolicy", "mpiReplicaSpecs",
@@ -177,96 +331,137 @@ _RUN_POLICY_FIELDS = {
 _REPLICA_FIELDS = {"replicas", "template", "restartPolicy"}
 
 
-def check_manifest(manifest: Mapping[str, Any]) -> list[str]:
-    """The MPI Operator's validation of an MPIJob (after its defaulting)."""
-    errors: list[str] = []
-    err = errors.append
+def manifest_defaults(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The MPIJob's ``spec`` as the operator's SetDefaults_MPIJob leaves it (v2beta1)."""
+    spec = dict(manifest.get("spec") or {})
+    spec.setdefault("slotsPerWorker", 1)
+    spec.setdefault("sshAuthMountPath", "/root/.ssh")
+    spec.setdefault("mpiImplementation", "OpenMPI")
+    spec.setdefault("launcherCreationPolicy", "AtStartup")
+    spec["runPolicy"] = {"cleanPodPolicy": "None"} | dict(spec.get("runPolicy") or {})
+    replicas = spec.get("mpiReplicaSpecs")
+    if isinstance(replicas, Mapping):
+        defaults = {"Launcher": {"restartPolicy": "OnFailure", "replicas": 1},
+                    "Worker": {"restartPolicy": "Never", "replicas": 0}}
+        spec["mpiReplicaSpecs"] = {role: defaults[role] | dict(r) if role in defaults and isinstance(r, Mapping) else r
+                                   for role, r in replicas.items()}
+    return spec
+
+
+def check_manifest(manifest: Mapping[str, Any]) -> list[FieldError]:
+    """The MPI Operator's validation of an MPIJob, then hvdk8s's -np rule."""
     if manifest.get("apiVersion") != API_VERSION or manifest.get("kind") != KIND:
-        return [f"apiVersion/kind: {manifest.get('apiVersion')}/{manifest.get('kind')}: expected {API_VERSION} {KIND}"]
-    spec = manifest.get("spec")
-    if not isinstance(spec, Mapping):
-        return ["spec: required"]
-    _unknown(err, "spec", spec, _SPEC_FIELDS)
-    run_policy = spec.get("runPolicy") or {}
-    _unknown(err, "spec.runPolicy", run_policy, _RUN_POLICY_FIELDS)
-    replica_specs = spec.get("mpiReplicaSpecs")
-    if not isinstance(replica_specs, Mapping):
-        err("spec.mpiReplicaSpecs: must have replica specs")
-        replica_specs = {}
-    _unknown(err, "spec.mpiReplicaSpecs", replica_specs, {"Launcher", "Worker"})
-    launcher, worker = replica_specs.get("Launcher"), replica_specs.get("Worker")
-    slots = spec.get("slotsPerWorker", 1)
+        return [invalid("apiVersion/kind", f"{manifest.get('apiVersion')}/{manifest.get('kind')}: "
+                        f"expected {API_VERSION} {KIND}")]
+    if not isinstance(manifest.get("spec"), Mapping):
+        return [required("spec")]
+    spec = manifest_defaults(manifest)
+    replicas = spec.get("mpiReplicaSpecs")
+    errors = [
+        *_unknown("spec", manifest["spec"], _SPEC_FIELDS),
+        *_check_manifest_name(manifest, spec),
+        *_check_manifest_spec(spec),
+        *_check_manifest_run_policy(spec["runPolicy"]),
+    ]
+    if not isinstance(replicas, Mapping):
+        return [*errors, required("spec.mpiReplicaSpecs", "must have replica specs")]
+    errors += _unknown("spec.mpiReplicaSpecs", replicas, {"Launcher", "Worker"})
+    errors += _check_replica("Launcher", replicas.get("Launcher"))
+    errors += _check_replica("Worker", replicas.get("Worker"))
+    return errors or _check_np(spec)
 
-    workers = worker.get("replicas", 0) if isinstance(worker, Mapping) else 0
-    name = (manifest.get("metadata") or {}).get("name", "")
-    if problem := _pod_hostname_problem(name, workers if isinstance(workers, int) else 1):
-        err(f"metadata.name: {problem}")
-    if not isinstance(slots, int) or slots < 0:
-        err(f"spec.slotsPerWorker: {slots!r}: must be >= 0")
-    _one_of(err, "spec.runPolicy.cleanPodPolicy", run_policy.get("cleanPodPolicy", "None"), CLEAN_POD_POLICIES)
-    for key in ("ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit"):
-        _at_least(err, f"spec.runPolicy.{key}", run_policy.get(key), 0)
-    if not spec.get("sshAuthMountPath", "/root/.ssh"):
-        err("spec.sshAuthMountPath: must have a mount path for SSH credentials")
-    _one_of(err, "spec.mpiImplementation", spec.get("mpiImplementation", "OpenMPI"), MPI_IMPLEMENTATIONS)
-    _one_of(err, "spec.launcherCreationPolicy", spec.get("launcherCreationPolicy", "AtStartup"), LAUNCHER_CREATION_POLICIES)
 
-    for role, replica, default_restart in (("Launcher", launcher, "OnFailure"), ("Worker", worker, "Never")):
-        path = f"spec.mpiReplicaSpecs[{role}]"
-        if replica is None:
-            if role == "Launcher":
-                err(f"{path}: must have Launcher replica spec")
-            continue
-        if not isinstance(replica, Mapping):
-            err(f"{path}: must be a mapping")
-            continue
-        _unknown(err, path, replica, _REPLICA_FIELDS)
-        _one_of(err, f"{path}.restartPolicy", replica.get("restartPolicy", default_restart), RESTART_POLICIES)
-        replicas = replica.get("replicas", 1 if role == "Launcher" else 0)
-        if role == "Launcher" and replicas != 1:
-            err(f"{path}.replicas: {replicas!r}: must be 1")
-        if role == "Worker" and (not isinstance(replicas, int) or replicas < 1):
-            err(f"{path}.replicas: {replicas!r}: must be >= 1")
-        if not _containers(replica):
-            err(f"{path}.template.spec.containers: must define at least one container")
+def manifest_warnings(manifest: Mapping[str, Any]) -> list[str]:
+    """What the operator allows but is likely a mistake in a ready-made MPIJob."""
+    spec = manifest_defaults(manifest)
+    worker = (spec.get("mpiReplicaSpecs") or {}).get("Worker")
+    containers = _containers(worker)
+    limits = ((containers[0].get("resources") or {}).get("limits") or {}) if containers else {}
+    gpus, slots = limits.get(GPU_RESOURCE), spec["slotsPerWorker"]
+    if gpus is not None and str(gpus) != str(slots):
+        return [f"spec.mpiReplicaSpecs[Worker].template.spec.containers[0].resources.limits.{GPU_RESOURCE}: "
+                f"{gpus} GPUs per worker, but slotsPerWorker = {slots}: hvdk8s renders one rank per GPU"]
+    return []
 
-    if not errors:  # hvdk8s's invariants, on an otherwise valid MPIJob
-        _check_np(err, _containers(launcher), workers * slots)
-        _check_gpus(err, _containers(worker), slots)
+
+def _check_manifest_name(manifest: Mapping[str, Any], spec: Mapping[str, Any]) -> list[FieldError]:
+    worker = (spec.get("mpiReplicaSpecs") or {}).get("Worker")
+    workers = worker.get("replicas") if isinstance(worker, Mapping) else 1
+    problem = pod_hostname_problem((manifest.get("metadata") or {}).get("name", ""),
+                                   workers if isinstance(workers, int) else 1)
+    return [invalid("metadata.name", problem)] if problem else []
+
+
+def _check_manifest_spec(spec: Mapping[str, Any]) -> list[FieldError]:
+    errors = at_least("spec.slotsPerWorker", spec["slotsPerWorker"], 0)
+    if not spec["sshAuthMountPath"]:
+        errors.append(required("spec.sshAuthMountPath", "must have a mount path for SSH credentials"))
+    errors += one_of("spec.mpiImplementation", spec["mpiImplementation"], allowed(MPIImplementation))
+    errors += one_of("spec.launcherCreationPolicy", spec["launcherCreationPolicy"], allowed(LauncherCreationPolicy))
     return errors
 
 
-def _check_np(err: Err, containers: list[Any], expected: int) -> None:
-    """-np of the launcher's mpirun/horovodrun must fill exactly the hostfile's slots."""
-    if not containers or not isinstance(containers[0], Mapping):
-        return
+def _check_manifest_run_policy(run_policy: Mapping[str, Any]) -> list[FieldError]:
+    errors = _unknown("spec.runPolicy", run_policy, _RUN_POLICY_FIELDS)
+    errors += one_of("spec.runPolicy.cleanPodPolicy", run_policy["cleanPodPolicy"], allowed(CleanPodPolicy))
+    for key in ("ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit"):
+        errors += at_least(f"spec.runPolicy.{key}", run_policy.get(key), 0)
+    if (managed_by := run_policy.get("managedBy")) is not None:
+        # Any other controller name: the operator skips the job and nothing else claims it.
+        errors += one_of("spec.runPolicy.managedBy", managed_by, allowed(ManagedBy))
+    return errors
+
+
+def _check_replica(role: str, replica: Any) -> list[FieldError]:
+    path = f"spec.mpiReplicaSpecs[{role}]"
+    if replica is None:  # the operator allows launcher-only jobs
+        return [required(path, "must have Launcher replica spec")] if role == "Launcher" else []
+    if not isinstance(replica, Mapping):
+        return [invalid(path, "must be a mapping")]
+    errors = _unknown(path, replica, _REPLICA_FIELDS)
+    errors += one_of(f"{path}.restartPolicy", replica["restartPolicy"], allowed(RestartPolicyName))
+    count = replica["replicas"]
+    if role == "Launcher" and count != 1:
+        errors.append(invalid(f"{path}.replicas", f"{count!r}: must be 1"))
+    if role == "Worker" and (not isinstance(count, int) or count < 1):
+        errors.append(invalid(f"{path}.replicas", f"{count!r}: must be >= 1"))
+    if not _containers(replica):
+        errors.append(required(f"{path}.template.spec.containers", "must define at least one container"))
+    return errors
+
+
+def _check_np(spec: Mapping[str, Any]) -> list[FieldError]:
+    """-np of the launcher's mpirun/horovodrun must fill exactly the operator's hostfile."""
+    replicas = spec["mpiReplicaSpecs"]
+    containers = _containers(replicas.get("Launcher"))
+    worker = replicas.get("Worker")
+    workers = worker["replicas"] if worker else 0
+    as_worker = bool(spec.get("runLauncherAsWorker"))
+    hosts = workers + int(as_worker)
+    if not containers or not isinstance(containers[0], Mapping) or hosts == 0:
+        return []  # no hostfile entries: mpirun starts its ranks on the launcher alone
     argv = [str(a) for a in (containers[0].get("command") or []) + (containers[0].get("args") or [])]
-    if not argv or argv[0].rsplit("/", 1)[-1] not in ("mpirun", "horovodrun"):
-        return
+    start = next((i for i, a in enumerate(argv) if a.rsplit("/", 1)[-1] in LAUNCHER_COMMANDS), None)
+    if start is None:
+        return []
+    argv = argv[start:]
+    slots = spec["slotsPerWorker"]
+    expected = hosts * slots
     for flag in ("-np", "-n"):
         if flag in argv[:-1]:
             value = argv[argv.index(flag) + 1]
-            if value != str(expected):
-                err(
-                    f"spec.mpiReplicaSpecs[Launcher].template.spec.containers[0].command: {argv[0]} {flag} {value}, "
-                    f"but Worker replicas x slotsPerWorker = {expected}"
-                )
-            return
-
-
-def _check_gpus(err: Err, containers: list[Any], slots: int) -> None:
-    if not containers or not isinstance(containers[0], Mapping):
-        return
-    limits = (containers[0].get("resources") or {}).get("limits") or {}
-    if GPU_RESOURCE in limits and str(limits[GPU_RESOURCE]) != str(slots):
-        err(
-            f"spec.mpiReplicaSpecs[Worker].template.spec.containers[0].resources.limits.{GPU_RESOURCE}: "
-            f"{limits[GPU_RESOURCE]}, but slotsPerWorker = {slots} (one rank per GPU)"
-        )
+            if value == str(expected):
+                return []
+            hostfile = f"(Worker replicas{' + the launcher' if as_worker else ''}) x slotsPerWorker = {expected}"
+            if slots == 0:
+                hostfile = "slotsPerWorker = 0: the operator's hostfile offers no slots"
+            return [invalid("spec.mpiReplicaSpecs[Launcher].template.spec.containers[0].command",
+                            f"{argv[0]} {flag} {value}, but {hostfile}")]
+    return []
 
 
 def _containers(replica: Any) -> list[Any]:
-    if not isinstance(replica, Mapping):  # e.g. no Worker: the operator allows launcher-only jobs
+    if not isinstance(replica, Mapping):
         return []
     containers = ((replica.get("template") or {}).get("spec") or {}).get("containers")
     return containers if isinstance(containers, list) else []
@@ -275,41 +470,19 @@ def _containers(replica: Any) -> list[Any]:
 # ---- small rules -----------------------------------------------------------
 
 
-def _dns1035(host: str) -> str | None:
-    if len(host) > 63:
-        return f"is {len(host)} characters; a DNS-1035 label has at most 63 (shorten the name)"
-    if not DNS1035_LABEL.match(host):
-        return "is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)"
-    return None
+def pod_hostname_problem(name: str, workers: int) -> str | None:
+    """What is wrong with the job's longest pod hostname, ``<name>-worker-<N-1>`` (``<name>-launcher`` is never longer)."""
+    host = f"{name}-worker-{max(workers, 1) - 1}"
+    problem = k8s.dns1035_problem(host)
+    return f"pod hostname {host!r} {problem}" if problem else None
 
 
-def _one_of(err: Err, path: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        err(f"{path}: {value!r} is not one of {', '.join(allowed)}")
+def _absolute(path: str, value: str) -> list[FieldError]:
+    return [] if value.startswith("/") else [invalid(path, f"{value!r} must be an absolute path")]
 
 
-def _at_least(err: Err, path: str, value: Any, low: int) -> None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
-        err(f"{path}: must be >= {low}, got {value!r}")
-
-
-def _quantity(err: Err, path: str, value: str) -> None:
-    if not QUANTITY.match(value):
-        err(f"{path}: {value!r} is not a Kubernetes quantity (e.g. 500m, 2, 4Gi)")
-
-
-def _absolute(err: Err, path: str, value: str) -> bool:
-    if not value.startswith("/"):
-        err(f"{path}: {value!r} must be an absolute path")
-        return False
-    return True
-
-
-def _port(err: Err, path: str, value: int) -> bool:
-    if not 1 <= value <= 65535:
-        err(f"{path}: {value} is not a port (1-65535)")
-        return False
-    return True
+def _port(path: str, value: int) -> list[FieldError]:
+    return [] if 1 <= value <= 65535 else [invalid(path, f"{value} is not a port (1-65535)")]
 
 
 def _overlaps(a: str, b: str) -> bool:
@@ -317,38 +490,19 @@ def _overlaps(a: str, b: str) -> bool:
     return a.startswith(b) or b.startswith(a)
 
 
-def _pod_hostname_problem(name: str, workers: int) -> str | None:
-    """What is wrong with the job's longest pod hostname, ``<name>-worker-<N-1>`` (``<name>-launcher`` is never longer)."""
-    host = f"{name}-worker-{max(workers, 1) - 1}"
-    problem = _dns1035(host)
-    return f"pod hostname {host!r} {problem}" if problem else None
-
-
-def _label_value_ok(value: str) -> bool:
-    return len(value) <= 63 and bool(LABEL_VALUE.match(value))
-
-
-def _label_key_ok(key: str) -> bool:
-    prefix, _, name = key.rpartition("/")
-    if prefix and (len(prefix) > 253 or not DNS1123_SUBDOMAIN.match(prefix)):
-        return False
-    return len(name) <= 63 and bool(LABEL_NAME.match(name))
-
-
-def _toleration(err: Err, path: str, tol: Toleration) -> None:
-    _one_of(err, f"{path}.operator", tol.operator, ("Equal", "Exists"))
-    if tol.effect is not None:
-        _one_of(err, f"{path}.effect", tol.effect, TAINT_EFFECTS)
+def _toleration(path: str, tol: Toleration) -> list[FieldError]:
+    errors = []
     if tol.operator == "Exists" and tol.value:
-        err(f"{path}.value: must be empty when operator is Exists")
+        errors.append(invalid(f"{path}.value", "must be empty when operator is Exists"))
     if tol.key is None and tol.operator != "Exists":
-        err(f"{path}.operator: must be Exists when key is empty")
+        errors.append(invalid(f"{path}.operator", "must be Exists when key is empty"))
     if tol.toleration_seconds is not None and tol.effect != "NoExecute":
-        err(f"{path}.tolerationSeconds: only with effect NoExecute")
+        errors.append(invalid(f"{path}.tolerationSeconds", "only with effect NoExecute"))
+    return errors
 
 
-def _unknown(err: Err, path: str, obj: Any, known: set[str]) -> None:
-    if isinstance(obj, Mapping):
-        for key in obj:
-            if key not in known:
-                err(f"{path}.{key}: unknown field (known: {', '.join(sorted(known))})")
+def _unknown(path: str, obj: Any, known: set[str]) -> list[FieldError]:
+    if not isinstance(obj, Mapping):
+        return []
+    return [FieldError("NotSupported", f"{path}.{key}", f"unknown field (known: {', '.join(sorted(known))})")
+            for key in obj if key not in known]

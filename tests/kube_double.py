@@ -5,7 +5,8 @@ through the real ``kubernetes`` client and a generated kubeconfig. It answers
 the way a real API server does for: create (with ``dryRun=All``), get, list
 (with ``fieldSelector=metadata.name=``), watch (chunked JSON events, bookmarks,
 server-side timeouts, ``410 Gone``) and delete (Foreground/Background) of
-``kubeflow.org/v2beta1`` MPIJobs; listing pods by label selector; reading a
+``kubeflow.org/v2beta1`` MPIJobs and ``trainer.kubeflow.org/v1alpha1`` TrainJobs,
+create/get/replace of (cluster-scoped) ClusterTrainingRuntimes; listing pods by label selector; reading a
 pod's log, following it as lines arrive. Create bodies are pruned, defaulted
 and validated against the REAL CRD schema (``shared/schemas``); invalid ones
 get ``422 Invalid`` with per-field causes like the API server's.
@@ -13,7 +14,9 @@ get ``422 Invalid`` with per-field causes like the API server's.
 Per test it can play: the CRD not installed (``404 page not found``), RBAC
 denials (``403`` naming user, verb, resource, namespace) and a scripted MPI
 Operator that walks an MPIJob through its conditions, replica counts and a
-launcher pod that writes log lines.
+launcher pod that writes log lines, or leaves its worker pods Pending with the
+scheduler's FailedScheduling events (listed by ``fieldSelector``, like the
+API server's events).
 """
 from __future__ import annotations
 
@@ -37,16 +40,48 @@ from werkzeug.serving import WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v2beta1", "mpijobs", "MPIJob"
-CRD_PATH = Path(__file__).resolve().parents[2] / "shared" / "schemas" / "mpijob-v2beta1-crd.yaml"
+SCHEMAS = Path(__file__).resolve().parents[2] / "shared" / "schemas"
+CRD_PATH = SCHEMAS / "mpijob-v2beta1-crd.yaml"
 LAUNCHER_LABELS = ("training.kubeflow.org/operator-name", "training.kubeflow.org/job-name",
                    "training.kubeflow.org/job-role")
+
+
+@dataclass(frozen=True)
+class Resource:
+    """A custom resource the double serves, validated with its real CRD; for jobs, how its pods are labelled."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    crd: str  # file in ../shared/schemas
+    namespaced: bool = True
+    job_label: str = ""  # pods: names the job
+    role_label: str = ""  # pods: launcher / worker role
+    roles: tuple[str, str] = ("launcher", "worker")
+    pod_labels: tuple[tuple[str, str], ...] = ()  # pods: fixed extra labels
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+
+MPIJOBS = Resource(GROUP, VERSION, PLURAL, KIND, CRD_PATH.name, job_label=LAUNCHER_LABELS[1],
+                   role_label=LAUNCHER_LABELS[2], pod_labels=((LAUNCHER_LABELS[0], "mpi-operator"),))
+# Kubeflow Trainer runs a TrainJob as a JobSet of the same name; JobSet labels its pods.
+TRAINJOBS = Resource("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob", "trainer.kubeflow.org_trainjobs.yaml",
+                     job_label="jobset.sigs.k8s.io/jobset-name", role_label="jobset.sigs.k8s.io/replicatedjob-name",
+                     roles=("launcher", "node"))
+RUNTIMES = Resource("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", "ClusterTrainingRuntime",
+                    "trainer.kubeflow.org_clustertrainingruntimes.yaml", namespaced=False)
+RESOURCES = (MPIJOBS, TRAINJOBS, RUNTIMES)
 DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 @functools.cache
-def crd_schema(version: str = VERSION) -> dict:
-    """openAPIV3Schema of one version of the real MPIJob CRD (read once: it is 9,000 lines)."""
-    crd = yaml.load(CRD_PATH.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+def crd_schema(version: str = VERSION, crd_file: str = CRD_PATH.name) -> dict:
+    """openAPIV3Schema of one version of a real CRD (the MPIJob one by default; read once: it is 9,000 lines)."""
+    crd = yaml.load((SCHEMAS / crd_file).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     return next(v for v in crd["spec"]["versions"] if v["name"] == version)["schema"]["openAPIV3Schema"]
 
 
@@ -156,6 +191,7 @@ class Step:
     launcher pod (``new_launcher`` first creates a fresh one, as after a restart);
     ``logs`` are appended to the launcher's log; ``until_log_follower`` holds the job
     here until a client follows the launcher's log (so a test of live following is not a race).
+    ``unschedulable`` creates the Worker pods, Pending, each with a FailedScheduling event.
     """
 
     condition: tuple[str, str, str, str] | None = None
@@ -164,6 +200,8 @@ class Step:
     new_launcher: bool = False
     logs: tuple[str, ...] = ()
     until_log_follower: bool = False
+    unschedulable: str | None = None  # create the worker pods Pending, with this FailedScheduling message
+    workers: int = 2  # how many worker pods ``unschedulable`` creates
     delay: float = 0.05
 
 
@@ -182,6 +220,18 @@ def succeeding(logs: Iterable[str], workers: int = 2, live: bool = False) -> lis
         *[Step(logs=(line,), delay=0.05 if live else 0.02) for line in logs],
         Step(condition=("Succeeded", "True", "MPIJobSucceeded", "MPIJob {ns}/{name} successfully completed."),
              replicas={"Launcher": {"succeeded": 1}, "Worker": {}}, launcher="Succeeded"),
+    ]
+
+
+def trainjob_succeeding(logs: Iterable[str], nodes: int = 2) -> list[Step]:
+    """Kubeflow Trainer's path of a TrainJob that trains and finishes: jobsStatus per replicated
+    job (no Running condition: Trainer has none), then Complete (its JobSet's reason and message)."""
+    return [
+        Step(replicas={"node": {"active": nodes}, "launcher": {}}, launcher="Pending", new_launcher=True),
+        Step(replicas={"node": {"active": nodes, "ready": nodes}, "launcher": {"active": 1}}, launcher="Running"),
+        *[Step(logs=(line,), delay=0.02) for line in logs],
+        Step(condition=("Complete", "True", "AllJobsCompleted", "jobset completed successfully"),
+             replicas={"node": {}, "launcher": {"succeeded": 1}}, launcher="Succeeded"),
     ]
 
 
@@ -227,27 +277,29 @@ class _QuietHandler(WSGIRequestHandler):
 class KubeDouble:
     """The fake API server. Use as a context manager; ``write_kubeconfig`` points the client at it.
 
-    crd_installed: False answers every kubeflow.org/v2beta1 call with a plain ``404 page not found``.
+    crd_installed: False answers every kubeflow.org/v2beta1 call with a plain ``404 page not found``;
+    trainer_installed: the same for trainer.kubeflow.org (TrainJobs, ClusterTrainingRuntimes).
     forbidden: (verb, resource) pairs this user may not do, e.g. ("create", "mpijobs"), ("get", "pods/log").
     lifecycle: the steps the scripted operator takes after each (non-dry-run) create.
     max_watch_seconds: end every watch this soon (as a server's timeout), forcing the client to resume.
     expire_watches: answer this many watches that name a resourceVersion with ``410 Gone``.
     """
 
-    def __init__(self, *, crd_installed: bool = True, forbidden: Iterable[tuple[str, str]] = (),
+    def __init__(self, *, crd_installed: bool = True, trainer_installed: bool = True, forbidden: Iterable[tuple[str, str]] = (),
                  lifecycle: list[Step] | None = None, max_watch_seconds: float = 30.0,
                  expire_watches: int = 0, foreground_delay: float = 0.1, user: str = "alice"):
-        self.crd_installed = crd_installed
+        self.resources = {(r.group, r.version, r.plural): r for r in RESOURCES
+                          if (r.group == GROUP and crd_installed) or (r.group != GROUP and trainer_installed)}
         self.forbidden = set(forbidden)
         self.lifecycle = lifecycle
         self.max_watch_seconds = max_watch_seconds
         self.expire_watches = expire_watches
         self.foreground_delay = foreground_delay
         self.user = user
-        self.schema = crd_schema()
-        self.jobs: dict[tuple[str, str], dict] = {}
+        self.jobs: dict[tuple[str, str, str], dict] = {}  # (plural, namespace or "", name)
         self.pods: dict[tuple[str, str], Pod] = {}
         self.events: list[tuple[int, str, dict]] = []
+        self.kube_events: list[dict] = []  # core/v1 Events (what `kubectl get events` lists)
         self.requests: list[tuple[str, str, dict]] = []
         self.log_reads: list[tuple[str, bool, str]] = []  # (pod, follow, its phase when asked)
         self._rv = itertools.count(100)
@@ -255,12 +307,15 @@ class KubeDouble:
         self._cond = threading.Condition()
         self._closing = threading.Event()
         self._threads: list[threading.Thread] = []
-        prefix = f"/apis/{GROUP}/{VERSION}/namespaces/<ns>/{PLURAL}"
+        prefix = "/apis/<group>/<version>/namespaces/<ns>/<plural>"
         self._routes = Map([
             Rule(prefix, methods=["GET", "POST"], endpoint="jobs"),
             Rule(f"{prefix}/<name>", methods=["GET", "DELETE"], endpoint="job"),
+            Rule("/apis/<group>/<version>/<plural>", methods=["GET", "POST"], endpoint="jobs"),
+            Rule("/apis/<group>/<version>/<plural>/<name>", methods=["GET", "PUT", "DELETE"], endpoint="job"),
             Rule("/api/v1/namespaces/<ns>/pods", methods=["GET"], endpoint="pods"),
             Rule("/api/v1/namespaces/<ns>/pods/<name>/log", methods=["GET"], endpoint="log"),
+            Rule("/api/v1/namespaces/<ns>/events", methods=["GET"], endpoint="kube_events"),
         ])
 
     # ------------------------------------------------------------ lifecycle of the server
@@ -304,19 +359,20 @@ class KubeDouble:
         self.events.append((int(obj["metadata"]["resourceVersion"]), kind, copy.deepcopy(obj)))
         self._cond.notify_all()
 
-    def job(self, namespace: str, name: str) -> dict | None:
+    def job(self, namespace: str, name: str, res: Resource = MPIJOBS) -> dict | None:
         with self._cond:
-            return copy.deepcopy(self.jobs.get((namespace, name)))
+            return copy.deepcopy(self.jobs.get((res.plural, namespace, name)))
 
-    def remove(self, namespace: str, name: str) -> None:
-        """Someone else deletes the MPIJob (background cascade): watchers see DELETED."""
+    def remove(self, namespace: str, name: str, res: Resource = MPIJOBS) -> None:
+        """Someone else deletes the job (background cascade): watchers see DELETED."""
         with self._cond:
-            self._remove(namespace, name)
+            self._remove(res, namespace, name)
 
-    def launcher_pods(self, namespace: str, job: str) -> list[dict]:
+    def launcher_pods(self, namespace: str, job: str, res: Resource = MPIJOBS) -> list[dict]:
         with self._cond:
             return [copy.deepcopy(p.manifest) for (ns, _), p in self.pods.items()
-                    if ns == namespace and p.manifest["metadata"]["labels"][LAUNCHER_LABELS[1]] == job]
+                    if ns == namespace and p.manifest["metadata"]["labels"].get(res.job_label) == job
+                    and p.manifest["metadata"]["labels"].get(res.role_label) == res.roles[0]]
 
     # ------------------------------------------------------------ HTTP
 
@@ -328,8 +384,11 @@ class KubeDouble:
             endpoint, params = adapter.match()
         except Exception:  # werkzeug NotFound / MethodNotAllowed: what the real server says for unknown paths
             return Response("404 page not found\n", status=404, mimetype="text/plain")
-        if endpoint in ("jobs", "job") and not self.crd_installed:
-            return Response("404 page not found\n", status=404, mimetype="text/plain")
+        if endpoint in ("jobs", "job"):
+            res = self.resources.get((params.pop("group"), params.pop("version"), params.pop("plural")))
+            if res is None or res.namespaced != ("ns" in params):
+                return Response("404 page not found\n", status=404, mimetype="text/plain")
+            params = {"res": res, "ns": params.get("ns", "")} | ({"name": params["name"]} if "name" in params else {})
         try:
             return getattr(self, f"_{endpoint}")(request, **params)
         except ApiError as err:
@@ -339,7 +398,7 @@ class KubeDouble:
         if (verb, resource) not in self.forbidden:
             return
         base, _, _ = resource.partition("/")
-        group = GROUP if base == PLURAL else ""
+        group = next((r.group for r in RESOURCES if r.plural == base), "")
         what = f"{base}.{group}" if group else base
         subject = f'{what} "{name}"' if name else what
         raise ApiError(403, "Forbidden",
@@ -347,97 +406,124 @@ class KubeDouble:
                        f'in API group "{group}" in the namespace "{ns}"',
                        {"name": name, "group": group, "kind": base} if name else {"group": group, "kind": base})
 
-    def _jobs(self, request: Request, ns: str) -> Response:
+    def _jobs(self, request: Request, res: Resource, ns: str) -> Response:
         if request.method == "POST":
-            self._authorize("create", PLURAL, ns)
-            return self._create(request, ns)
+            self._authorize("create", res.plural, ns)
+            return self._create(request, res, ns)
         watching = request.args.get("watch") in ("true", "1")
-        self._authorize("watch" if watching else "list", PLURAL, ns)
-        match = _field_selector(request.args.get("fieldSelector", ""))
+        self._authorize("watch" if watching else "list", res.plural, ns)
+        selector = _field_selector(request.args.get("fieldSelector", ""))
+        match = lambda obj: obj.get("kind") == res.kind and selector(obj)  # noqa: E731
         if watching:
             return Response(self._watch(ns, match, request.args), mimetype="application/json")
         with self._cond:
-            items = [copy.deepcopy(j) for (n, name), j in sorted(self.jobs.items()) if n == ns and match(j)]
+            items = [copy.deepcopy(j) for (plural, n, _), j in sorted(self.jobs.items())
+                     if plural == res.plural and n == ns and match(j)]
             rv = str(self.events[-1][0]) if self.events else "1"
-        return _json({"apiVersion": f"{GROUP}/{VERSION}", "kind": f"{KIND}List",
+        return _json({"apiVersion": res.api_version, "kind": f"{res.kind}List",
                       "metadata": {"resourceVersion": rv}, "items": items})
 
-    def _create(self, request: Request, ns: str) -> Response:
+    def _admit(self, request: Request, res: Resource, ns: str) -> dict:
+        """What the API server does to a create or replace body: prune, default, validate (or raise)."""
         body = request.get_json(force=True)
         meta = body.setdefault("metadata", {})
-        if meta.get("namespace", ns) != ns:
+        if res.namespaced and meta.get("namespace", ns) != ns:
             raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the "
                            "namespace sent on the request")
         if meta.get("generateName") and not meta.get("name"):
             meta["name"] = f"{meta['generateName']}{next(self._uids):05d}"
         body.pop("status", None)  # status is a subresource: ignored on create
+        schema = crd_schema(res.version, res.crd)
         dropped: list[str] = []
-        body = prune(body, self.schema, dropped=dropped)
+        body = prune(body, schema, dropped=dropped)
         if dropped and request.args.get("fieldValidation") == "Strict":
             unknown = ", ".join(f'unknown field "{p}"' for p in dropped)
-            raise ApiError(400, "BadRequest", f'{KIND} in version "{VERSION}" cannot be handled as a {KIND}: '
-                           f"strict decoding error: {unknown}")
-        apply_defaults(body, self.schema)
+            raise ApiError(400, "BadRequest", f'{res.kind} in version "{res.version}" cannot be handled as a '
+                           f"{res.kind}: strict decoding error: {unknown}")
+        apply_defaults(body, schema)
         name = meta.get("name") or ""
-        causes = metadata_causes(body["metadata"]) + schema_causes(body, self.schema)
+        causes = metadata_causes(body["metadata"]) + schema_causes(body, schema)
         if causes:
             listed = [f"{c['field']}: {c['message']}" for c in causes]
             summary = listed[0] if len(listed) == 1 else "[" + ", ".join(listed) + "]"
-            raise ApiError(422, "Invalid", f'{KIND}.{GROUP} "{name}" is invalid: {summary}',
-                           {"name": name, "group": GROUP, "kind": KIND, "causes": causes})
+            raise ApiError(422, "Invalid", f'{res.kind}.{res.group} "{name}" is invalid: {summary}',
+                           {"name": name, "group": res.group, "kind": res.kind, "causes": causes})
         dry_run = request.args.get("dryRun")
         if dry_run not in (None, "All"):
             raise ApiError(400, "BadRequest", f'Invalid dry run value: "{dry_run}": supported values: "All"')
-        body["metadata"] |= {"namespace": ns, "uid": f"uid-{next(self._uids)}", "generation": 1,
-                             "creationTimestamp": _now()}
+        body["metadata"] |= {"uid": f"uid-{next(self._uids)}", "generation": 1, "creationTimestamp": _now()}
+        if res.namespaced:
+            body["metadata"]["namespace"] = ns
+        return body
+
+    def _create(self, request: Request, res: Resource, ns: str) -> Response:
+        body = self._admit(request, res, ns)
+        name = body["metadata"]["name"]
         with self._cond:
-            if (ns, name) in self.jobs:
-                raise ApiError(409, "AlreadyExists", f'{PLURAL}.{GROUP} "{name}" already exists',
-                               {"name": name, "group": GROUP, "kind": PLURAL})
-            if dry_run:
+            if (res.plural, ns, name) in self.jobs:
+                raise ApiError(409, "AlreadyExists", f'{res.plural}.{res.group} "{name}" already exists',
+                               {"name": name, "group": res.group, "kind": res.plural})
+            if request.args.get("dryRun"):
                 body["metadata"]["resourceVersion"] = ""
                 return _json(body, 201)
-            self.jobs[(ns, name)] = body
+            self.jobs[(res.plural, ns, name)] = body
             self._record("ADDED", body)
             created = copy.deepcopy(body)
-        if self.lifecycle:
-            self._spawn(self._operate, ns, name, self.lifecycle)
+        if self.lifecycle and res.job_label:
+            self._spawn(self._operate, res, ns, name, self.lifecycle)
         return _json(created, 201)
 
-    def _job(self, request: Request, ns: str, name: str) -> Response:
-        verb = "get" if request.method == "GET" else "delete"
-        self._authorize(verb, PLURAL, ns, name)
+    def _job(self, request: Request, res: Resource, ns: str, name: str) -> Response:
+        verb = {"GET": "get", "PUT": "update", "DELETE": "delete"}[request.method]
+        self._authorize(verb, res.plural, ns, name)
         with self._cond:
-            job = self.jobs.get((ns, name))
+            job = self.jobs.get((res.plural, ns, name))
             if job is None:
-                raise ApiError(404, "NotFound", f'{PLURAL}.{GROUP} "{name}" not found',
-                               {"name": name, "group": GROUP, "kind": PLURAL})
+                raise ApiError(404, "NotFound", f'{res.plural}.{res.group} "{name}" not found',
+                               {"name": name, "group": res.group, "kind": res.plural})
             if verb == "get":
                 return _json(job)
+        if verb == "update":
+            return self._replace(request, res, ns, job)
+        with self._cond:
             options = request.get_json(force=True, silent=True) or {}
             policy = request.args.get("propagationPolicy") or options.get("propagationPolicy") or "Background"
             if policy == "Foreground":
                 job["metadata"] |= {"deletionTimestamp": _now(), "finalizers": ["foregroundDeletion"]}
                 self._record("MODIFIED", job)
-                self._spawn(self._finish_delete, ns, name)
+                self._spawn(self._finish_delete, res, ns, name)
                 return _json(job)
-            self._remove(ns, name)
+            self._remove(res, ns, name)
         return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                      "details": {"name": name, "group": GROUP, "kind": PLURAL, "uid": job["metadata"]["uid"]}})
+                      "details": {"name": name, "group": res.group, "kind": res.plural,
+                                  "uid": job["metadata"]["uid"]}})
 
-    def _remove(self, ns: str, name: str) -> None:
-        job = self.jobs.pop((ns, name))
+    def _replace(self, request: Request, res: Resource, ns: str, old: dict) -> Response:
+        body = self._admit(request, res, ns)
+        sent = (request.get_json(force=True).get("metadata") or {}).get("resourceVersion")
+        with self._cond:
+            if sent != old["metadata"]["resourceVersion"]:
+                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.plural}.{res.group} '
+                               f'"{old["metadata"]["name"]}": the object has been modified')
+            body["metadata"] |= {"uid": old["metadata"]["uid"], "creationTimestamp": old["metadata"]["creationTimestamp"],
+                                 "generation": old["metadata"]["generation"] + 1}
+            self.jobs[(res.plural, ns, old["metadata"]["name"])] = body
+            self._record("MODIFIED", body)
+            return _json(copy.deepcopy(body))
+
+    def _remove(self, res: Resource, ns: str, name: str) -> None:
+        job = self.jobs.pop((res.plural, ns, name))
         for key in [k for k, p in self.pods.items()
-                    if k[0] == ns and p.manifest["metadata"]["labels"][LAUNCHER_LABELS[1]] == name]:
+                    if k[0] == ns and p.manifest["metadata"]["labels"].get(res.job_label) == name]:
             del self.pods[key]
         self._record("DELETED", job)
 
-    def _finish_delete(self, ns: str, name: str) -> None:
+    def _finish_delete(self, res: Resource, ns: str, name: str) -> None:
         """Foreground deletion: the garbage collector removes dependents first, then the owner."""
         time.sleep(self.foreground_delay)
         with self._cond:
-            if (ns, name) in self.jobs:
-                self._remove(ns, name)
+            if (res.plural, ns, name) in self.jobs:
+                self._remove(res, ns, name)
 
     def _watch(self, ns: str, match, args) -> Iterator[bytes]:
         rv = args.get("resourceVersion")
@@ -449,7 +535,7 @@ class KubeDouble:
                                                   f"({self.events[-1][0] if self.events else 1})"))
                 return
             if rv in (None, "", "0"):  # no version: the current state first, as ADDED events
-                backlog = [("ADDED", j) for (n, _), j in sorted(self.jobs.items()) if n == ns and match(j)]
+                backlog = [("ADDED", j) for (_, n, _), j in sorted(self.jobs.items()) if n == ns and match(j)]
                 seen = self.events[-1][0] if self.events else 0
             else:
                 backlog, seen = [], int(rv)
@@ -469,8 +555,7 @@ class KubeDouble:
                 if obj["metadata"].get("namespace") == ns and match(obj):
                     yield _event(kind, obj)
         if args.get("allowWatchBookmarks") in ("true", "1") and not self._closing.is_set():
-            yield _event("BOOKMARK", {"kind": KIND, "apiVersion": f"{GROUP}/{VERSION}",
-                                      "metadata": {"resourceVersion": str(seen)}})
+            yield _event("BOOKMARK", {"metadata": {"resourceVersion": str(seen)}})
 
     def _pods(self, request: Request, ns: str) -> Response:
         self._authorize("list", "pods", ns)
@@ -479,6 +564,13 @@ class KubeDouble:
             items = [copy.deepcopy(p.manifest) for (n, _), p in sorted(self.pods.items())
                      if n == ns and wanted.items() <= p.manifest["metadata"]["labels"].items()]
         return _json({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": items})
+
+    def _kube_events(self, request: Request, ns: str) -> Response:
+        self._authorize("list", "events", ns)
+        match = _field_selector(request.args.get("fieldSelector", ""))
+        with self._cond:
+            items = [copy.deepcopy(e) for e in self.kube_events if e["metadata"]["namespace"] == ns and match(e)]
+        return _json({"apiVersion": "v1", "kind": "EventList", "metadata": {"resourceVersion": "1"}, "items": items})
 
     def _log(self, request: Request, ns: str, name: str) -> Response:
         self._authorize("get", "pods/log", ns, name)
@@ -514,13 +606,13 @@ class KubeDouble:
 
     # ------------------------------------------------------------ the emulated MPI Operator
 
-    def _operate(self, ns: str, name: str, steps: list[Step]) -> None:
+    def _operate(self, res: Resource, ns: str, name: str, steps: list[Step]) -> None:
         launcher: tuple[str, str] | None = None
         for step in steps:
             if self._closing.wait(step.delay):
                 return
             with self._cond:
-                job = self.jobs.get((ns, name))
+                job = self.jobs.get((res.plural, ns, name))
                 if job is None or "deletionTimestamp" in job["metadata"]:
                     return
                 if step.until_log_follower and launcher:
@@ -528,7 +620,9 @@ class KubeDouble:
                     self._cond.wait_for(lambda f=followed: any(r[:2] == f for r in self.log_reads)
                                         or self._closing.is_set(), timeout=10)
                 if step.new_launcher:
-                    launcher = self._new_launcher(job)
+                    launcher = self._new_launcher(res, job)
+                if step.unschedulable:
+                    self._unschedulable_workers(res, job, step)
                 pod = self.pods.get(launcher) if launcher else None
                 if pod and step.launcher:
                     pod.manifest["status"]["phase"] = step.launcher
@@ -536,54 +630,88 @@ class KubeDouble:
                     pod.log.extend(step.logs)
                     self._cond.notify_all()
                 if step.condition or step.replicas is not None:
-                    _set_status(job, step, ns, name)
+                    _set_status(res, job, step, ns, name)
                     self._record("MODIFIED", job)
 
-    def _new_launcher(self, job: dict) -> tuple[str, str]:
+    def _pod(self, res: Resource, job: dict, pod_name: str, role: str, container: str, **status: Any) -> dict:
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
-        template = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]
-        pod_name = f"{name}-launcher-{next(self._uids):05d}"
-        labels = dict(zip(LAUNCHER_LABELS, ("mpi-operator", name, "launcher"), strict=True))
-        self.pods[(ns, pod_name)] = Pod({
+        labels = dict(res.pod_labels) | {res.job_label: name, res.role_label: role}
+        manifest = {
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod_name, "namespace": ns, "uid": f"uid-{next(self._uids)}",
-                         "labels": labels | {"batch.kubernetes.io/job-name": f"{name}-launcher"},
+            "metadata": {"name": pod_name, "namespace": ns, "uid": f"uid-{next(self._uids)}", "labels": labels,
                          "creationTimestamp": _now()},
-            "spec": {"containers": [{"name": c["name"], "image": c.get("image", "")}
-                                    for c in template["spec"]["containers"]]},
-            "status": {"phase": "Pending"},
-        })
-        return ns, pod_name
+            "spec": {"containers": [{"name": container, "image": "img"}]},
+            "status": {"phase": "Pending"} | status,
+        }
+        self.pods[(ns, pod_name)] = Pod(manifest)
+        return manifest
+
+    def _new_launcher(self, res: Resource, job: dict) -> tuple[str, str]:
+        """The launcher pod: the MPIJob's Launcher container name; Trainer's containers are all "node"."""
+        name = job["metadata"]["name"]
+        container = (job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["name"]
+                     if res is MPIJOBS else "node")
+        pod = self._pod(res, job, f"{name}-launcher-{next(self._uids):05d}", res.roles[0], container)
+        return pod["metadata"]["namespace"], pod["metadata"]["name"]
 
 
-def _set_status(job: dict, step: Step, ns: str, name: str) -> None:
-    """The operator's setCondition: replace by type; a terminal condition turns Running off."""
+    def _unschedulable_workers(self, res: Resource, job: dict, step: Step) -> None:
+        """The worker pods the operator creates, left Pending by the scheduler (what a full cluster does)."""
+        ns, name, message = job["metadata"]["namespace"], job["metadata"]["name"], step.unschedulable
+        for i in range(step.workers):
+            pod_name = f"{name}-{res.roles[1]}-{i}" if res is MPIJOBS else f"{name}-{res.roles[1]}-0-{i}"
+            self._pod(res, job, pod_name, res.roles[1], res.roles[1], conditions=[
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}])
+            self.kube_events.append({
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": f"{pod_name}.{next(self._uids)}", "namespace": ns},
+                "involvedObject": {"kind": "Pod", "namespace": ns, "name": pod_name},
+                "reason": "FailedScheduling", "message": message, "type": "Warning", "count": 1,
+                "source": {"component": "default-scheduler"}, "lastTimestamp": _now(),
+            })
+
+
+def _set_status(res: Resource, job: dict, step: Step, ns: str, name: str) -> None:
+    """The operator's setCondition: replace by type; a terminal condition turns Running off.
+    Replica counts go to an MPIJob's replicaStatuses, or a TrainJob's jobsStatus list."""
     status = job.setdefault("status", {})
     now = _now()
-    status.setdefault("startTime", now)
-    if step.replicas is not None:
+    if res is MPIJOBS:
+        status.setdefault("startTime", now)
+    if step.replicas is not None and res is MPIJOBS:
         status["replicaStatuses"] = copy.deepcopy(step.replicas)
+    elif step.replicas is not None:
+        status["jobsStatus"] = [{"name": role} | counts for role, counts in step.replicas.items()]
     if step.condition:
         ctype, cstatus, reason, message = step.condition
         conditions = [c for c in status.get("conditions", []) if c["type"] != ctype]
-        if ctype in ("Succeeded", "Failed"):
+        if ctype in ("Succeeded", "Complete", "Failed"):
             for cond in conditions:
                 if cond["type"] == "Running":
                     cond["status"] = "False"
-            status["completionTime"] = now
+            if res is MPIJOBS:
+                status["completionTime"] = now
         conditions.append({"type": ctype, "status": cstatus, "reason": reason,
                            "message": message.format(ns=ns, name=name),
                            "lastTransitionTime": now, "lastUpdateTime": now})
         status["conditions"] = conditions
 
 
+FIELD_SELECTORS = {"metadata.name", "metadata.namespace", "involvedObject.name", "involvedObject.kind"}
+
+
 def _field_selector(selector: str):
     wanted = dict(part.split("=", 1) for part in selector.split(",") if part)
-    unknown = set(wanted) - {"metadata.name", "metadata.namespace"}
+    unknown = set(wanted) - FIELD_SELECTORS
     if unknown:
         raise ApiError(400, "BadRequest", f'"{sorted(unknown)[0]}" is not a known field selector: only '
-                       '"metadata.name", "metadata.namespace"')
-    return lambda obj: all(obj["metadata"].get(k.split(".")[1]) == v for k, v in wanted.items())
+                       + ", ".join(f'"{f}"' for f in sorted(FIELD_SELECTORS)))
+
+    def value(obj: dict, path: str) -> Any:
+        top, key = path.split(".")
+        return (obj.get(top) or {}).get(key)
+
+    return lambda obj: all(value(obj, k) == v for k, v in wanted.items())
 
 
 def _event(kind: str, obj: dict) -> bytes:

@@ -7,18 +7,19 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 import yaml
 
-from hvdk8s import mpijob
+from hvdk8s import k8s, mpijob
 from hvdk8s.cli import main
 from hvdk8s.errors import UserError
-from hvdk8s.launcher import kube, kubeerrors, watch
+from hvdk8s.launcher import jobstatus, kube, kubeerrors, watch
 
-from kube_double import KubeDouble, failing, succeeding
+from kube_double import RUNTIMES, TRAINJOBS, KubeDouble, Step, failing, succeeding, trainjob_succeeding
 
 NS = "team"
 WATCH = f"/apis/kubeflow.org/v2beta1/namespaces/{NS}/mpijobs"
@@ -196,7 +197,7 @@ def test_crd_not_installed_says_how_to_install_the_operator(api, manifest, capsy
 
 def test_invalid_spec_prints_the_servers_causes_with_field_paths(api, capsys):
     _, flags = api()
-    cluster = kube.connect(flags[1])
+    cluster = k8s.connect(flags[1])
     bad = yaml.safe_load(yaml.safe_dump(PI))
     bad["spec"]["slotsPerWorker"] = "two"
     bad["spec"]["mpiImplementation"] = "OpenMP"
@@ -218,7 +219,7 @@ def test_misspelled_field_is_refused_not_silently_dropped(api):
     typo = yaml.safe_load(yaml.safe_dump(PI))
     typo["spec"]["slotsPerWorkr"] = typo["spec"].pop("slotsPerWorker")
     with pytest.raises(UserError) as raised:
-        kube.create_job(kube.connect(flags[1]), typo, NS)
+        kube.create_job(k8s.connect(flags[1]), typo, NS)
     assert str(raised.value) == (
         'the API server rejected MPIJob "pi": MPIJob in version "v2beta1" cannot be handled as a MPIJob: strict '
         'decoding error: unknown field "spec.slotsPerWorkr" (misspelled, or not a field of kubeflow.org/v2beta1 '
@@ -230,7 +231,7 @@ def test_invalid_spec_through_the_cli_is_exit_2_without_traceback(api, manifest,
     _, flags = api()
     bad = yaml.safe_load(yaml.safe_dump(PI))
     del bad["spec"]["mpiReplicaSpecs"]
-    monkeypatch.setattr(mpijob, "manifest_from_file", lambda path: bad, raising=False)
+    monkeypatch.setattr(mpijob, "objects_from_file", lambda path, api: [bad])
     code, _, err = run(capsys, "submit", str(manifest), *flags)
     assert (code, err) == (2, 'hvdk8s submit: error: the API server rejected MPIJob "pi" as invalid:\n'
                               "  spec.mpiReplicaSpecs: Required value\n")
@@ -347,14 +348,62 @@ def test_delete_missing_job(api, capsys):
     assert code == 2 and 'mpijobs.kubeflow.org "nope" not found in namespace "team"' in err
 
 
+def delete_once_explained(double: KubeDouble, last: str) -> None:
+    """Delete the job (ending the wait) once --wait has read the events about ``last``, its last
+    object to explain: the first pod listing can take seconds, while the client builds its models."""
+    def events_read() -> bool:
+        return any(p == f"/api/v1/namespaces/{NS}/events" and q.get("fieldSelector") == f"involvedObject.name={last}"
+                   for _, p, q in list(double.requests))
+
+    def delete() -> None:
+        deadline = time.monotonic() + 30  # never hang: the assertions then say what was missing
+        while not events_read() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the explanation is printed, and any repeat would come in this time
+        double.remove(NS, "pi")
+
+    threading.Thread(target=delete, daemon=True).start()
+
+
 def test_wait_hints_at_a_missing_operator_and_notices_deletion(api, manifest, capsys, monkeypatch):
-    monkeypatch.setattr(watch, "OPERATOR_HINT_SECONDS", 0.1)
+    monkeypatch.setattr(watch, "EXPLAIN_SECONDS", 0.1)
     double, flags = api(max_watch_seconds=0.2)  # no operator answers
-    threading.Timer(0.6, double.remove, [NS, "pi"]).start()
+    delete_once_explained(double, "pi")
     code, out, err = run(capsys, "submit", str(manifest), "--wait", *flags)
     assert code == 1
-    assert "mpijob/pi: no status yet: is the MPI Operator running?" in out[1]
+    assert "mpijob/pi: waiting: no status yet: is the MPI Operator running?" in out[1]
     assert err == "hvdk8s: MPIJob team/pi was deleted before it finished\n"
+
+
+def test_wait_explains_unschedulable_pods_from_their_events(api, manifest, capsys, monkeypatch):
+    """Created, but the scheduler cannot place the workers: --wait says so, with the scheduler's words."""
+    monkeypatch.setattr(watch, "EXPLAIN_SECONDS", 0.2)
+    full = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available."
+    double, flags = api(max_watch_seconds=0.3, lifecycle=[
+        Step(condition=("Created", "True", "MPIJobCreated", "MPIJob {ns}/{name} is created."), unschedulable=full)])
+    delete_once_explained(double, "pi-worker-1")
+    code, out, err = run(capsys, "submit", str(manifest), "--wait", *flags)
+    assert code == 1 and err == "hvdk8s: MPIJob team/pi was deleted before it finished\n"
+    assert [line for line in status_lines(out) if line.startswith("waiting:")] == [
+        f"waiting: pod pi-worker-0 is unschedulable: {full}",
+        f"waiting: pod pi-worker-1 is unschedulable: {full}"]  # each said once, not every poll
+
+
+def test_wait_explains_a_suspended_queued_job_and_an_operator_refusal():
+    job = {"metadata": {"name": "pi", "namespace": NS, "labels": {"kueue.x-k8s.io/queue-name": "gpus"}},
+           "spec": {"runPolicy": {"suspend": True}}}
+    assert jobstatus.waiting_reasons(job, [], {}) == [
+        "suspended: waiting for Kueue to admit it from LocalQueue 'gpus' (kubectl get workloads -n team; "
+        "its quota or admission checks hold it)"]
+    refused = {"metadata": {"name": "pi", "namespace": NS}, "spec": {}}
+    event = {"type": "Warning", "reason": "ValidationError", "message": "Found validation errors: spec.x"}
+    assert jobstatus.waiting_reasons(refused, [], {"pi": [event]}) == [
+        "the MPI Operator did not start it: ValidationError: Found validation errors: spec.x"]
+    trainjob = {"kind": "TrainJob", "metadata": {"name": "pi", "namespace": NS}, "spec": {"suspend": True}}
+    assert jobstatus.waiting_reasons(trainjob, [], {}) == ["suspended (suspend: true): nothing runs until it is resumed"]
+    del trainjob["spec"]["suspend"]
+    assert jobstatus.waiting_reasons(trainjob, [], {}) == [
+        "no pods and no status yet: is Kubeflow Trainer running? Check: kubectl get pods -n kubeflow-system"]
 
 
 def test_installed_entry_point_exit_codes(api, manifest):
@@ -366,3 +415,47 @@ def test_installed_entry_point_exit_codes(api, manifest):
     assert proc.returncode == 1, proc.stderr
     assert "boom" in proc.stdout.splitlines()
     assert proc.stderr == "hvdk8s: MPIJob team/pi failed (MPIJobFailed): MPIJob team/pi has failed\n"
+
+
+# ---- Kubeflow Trainer TrainJobs (--api trainjob) ---------------------------------------------
+
+
+@pytest.fixture
+def job_spec(tmp_path) -> Path:
+    path = tmp_path / "digits.yaml"
+    path.write_text(yaml.safe_dump({"name": "digits", "image": "hvdk8s:cpu", "command": ["python", "/app/train.py"]}))
+    return path
+
+
+def test_trainjob_submit_follow_status_logs_delete(api, job_spec, capsys):
+    """The runtime and TrainJob pass the real Trainer CRD schemas (the double validates creates with them)."""
+    double, flags = api(lifecycle=trainjob_succeeding(TRAINING_LOG))
+    code, out, err = run(capsys, "submit", str(job_spec), "--api", "trainjob", "--follow", *flags)
+    assert (code, err) == (0, "")
+    assert out[0] == "trainjob.trainer.kubeflow.org/digits created in namespace team on runtime hvdk8s-digits"
+    said = [line.removeprefix("trainjob/digits: ") for line in out if line.startswith("trainjob/digits: ")]
+    assert said[-2:] == ["Complete: jobset completed successfully [AllJobsCompleted]",
+                         "replicas: launcher 1 succeeded; node none"]
+    assert [line for line in out if line in TRAINING_LOG] == TRAINING_LOG
+    assert double.job("", "hvdk8s-digits", RUNTIMES)["spec"]["mlPolicy"]["mpi"]["numProcPerNode"] == 1
+    assert double.job(NS, "digits", TRAINJOBS)["spec"]["runtimeRef"]["name"] == "hvdk8s-digits"
+
+    code, out, _ = run(capsys, "status", "digits", "--api", "trainjob", *flags)
+    assert code == 0 and out[0] == "TrainJob team/digits: Complete"
+    code, out, _ = run(capsys, "logs", "digits", "--api", "trainjob", *flags)
+    assert (code, out) == (0, TRAINING_LOG)
+    code, out, _ = run(capsys, "delete", "digits", "--api", "trainjob", "--wait", *flags)
+    assert code == 0 and out[-1] == "trainjob.trainer.kubeflow.org/digits deleted"
+    assert double.job(NS, "digits", TRAINJOBS) is None
+
+    # resubmitting replaces the runtime that is still there (it is cluster-scoped, not owned by the job)
+    code, out, _ = run(capsys, "submit", str(job_spec), "--api", "trainjob", *flags)
+    assert code == 0 and double.job("", "hvdk8s-digits", RUNTIMES)["metadata"]["generation"] == 2
+
+
+def test_trainjob_without_trainer_installed_says_how_to_install_it(api, job_spec, capsys):
+    _, flags = api(trainer_installed=False)
+    code, _, err = run(capsys, "submit", str(job_spec), "--api", "trainjob", *flags)
+    assert code == 2 and "Kubeflow Trainer is not installed" in err and kubeerrors.INSTALL_TRAINER in err
+    code, _, err = run(capsys, "status", "digits", "--api", "trainjob", *flags)
+    assert code == 2 and "Kubeflow Trainer is not installed" in err

@@ -7,7 +7,7 @@ import pytest
 
 from hvdk8s.errors import UserError
 from hvdk8s.launcher import jobstatus, kubeerrors
-from hvdk8s.launcher.kube import resolve_namespace
+from hvdk8s.k8s import resolve_namespace
 from hvdk8s.launcher.kubeerrors import MPIJOBS, Action
 
 

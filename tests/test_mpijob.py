@@ -33,6 +33,10 @@ FORWARDED = ["HOROVOD_FUSION_THRESHOLD", "HVDK8S_JOB_NAME", "HVDK8S_METRICS_PORT
              "NCCL_DEBUG", "PATH", "PYTHONUNBUFFERED"]  # fmt: skip
 
 
+def messages(errors: list[Any]) -> list[str]:
+    return [str(e) for e in errors]
+
+
 def errors_of(fields: dict[str, Any]) -> list[str]:
     with pytest.raises(SpecError) as info:
         load_spec(fields)
@@ -57,7 +61,7 @@ def run_render(*argv: str) -> int:
 # ---- checked-in examples (goldens) -----------------------------------------
 
 
-@pytest.mark.parametrize("name", ["cpu", "gpu", "elastic"])
+@pytest.mark.parametrize("name", ["cpu", "gpu", "elastic", "kueue", "volcano", "rdma"])
 def test_examples_match_what_render_produces(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     checked_in = (EXAMPLES / f"{name}.mpijob.yaml").read_text()
     assert run_render(str(EXAMPLES / f"{name}.yaml")) == 0
@@ -75,7 +79,7 @@ def test_cpu_example_exact_launcher_and_worker():
     manifest = render(load_spec(EXAMPLES / "cpu.yaml"))
     expected_argv = [
         "mpirun", "-np", "2", "--allow-run-as-root", "-bind-to", "none", "-map-by", "slot", "--tag-output",
-        "-mca", "pml", "ob1", "-mca", "btl", "^openib",
+        "-mca", "pml", "ob1", "-mca", "btl", "^openib", "-mca", "mpi_yield_when_idle", "1",
         "-x", "HOROVOD_FUSION_THRESHOLD", "-x", "HVDK8S_JOB_NAME", "-x", "HVDK8S_METRICS_PORT",
         "-x", "LD_LIBRARY_PATH", "-x", "NCCL_DEBUG", "-x", "PATH", "-x", "PYTHONUNBUFFERED",
         "python", "/app/examples/train_digits.py", "--epochs", "12",
@@ -94,7 +98,8 @@ def test_cpu_example_exact_launcher_and_worker():
     assert "tolerations" not in pod and "nodeSelector" not in pod and "securityContext" not in pod
     assert manifest["spec"] | {"mpiReplicaSpecs": None} == {
         "slotsPerWorker": 1,
-        "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0, "ttlSecondsAfterFinished": 86400},
+        "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0, "ttlSecondsAfterFinished": 86400,
+                      "schedulingPolicy": {"minAvailable": 2}},  # the workers: the launcher waits for them
         "launcherCreationPolicy": "WaitForWorkersReady",
         "mpiImplementation": "OpenMPI",
         "sshAuthMountPath": "/root/.ssh",
@@ -124,7 +129,8 @@ def test_gpu_example_wiring():
     shared = {"name": "shared", "mountPath": "/shared"}
     assert shared in container["volumeMounts"] and shared in launcher(manifest)["volumeMounts"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
-    assert manifest["spec"]["runPolicy"]["schedulingPolicy"] == {"queue": "training"}
+    # 2, not the operator's default 3: the launcher is created only once both workers run (issue 608)
+    assert manifest["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 2, "queue": "training"}
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["NCCL_DEBUG"] == "INFO" and env["HOROVOD_FUSION_THRESHOLD"] == "134217728"
     assert env["HOROVOD_TIMELINE"] == "/shared/digits-gpu/timeline.json"
@@ -142,7 +148,7 @@ def test_unknown_fields_rejected_with_paths_all_at_once():
     })  # fmt: skip
     assert errors == [
         "slotPerWorker: unknown field (did you mean 'slotsPerWorker'?)",
-        "resources.worker.gpus: unknown field (known: cpu, memory)",
+        "resources.worker.gpus: unknown field (known: cpu, extra, memory)",
         "scheduling.tolerations[1].efect: unknown field (did you mean 'effect'?)",
         "runPolicy.cleanupPolicy: unknown field (did you mean 'cleanPodPolicy'?)",
     ]
@@ -201,7 +207,9 @@ def test_file_errors_name_the_file(tmp_path: Path):
     ("fields", "expected"),
     [
         ({"workers": 0}, "workers: must be >= 1, got 0"),
-        ({"slotsPerWorker": 0}, "slotsPerWorker: must be >= 1, got 0"),
+        ({"slotsPerWorker": 0}, "slotsPerWorker: 0 slots give mpirun no host to start a rank on: set the ranks "
+                                "per worker (= GPUs per worker with gpu: true)"),
+        ({"slotsPerWorker": -1}, "slotsPerWorker: must be >= 1, got -1"),
         ({"restartPolicy": {"worker": "Always"}}, "restartPolicy.worker: 'Always' is not one of Never, OnFailure"),
         ({"restartPolicy": {"launcher": "ExitCode"}}, "restartPolicy.launcher: 'ExitCode' is not one of Never, OnFailure"),
         ({"runPolicy": {"cleanPodPolicy": "Finished"}}, "runPolicy.cleanPodPolicy: 'Finished' is not one of None, Running, All"),
@@ -239,10 +247,11 @@ def test_longest_valid_name_passes_and_one_more_fails():
 
 
 def test_many_errors_reported_together():
+    """Parse errors (the refused field keeps its default) come first, then every rule's."""
     assert errors_of(BASE | {"workers": 0, "slotsPerWorker": -1, "nccl": {"debug": "x"}}) == [
+        "nccl.debug: 'x' is not one of VERSION, WARN, INFO, TRACE",
         "workers: must be >= 1, got 0",
         "slotsPerWorker: must be >= 1, got -1",
-        "nccl.debug: 'x' is not one of VERSION, WARN, INFO, TRACE",
     ]
 
 
@@ -286,17 +295,22 @@ def test_rendered_manifests_pass_the_operator_rules():
          "runLauncherAsWorker, runPolicy, slotsPerWorker, sshAuthMountPath)"),
         (lambda m: m["spec"].update(slotsPerWorker=2),
          "spec.mpiReplicaSpecs[Launcher].template.spec.containers[0].command: mpirun -np 2, "
-         "but Worker replicas x slotsPerWorker = 4"),
-        (lambda m: m["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-         .update({"nvidia.com/gpu": 2}),
-         "spec.mpiReplicaSpecs[Worker].template.spec.containers[0].resources.limits.nvidia.com/gpu: 2, "
-         "but slotsPerWorker = 1 (one rank per GPU)"),
+         "but (Worker replicas) x slotsPerWorker = 4"),
+        (lambda m: m["spec"].update(slotsPerWorker=0),
+         "spec.mpiReplicaSpecs[Launcher].template.spec.containers[0].command: mpirun -np 2, "
+         "but slotsPerWorker = 0: the operator's hostfile offers no slots"),
+        (lambda m: m["spec"].update(runLauncherAsWorker=True),
+         "spec.mpiReplicaSpecs[Launcher].template.spec.containers[0].command: mpirun -np 2, "
+         "but (Worker replicas + the launcher) x slotsPerWorker = 3"),
+        (lambda m: m["spec"]["runPolicy"].update(managedBy="example.com/my-controller"),
+         "spec.runPolicy.managedBy: 'example.com/my-controller' is not one of kubeflow.org/mpi-operator, "
+         "kueue.x-k8s.io/multikueue"),
     ],
 )  # fmt: skip
 def test_manifest_rule_violations(edit, expected: str):
     manifest = _manifest()
     edit(manifest)
-    assert check_manifest(manifest) == [expected]
+    assert messages(check_manifest(manifest)) == [expected]
 
 
 def test_operator_defaulting_before_validation():
@@ -307,16 +321,44 @@ def test_operator_defaulting_before_validation():
     for replica in manifest["spec"]["mpiReplicaSpecs"].values():
         del replica["restartPolicy"]
     del manifest["spec"]["mpiReplicaSpecs"]["Launcher"]["replicas"]
+    assert messages(check_manifest(manifest)) == []
+
+
+def test_launcher_only_mpijob_is_accepted_like_the_operator_does():
+    """No Worker replica: the operator runs it (its hostfile is empty), so hvdk8s must not refuse it."""
+    manifest = _manifest()
+    del manifest["spec"]["mpiReplicaSpecs"]["Worker"]
+    assert check_manifest(manifest) == []
+    manifest["spec"]["runLauncherAsWorker"] = True  # the hostfile lists the launcher: -np fills its slots
+    launcher(manifest)["command"][2] = "1"
     assert check_manifest(manifest) == []
 
 
-def test_launcher_only_mpijob_is_checked_not_crashed_on():
-    manifest = _manifest()
-    del manifest["spec"]["mpiReplicaSpecs"]["Worker"]
-    assert check_manifest(manifest) == [
-        "spec.mpiReplicaSpecs[Launcher].template.spec.containers[0].command: "
-        "mpirun -np 2, but Worker replicas x slotsPerWorker = 0"
-    ]
+def test_run_launcher_as_worker_counts_the_launchers_slots():
+    manifest = render(load_spec(BASE | {"runLauncherAsWorker": True, "slotsPerWorker": 2, "gpu": True}))
+    assert manifest["spec"]["runLauncherAsWorker"] is True
+    assert launcher(manifest)["command"][:3] == ["mpirun", "-np", "6"]  # (2 workers + launcher) x 2
+    assert launcher(manifest)["resources"]["limits"]["nvidia.com/gpu"] == 2  # it runs ranks: worker-sized
+    assert check_manifest(manifest) == []
+    alone = render(load_spec(BASE | {"runLauncherAsWorker": True, "workers": 0}))
+    assert list(alone["spec"]["mpiReplicaSpecs"]) == ["Launcher"]
+    assert launcher(alone)["command"][:3] == ["mpirun", "-np", "1"]
+    assert check_manifest(alone) == []
+    assert errors_of(BASE | {"workers": 0}) == ["workers: must be >= 1, got 0"]
+
+
+def test_gpus_other_than_slots_in_a_ready_made_mpijob_warn_but_pass(tmp_path: Path):
+    manifest = _manifest(gpu=True)
+    manifest["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"]["limits"][
+        "nvidia.com/gpu"] = 2
+    assert check_manifest(manifest) == []  # the operator allows it
+    path = tmp_path / "m.yaml"
+    path.write_text(to_yaml(manifest))
+    warnings: list[str] = []
+    assert manifest_from_file(path, warn=warnings.append) == manifest
+    assert warnings == [f"hvdk8s: warning: {path}: spec.mpiReplicaSpecs[Worker].template.spec.containers[0]."
+                        "resources.limits.nvidia.com/gpu: 2 GPUs per worker, but slotsPerWorker = 1: hvdk8s "
+                        "renders one rank per GPU"]
 
 
 def test_manifest_from_file(tmp_path: Path):
@@ -343,11 +385,11 @@ def test_elastic_launcher_command_and_bounds():
     manifest = render(load_spec(BASE | {"workers": 3, "slotsPerWorker": 2, "elastic": {"minWorkers": 2, "maxWorkers": 5}}))
     assert launcher(manifest)["command"] == [
         "horovodrun", "-np", "6", "--min-np", "4", "--max-np", "10", "--slots", "2",
-        "--host-discovery-script", "/etc/mpi/discover_hosts.sh",
+        "--host-discovery-script", "python -m hvdk8s.launcher.hosts ready --port 2222 -- /etc/mpi/discover_hosts.sh",
         "python", "/app/examples/train_digits.py",
     ]  # fmt: skip
     assert manifest["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 3
-    assert check_manifest(manifest) == []
+    assert messages(check_manifest(manifest)) == []
     assert errors_of(BASE | {"workers": 6, "elastic": {"minWorkers": 2, "maxWorkers": 5}}) == [
         "workers: must be between elastic.minWorkers (2) and elastic.maxWorkers (5)"
     ]
@@ -378,7 +420,7 @@ def test_metrics_wiring_per_local_rank():
         {"name": "metrics-2", "containerPort": 9402},
     ]
     assert template["metadata"]["annotations"] == {
-        "prometheus.io/scrape": "true", "prometheus.io/port": "9400", "prometheus.io/path": "/prom"}  # fmt: skip
+        "sidecar.istio.io/inject": "false", "prometheus.io/scrape": "true", "prometheus.io/port": "9400", "prometheus.io/path": "/prom"}  # fmt: skip
     for c in (container, launcher(manifest)):
         env = {e["name"]: e["value"] for e in c["env"]}
         assert (env["HVDK8S_METRICS_PORT"], env["HVDK8S_JOB_NAME"]) == ("9400", "digits")
@@ -386,7 +428,7 @@ def test_metrics_wiring_per_local_rank():
 
     off = render(load_spec(BASE | {"metrics": {"enabled": False}}))
     template = off["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
-    assert "annotations" not in template["metadata"]
+    assert template["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
     assert template["spec"]["containers"][0]["ports"] == [{"name": "ssh", "containerPort": 2222}]
     assert "HVDK8S_METRICS_PORT" not in launcher(off)["command"]
 
@@ -491,3 +533,15 @@ def test_rendered_files_are_readable_by_others(tmp_path: Path):
 
     write_atomic(tmp_path / "job.yaml", "kind: MPIJob\n")
     assert (tmp_path / "job.yaml").stat().st_mode & 0o777 == 0o644
+
+
+def test_horovod_knobs_become_horovods_variables_and_are_checked():
+    manifest = render(load_spec({**BASE, "horovod": {"cycleTimeMs": 0.5, "cacheCapacity": 0, "autotune": True}}))
+    env = {e["name"]: e["value"] for e in launcher(manifest)["env"]}
+    assert (env["HOROVOD_CYCLE_TIME"], env["HOROVOD_CACHE_CAPACITY"], env["HOROVOD_AUTOTUNE"]) == ("0.5", "0", "1")
+    assert env["HOROVOD_FUSION_THRESHOLD"] == str(128 * 1024 * 1024)  # Horovod's own default
+    assert errors_of({**BASE, "horovod": {"cycleTimeMs": 0, "cacheCapacity": -1}}) == [
+        "horovod.cycleTimeMs: must be > 0 (milliseconds), got 0",
+        "horovod.cacheCapacity: must be >= 0, got -1",
+    ]
+    assert errors_of({**BASE, "horovod": {"cycleTimeMs": "fast"}}) == ["horovod.cycleTimeMs: must be a number, got string 'fast'"]

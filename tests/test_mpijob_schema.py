@@ -54,15 +54,25 @@ def _forbid_pruned(schema: Any) -> Any:
     return schema
 
 
+def strict_validator(schema: dict[str, Any]) -> jsonschema.protocols.Validator:
+    """A validator that also fails on fields the API server would prune."""
+    return jsonschema.Draft7Validator(_forbid_pruned(copy.deepcopy(schema)))
+
+
 def crd_errors(manifest: dict[str, Any], strict: bool = True) -> list[str]:
     errors = crd_validator(strict).iter_errors(manifest)
     return sorted(f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in errors)
 
 
 def pod_errors(manifest: dict[str, Any]) -> list[str]:
+    return template_errors({role: replica["template"] for role, replica in manifest["spec"]["mpiReplicaSpecs"].items()})
+
+
+def template_errors(templates: dict[str, dict[str, Any]]) -> list[str]:
+    """Pod templates against the Kubernetes pod schema, strictly, at both ends of the supported versions."""
     found = []
-    for role, replica in manifest["spec"]["mpiReplicaSpecs"].items():
-        template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": role.lower()}, "template": replica["template"]}
+    for role, pod_template in templates.items():
+        template = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": role.lower()}, "template": pod_template}
         for version in KUBE_VERSIONS:
             try:
                 kubernetes_validate.validate(template, version, strict=True)
@@ -72,7 +82,8 @@ def pod_errors(manifest: dict[str, Any]) -> list[str]:
 
 
 def test_examples_exist():
-    assert [p.name for p in EXAMPLES] == ["cpu.mpijob.yaml", "elastic.mpijob.yaml", "gpu.mpijob.yaml"]
+    assert [p.name for p in EXAMPLES] == ["cpu.mpijob.yaml", "elastic.mpijob.yaml", "gpu.mpijob.yaml",
+                                          "kueue.mpijob.yaml", "rdma.mpijob.yaml", "volcano.mpijob.yaml"]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

@@ -47,7 +47,8 @@ class Pod:
 
     @property
     def fqdn(self) -> str:
-        return f"{self.hostname}.{JOB}-worker.{NAMESPACE}.svc"  # the workers' headless Service
+        # The job's headless Service (operator v0.5+): <job>-worker-<i>.<job>.<namespace>.svc, as in its hostfile.
+        return f"{self.hostname}.{JOB}.{NAMESPACE}.svc"
 
     def exec_argv(self, argv: list[str]) -> list[str]:
         """Run argv in this pod: its network namespace, and its own host name."""

@@ -1,0 +1,257 @@
+"""Kubernetes conventions shared by ``mpijob``, ``launcher`` and ``serving``.
+
+Naming, label and quantity rules (as apimachinery's validation spells them),
+field errors in the API server's shape (kind, field path, detail), reading and
+atomically writing YAML that people keep, and connecting to a cluster. It
+imports none of those packages, so none of them import each other for it.
+"""
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import yaml
+
+from hvdk8s.errors import UserError
+
+if TYPE_CHECKING:  # the client is imported by connect(), so manifest commands start fast
+    from kubernetes import client
+
+# \Z, not $: $ also matches before a final newline (YAML block scalars end in one).
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?\Z")
+DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
+LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
+# Kubernetes resource.Quantity, as CRD schemas spell it.
+QUANTITY = re.compile(
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?\Z"
+)
+ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*\Z")
+# Kueue: the label that queues a job in a LocalQueue, and the managedBy value of MultiKueue.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+MULTIKUEUE = "kueue.x-k8s.io/multikueue"
+
+# ---- field errors ----------------------------------------------------------
+
+# apimachinery's field.ErrorType names, which the operators' validation uses.
+ErrorKind = Literal["Required", "Invalid", "TypeInvalid", "NotSupported", "Forbidden", "Duplicate"]
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One problem at one field path, like a StatusCause of a 422 answer."""
+
+    kind: ErrorKind
+    path: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.detail}"
+
+
+def required(path: str, detail: str = "required") -> FieldError:
+    return FieldError("Required", path, detail)
+
+
+def invalid(path: str, detail: str) -> FieldError:
+    return FieldError("Invalid", path, detail)
+
+
+def forbidden(path: str, detail: str) -> FieldError:
+    return FieldError("Forbidden", path, detail)
+
+
+def not_supported(path: str, value: Any, allowed: tuple[str, ...]) -> FieldError:
+    return FieldError("NotSupported", path, f"{value!r} is not one of {', '.join(allowed)}")
+
+
+def one_of(path: str, value: Any, allowed: tuple[str, ...]) -> list[FieldError]:
+    return [] if value in allowed else [not_supported(path, value, allowed)]
+
+
+def at_least(path: str, value: Any, low: int) -> list[FieldError]:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
+        return [invalid(path, f"must be >= {low}, got {value!r}")]
+    return []
+
+
+def quantity(path: str, value: str) -> list[FieldError]:
+    if QUANTITY.match(value):
+        return []
+    return [invalid(path, f"{value!r} is not a Kubernetes quantity (e.g. 500m, 2, 4Gi)")]
+
+
+# ---- names and labels ------------------------------------------------------
+
+
+def dns1035_problem(name: str) -> str | None:
+    """Why ``name`` is not a DNS-1035 label (pod hostnames, Service names), or None."""
+    if len(name) > 63:
+        return f"is {len(name)} characters; a DNS-1035 label has at most 63 (shorten the name)"
+    if not DNS1035_LABEL.match(name):
+        return "is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)"
+    return None
+
+
+def is_namespace(name: str) -> bool:
+    return len(name) <= 63 and bool(DNS1123_LABEL.match(name))
+
+
+def is_subdomain(name: str) -> bool:
+    """A DNS-1123 subdomain: the name rule of most objects (PVCs, PriorityClasses, Secrets)."""
+    return len(name) <= 253 and bool(DNS1123_SUBDOMAIN.match(name))
+
+
+def is_label_value(value: str) -> bool:
+    return len(value) <= 63 and bool(LABEL_VALUE.match(value))
+
+
+def is_label_key(key: str) -> bool:
+    """``[prefix/]name``: prefix a DNS-1123 subdomain, name at most 63 characters."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and not is_subdomain(prefix):
+        return False
+    return len(name) <= 63 and bool(LABEL_NAME.match(name))
+
+
+def labels_errors(path: str, labels: Mapping[str, str], *, values: bool = True) -> list[FieldError]:
+    """Label keys (and, with ``values``, label values); annotations check keys only."""
+    errors = []
+    for key, value in labels.items():
+        if not is_label_key(key):
+            errors.append(invalid(f"{path}.{key}", f"{key!r} is not a label key ([prefix/]name)"))
+        elif values and not is_label_value(value):
+            errors.append(invalid(f"{path}.{key}", f"{value!r} is not a label value (at most 63 of A-Z a-z 0-9 -_.)"))
+    return errors
+
+
+# ---- YAML files ------------------------------------------------------------
+
+
+def read_yaml(path: str | os.PathLike[str]) -> Any:
+    """One YAML document; a missing file or bad syntax is the user's to fix."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML: {exc}") from None
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, no anchors/aliases, multi-line strings as ``|`` blocks (people read these files)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+_Dumper.add_representer(
+    str, lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+)
+
+
+def to_yaml(*manifests: Mapping[str, Any]) -> str:
+    """Manifests as YAML documents, keys in the order they were built."""
+    return "---\n".join(
+        yaml.dump(dict(m), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=10_000)
+        for m in manifests
+    )
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """Replace ``path`` in one step, so ``kubectl apply`` never reads half a file."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the file from other readers
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---- the API client --------------------------------------------------------
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+@dataclass
+class Cluster:
+    api: client.ApiClient
+    namespace: str  # the context's (or service account's) namespace, the default for commands
+
+    @property
+    def host(self) -> str:
+        return self.api.configuration.host
+
+    @cached_property
+    def custom(self) -> client.CustomObjectsApi:
+        from kubernetes import client
+
+        return client.CustomObjectsApi(self.api)
+
+    @cached_property
+    def core(self) -> client.CoreV1Api:
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api)
+
+
+def connect(kubeconfig: str | None = None, context: str | None = None) -> Cluster:
+    """A client for the kubeconfig (``--kubeconfig``, else $KUBECONFIG, else ~/.kube/config), or,
+    with none of those inside a pod, the in-cluster service account."""
+    from kubernetes import config
+    from kubernetes.config.config_exception import ConfigException
+
+    path = kubeconfig or os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    present = any(Path(p).expanduser().is_file() for p in path.split(os.pathsep) if p)
+    if not present and not kubeconfig and "KUBERNETES_SERVICE_HOST" in os.environ:
+        return _in_cluster()
+    if not present:
+        raise UserError(f"no cluster configured: no kubeconfig at {path}. Point --kubeconfig (or KUBECONFIG) at "
+                        "one, e.g. the file your cluster's setup wrote, or run hvdk8s inside a pod")
+    try:
+        contexts, current = config.list_kube_config_contexts(config_file=path)
+        chosen = next((c for c in contexts if c["name"] == context), None) if context else current
+        if chosen is None:
+            names = ", ".join(c["name"] for c in contexts) or "none"
+            raise UserError(f"kubeconfig {path} has no context {context!r} (it has: {names}); choose with --context"
+                            if context else f"kubeconfig {path} sets no current-context; choose one with --context")
+        api = config.new_client_from_config(config_file=path, context=context, persist_config=False)
+    except ConfigException as err:
+        raise UserError(f"cannot use kubeconfig {path}: {err}") from None
+    return Cluster(api, (chosen.get("context") or {}).get("namespace") or "default")
+
+
+def _in_cluster() -> Cluster:
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
+    cfg = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=cfg)
+    except ConfigException as err:
+        raise UserError(f"cannot use the in-cluster service account: {err}") from None
+    namespace = SERVICE_ACCOUNT_NAMESPACE.read_text().strip() if SERVICE_ACCOUNT_NAMESPACE.is_file() else ""
+    return Cluster(client.ApiClient(cfg), namespace or "default")
+
+
+def resolve_namespace(flag: str | None, manifest: str | None, context: str) -> str:
+    """--namespace, else the manifest's metadata.namespace, else the context's; they may not disagree."""
+    if flag and manifest and flag != manifest:
+        raise UserError(f'the manifest sets metadata.namespace "{manifest}" but --namespace is "{flag}": '
+                        "drop one of them")
+    return flag or manifest or context

@@ -1,0 +1,125 @@
+"""JobSpec -> Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1) TrainJob + ClusterTrainingRuntime.
+
+Trainer ships no generic MPI runtime (only DeepSpeed and MLX ones), so each
+job gets an hvdk8s runtime named ``hvdk8s-<job>``: the MPI policy (OpenMPI,
+``numProcPerNode`` = slots, the ssh mount path) and a JobSet template with
+Trainer's naming conventions (v2.3.0, pkg/runtime/framework/plugins/mpi):
+a ``node`` replicated job running sshd, and a ``launcher`` one, labelled as the
+``trainer`` ancestor step, created once the nodes are Ready. Both containers
+are named ``node``: the MPI plugin mounts the ssh keys (and, on the launcher,
+the hostfile at /etc/mpi) only into containers of that name. The pods are the
+MPIJob path's, so the launcher runs the very same mpirun command.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+from hvdk8s import k8s
+from hvdk8s.k8s import MULTIKUEUE, FieldError, forbidden
+from hvdk8s.mpijob.files import SpecError
+from hvdk8s.mpijob.render import labels, metadata, render
+from hvdk8s.mpijob.spec import JobSpec
+
+GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+TRAINJOB_KIND = "TrainJob"
+RUNTIME_KIND = "ClusterTrainingRuntime"
+NODE, LAUNCHER = "node", "launcher"  # replicated-job names; NODE is also every container's name
+ANCESTOR_LABEL = f"{GROUP}/trainjob-ancestor-step"
+ANCESTOR_TRAINER = "trainer"
+RUNTIME_PREFIX = "hvdk8s-"
+
+
+def runtime_name(spec: JobSpec) -> str:
+    return f"{RUNTIME_PREFIX}{spec.name}"
+
+
+def trainjob_problems(spec: JobSpec) -> list[FieldError]:
+    """What a (valid, defaulted) job spec asks for that a TrainJob cannot express."""
+    errors = []
+    if spec.elastic:
+        errors.append(forbidden("elastic", "Kubeflow Trainer's MPI plugin writes a fixed hostfile and has no "
+                                "elastic host discovery (no discover_hosts.sh): render an MPIJob (--api mpijob)"))
+    if spec.workers == 0:
+        errors.append(forbidden("workers", "Trainer always runs at least one node pod besides the launcher: "
+                                "a launcher-only job needs an MPIJob (--api mpijob)"))
+    nodes = spec.workers  # JobSet pod hostnames: <job>-<replicated job>-<job index>-<pod index>
+    for host in (f"{spec.name}-{NODE}-0-{max(nodes, 1) - 1}", f"{spec.name}-{LAUNCHER}-0-0"):
+        if problem := k8s.dns1035_problem(host):
+            errors.append(k8s.invalid("name", f"pod hostname {host!r} {problem}"))
+    if len(runtime_name(spec)) > 253:
+        errors.append(k8s.invalid("name", f"runtime name {runtime_name(spec)!r} is over 253 characters"))
+    return errors
+
+
+def render_trainjob(spec: JobSpec) -> list[dict[str, Any]]:
+    """[ClusterTrainingRuntime, TrainJob] for ``kubectl apply -f`` (``spec`` from ``load_spec``,
+    with no ``trainjob_problems``)."""
+    # The JobSet starts the launcher after the nodes are Ready, and again from
+    # the nodes after a resume: the launcher never has to wait for sshd itself.
+    mpijob = render(dataclasses.replace(spec, launcher_creation_policy="WaitForWorkersReady"))
+    replicas = mpijob["spec"]["mpiReplicaSpecs"]
+    run_policy = spec.run_policy
+    jobset: dict[str, Any] = {
+        "network": {"publishNotReadyAddresses": True},
+        "successPolicy": {"operator": "All", "targetReplicatedJobs": [LAUNCHER]},
+        "failurePolicy": {"maxRestarts": run_policy.backoff_limit},
+    }
+    if run_policy.ttl_seconds_after_finished is not None:
+        jobset["ttlSecondsAfterFinished"] = run_policy.ttl_seconds_after_finished
+    jobset["replicatedJobs"] = [
+        {"name": NODE, "template": {"spec": {"template": _pod(replicas["Worker"])}}},
+        {
+            "name": LAUNCHER,
+            "dependsOn": [{"name": NODE, "status": "Ready"}],
+            "template": {"metadata": {"labels": {ANCESTOR_LABEL: ANCESTOR_TRAINER}},
+                         "spec": {"template": _pod(replicas["Launcher"])}},
+        },
+    ]
+    runtime = {
+        "apiVersion": API_VERSION,
+        "kind": RUNTIME_KIND,
+        "metadata": {"name": runtime_name(spec), "labels": labels(spec)},
+        "spec": {
+            "mlPolicy": {
+                "numNodes": spec.workers,
+                "mpi": {
+                    "numProcPerNode": spec.slots_per_worker,
+                    "mpiImplementation": spec.mpi_implementation,
+                    "sshAuthMountPath": spec.ssh_auth_mount_path,
+                    "runLauncherAsNode": spec.run_launcher_as_worker,
+                },
+            },
+            "template": {"spec": jobset},
+        },
+    }
+    train: dict[str, Any] = {
+        "runtimeRef": {"name": runtime_name(spec), "apiGroup": GROUP, "kind": RUNTIME_KIND},
+        # With runLauncherAsNode Trainer counts the launcher among the nodes.
+        "trainer": {"numNodes": spec.hosts, "numProcPerNode": spec.slots_per_worker},
+    }
+    if run_policy.suspend is not None:
+        train["suspend"] = run_policy.suspend
+    if run_policy.managed_by == MULTIKUEUE:
+        train["managedBy"] = MULTIKUEUE
+    if run_policy.active_deadline_seconds is not None:
+        train["activeDeadlineSeconds"] = run_policy.active_deadline_seconds
+    # metadata carries Kueue's queue-name label, which its TrainJob integration reads too.
+    return [runtime, {"apiVersion": API_VERSION, "kind": TRAINJOB_KIND, "metadata": metadata(spec), "spec": train}]
+
+
+def checked_render_trainjob(spec: JobSpec, where: str) -> list[dict[str, Any]]:
+    """``render_trainjob`` after refusing, with the reason, what Trainer cannot express."""
+    if errors := trainjob_problems(spec):
+        raise SpecError(where, errors)
+    return render_trainjob(spec)
+
+
+def _pod(replica: dict[str, Any]) -> dict[str, Any]:
+    """An MPIJob replica's pod template as a Trainer pod: container ``node``, the Job's restart policy."""
+    template = copy.deepcopy(replica["template"])
+    template["spec"]["containers"][0]["name"] = NODE
+    template["spec"]["restartPolicy"] = replica["restartPolicy"]
+    return template
