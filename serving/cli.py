@@ -1,7 +1,8 @@
-"""Serving commands of the ``hvdk8s`` CLI: export, select, serve, predict."""
+"""Serving commands of the ``hvdk8s`` CLI: export, select, serve, predict, loadtest."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--name", help="model name in URLs (default: the folder name)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all)")
     serve.add_argument("--port", type=int, default=8501, help="REST port (0: any free port)")
+    serve.add_argument("--grpc-port", type=int, default=8500, help="gRPC port (0: any free port)")
     serve.add_argument(
         "--max-request-bytes", type=_positive(int), help="larger request bodies get HTTP 413 (default 16 MiB)"
     )
@@ -57,6 +59,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     serve.add_argument(
         "--num-versions", type=_positive(int), default=1, help="how many of the newest versions to keep loaded"
+    )
+    batching = serve.add_argument_group(
+        "server-side batching (TF Serving's flags; on by default: max_batch_size 32, batch_timeout_micros 0)"
+    )
+    batching.add_argument(
+        "--enable_batching", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",
+        help="batch concurrent requests (default true; --enable_batching=false runs each request alone)",
+    )
+    batching.add_argument(
+        "--batching_parameters_file", type=Path, metavar="FILE",
+        help="TF Serving's BatchingParameters text proto, e.g. 'max_batch_size { value: 64 }'",
     )
     serve.set_defaults(handler=_serve)
 
@@ -67,11 +80,43 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and probabilities.",
     )
     predict.add_argument("images", nargs="+", type=Path, help="JPEG or PNG files")
-    predict.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8501")
-    predict.add_argument("--model", default="digits", help="model name (default: digits)")
-    predict.add_argument("--version", type=int, help="a specific version (default: the newest served)")
-    predict.add_argument("--signature", help="signature name (default: serving_default)")
+    predict.add_argument(
+        "--url", required=True, help="server root, e.g. http://127.0.0.1:8501 (with --grpc: 127.0.0.1:8500)"
+    )
+    _target_options(predict)
     predict.set_defaults(handler=_predict)
+
+    load = sub.add_parser(
+        "loadtest",
+        help="load a TF Serving (or hvdk8s serve) model over REST or gRPC; latency percentiles and errors",
+        description="Keep CONCURRENCY :predict requests in flight for --requests N or --duration S and print "
+        "requests/s, latency p50/p90/p99/max and errors by status; exit 1 if an --max-* threshold is missed.",
+    )
+    load.add_argument("url", metavar="URL", help="http://host:8501 (REST) or host:8500 (with --grpc)")
+    _target_options(load)
+    load.add_argument("--concurrency", type=_positive(int), default=8, help="requests in flight (default 8)")
+    bound = load.add_mutually_exclusive_group()
+    bound.add_argument("--requests", type=_positive(int), help="requests to send (default 500)")
+    bound.add_argument("--duration", type=_positive(float), help="seconds to send for")
+    load.add_argument("--images", type=_positive(int), default=1, help="images per request (default 1)")
+    load.add_argument(
+        "--image", type=Path, action="append", help="image file to send (repeatable; default: digits PNGs)"
+    )
+    load.add_argument("--timeout", type=_positive(float), default=30.0, help="per-request timeout in seconds")
+    load.add_argument("--json", type=Path, help="write the result as JSON here")
+    load.add_argument("--plot", type=Path, help="write a latency histogram PNG here")
+    load.add_argument("--max-p99-ms", type=_positive(float), help="fail (exit 1) if p99 latency is above this")
+    load.add_argument(
+        "--max-error-rate", type=float, help="fail (exit 1) if the share of failed requests is above this"
+    )
+    load.set_defaults(handler=_loadtest)
+
+
+def _target_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--grpc", action="store_true", help="use TF Serving's gRPC API instead of REST")
+    parser.add_argument("--model", default="digits", help="model name (default: digits)")
+    parser.add_argument("--version", type=int, help="a specific version (default: the newest served)")
+    parser.add_argument("--signature", help="signature name (default: serving_default)")
 
 
 def _export_options(parser: argparse.ArgumentParser) -> None:
@@ -93,6 +138,15 @@ def _positive(kind: type) -> Callable[[str], Any]:
 
     parse.__name__ = kind.__name__  # argparse names the type in "invalid int value" messages
     return parse
+
+
+def _bool(text: str) -> bool:
+    """TF Serving's boolean flag values."""
+    if text.lower() in ("true", "1"):
+        return True
+    if text.lower() in ("false", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text}: expected true or false")
 
 
 def _class_names(value: str | None) -> list[str] | None:
@@ -150,39 +204,86 @@ def _select(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from hvdk8s.serving import server
+    from hvdk8s.serving import batching, server
 
+    if args.batching_parameters_file and not args.enable_batching:
+        raise UserError("--batching_parameters_file needs --enable_batching=true")
     try:
+        params = None
+        if args.enable_batching:
+            params = (batching.read_parameters_file(args.batching_parameters_file)
+                      if args.batching_parameters_file else batching.BatchingParameters())
         server.serve(
             args.base_path,
             name=args.name,
             host=args.host,
             port=args.port,
+            grpc_port=args.grpc_port,
             max_request_bytes=args.max_request_bytes or server.DEFAULT_MAX_REQUEST_BYTES,
             poll_seconds=args.poll_seconds,
             num_versions=args.num_versions,
+            batching=params,
         )
     except (ValueError, FileNotFoundError) as err:
         raise UserError(str(err)) from None
     return 0
 
 
+def _read_images(paths: list[Path], flag: str) -> list[bytes]:
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise UserError(f"{flag}: no such file: {', '.join(missing)}")
+    return [p.read_bytes() for p in paths]
+
+
 def _predict(args: argparse.Namespace) -> int:
     from hvdk8s.serving import client
 
-    missing = [str(p) for p in args.images if not p.is_file()]
-    if missing:
-        raise UserError(f"images: no such file: {', '.join(missing)}")
+    images = _read_images(args.images, "images")
     try:
-        predictions = client.predict(
-            args.url,
-            [p.read_bytes() for p in args.images],
-            model=args.model,
-            version=args.version,
-            signature=args.signature,
-        )
-    except client.PredictError as err:
+        if args.grpc:
+            from hvdk8s.serving import grpc_client
+
+            send = grpc_client.predict
+        else:
+            send = client.predict
+        predictions = send(args.url, images, model=args.model, version=args.version, signature=args.signature)
+    except (client.PredictError, ValueError) as err:
         raise UserError(str(err)) from None
     for path, prediction in zip(args.images, predictions):
         print(f"{path}: {client.describe(prediction)}")
     return 0
+
+
+def _loadtest(args: argparse.Namespace) -> int:
+    from hvdk8s.serving import loadtest
+
+    if args.max_error_rate is not None and not 0 <= args.max_error_rate <= 1:
+        raise UserError(f"--max-error-rate {args.max_error_rate}: must be between 0 and 1")
+    try:
+        result = loadtest.run(
+            args.url,
+            args.model,
+            grpc=args.grpc,
+            concurrency=args.concurrency,
+            requests=args.requests,
+            duration=args.duration,
+            images_per_request=args.images,
+            images=_read_images(args.image, "--image") if args.image else None,
+            version=args.version,
+            signature=args.signature,
+            timeout=args.timeout,
+            slo=loadtest.Slo(args.max_p99_ms, args.max_error_rate),
+            progress=sys.stderr.isatty(),
+        )
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    print(result.table())
+    if args.json:
+        loadtest.write_json(result, args.json)
+    if args.plot:
+        loadtest.plot(result, args.plot)
+    misses = result.slo_misses()
+    for miss in misses:
+        print(f"hvdk8s loadtest: SLO missed: {miss}", file=sys.stderr)
+    return 1 if misses else 0

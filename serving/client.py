@@ -56,9 +56,14 @@ def predict(
     if response.status_code != 200:
         message = doc.get("error") if isinstance(doc, dict) else None
         raise PredictError(f"{target}: HTTP {response.status_code}: {message or response.text[:500]}")
+    return as_predictions(target, doc, len(images))
+
+
+def as_predictions(target: str, doc: Any, count: int) -> list[dict[str, Any]]:
+    """The ``predictions`` of a row-format response, ``count`` of them, each a dict."""
     predictions = doc.get("predictions") if isinstance(doc, dict) else None
-    if not isinstance(predictions, list) or len(predictions) != len(images):
-        raise PredictError(f"{target}: expected {len(images)} predictions, got {str(doc)[:500]}")
+    if not isinstance(predictions, list) or len(predictions) != count:
+        raise PredictError(f"{target}: expected {count} predictions, got {str(doc)[:500]}")
     return [p if isinstance(p, dict) else {"probabilities": p} for p in predictions]
 
 

@@ -18,7 +18,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from hvdk8s.mpijob import files
+from hvdk8s import k8s as files  # the neutral module's YAML writer
 from hvdk8s.serving.manifests_options import (
     GRPC_PORT,
     METRICS_PATH,

@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Any, NoReturn
 
 from hvdk8s.errors import UserError
-from hvdk8s.mpijob.validate import DNS1035_LABEL, DNS1123_LABEL, DNS1123_SUBDOMAIN
+from hvdk8s.k8s import DNS1035_LABEL, DNS1123_LABEL, DNS1123_SUBDOMAIN
 
 # tensorflow/serving publishes X.Y.Z and X.Y.Z-gpu tags per TF Serving release.
 # 2.18.0 matches the TensorFlow 2.18 used for training; there is no 2.18.1

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -39,8 +40,16 @@ HTTP_STATUS = {
     "UNAUTHENTICATED": 401,
 }
 DEFAULT_SIGNATURE = "serving_default"
-_PREDICT_PATH = re.compile(r"/v1/models/([^/:]+)(?:/versions/(\d+))?:(classify|regress|predict)", re.IGNORECASE)
-_STATUS_PATH = re.compile(r"/v1/models(?:/([^/:]+))?(?:/versions/(\d+))?(?:/(metadata))?", re.IGNORECASE)
+# tensorflow_serving/model_servers/http_rest_api_util.cc: kPredictionApiGegex, kModelStatusApiRegex
+_VERSION_OR_LABEL = r"(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?"
+_PREDICT_PATH = re.compile(rf"/v1/models/([^/:]+){_VERSION_OR_LABEL}:(classify|regress|predict)", re.IGNORECASE)
+_STATUS_PATH = re.compile(rf"/v1/models(?:/([^/:]+))?{_VERSION_OR_LABEL}(?:/(metadata))?", re.IGNORECASE)
+_INT64_MAX = 2**63 - 1
+
+MAX_TENSOR_DEPTH = 64
+"""Deepest list nesting accepted for one input (TensorFlow allows rank <= 254; images need 4)."""
+MAX_NUMBER_CHARS = 400
+"""Longest number literal accepted; longer integers cannot be doubles anyway (~309 digits)."""
 
 
 class ServingError(Exception):
@@ -59,9 +68,10 @@ def invalid(message: str) -> ServingError:
 
 @dataclass(frozen=True)
 class Route:
-    kind: str  # "predict", "status" or "metadata"
+    kind: str  # "predict", "classify", "regress", "status" or "metadata"
     model: str
     version: int | None
+    label: str | None = None
 
 
 @dataclass(frozen=True)
@@ -73,18 +83,33 @@ class InputSpec:
 
 
 def parse_path(method: str, path: str) -> Route:
-    """The model, version and API a ``/v1/...`` request addresses."""
+    """The model, version (or label) and API a ``/v1/...`` request addresses.
+
+    Any other method, or a path matching neither pattern, is TF Serving's
+    400 ``Malformed request``.
+    """
     if method == "POST" and (m := _PREDICT_PATH.fullmatch(path)):
-        name, version, api = m.groups()
-        if api.lower() != "predict":
-            raise ServingError("UNIMPLEMENTED", f"{api} is not implemented by hvdk8s serve; use :predict")
-        return Route("predict", name, int(version) if version else None)
+        name, version, label, api = m.groups()
+        return Route(api.lower(), name, _version(version), label)
     if method == "GET" and (m := _STATUS_PATH.fullmatch(path)):
-        name, version, metadata = m.groups()
+        name, version, label, metadata = m.groups()
         if not name:
             raise invalid("Missing model name in request.")
-        return Route("metadata" if metadata else "status", name, int(version) if version else None)
+        return Route("metadata" if metadata else "status", name, _version(version), label)
     raise invalid(f"Malformed request: {method} {path}")
+
+
+def _version(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if len(text) > 19 or int(text) > _INT64_MAX:  # what absl::SimpleAtoi into int64 refuses
+        raise invalid(f"Failed to convert version: {text} to numeric.")
+    return int(text)
+
+
+def unknown_label(label: str) -> ServingError:
+    """Labels come from a model config file, which ``hvdk8s serve`` does not take: none is known."""
+    return invalid(f"Unrecognized servable version label: {label}")
 
 
 def parse_predict_body(
@@ -96,10 +121,8 @@ def parse_predict_body(
     (raising ``ServingError`` for an unknown signature).
     """
     doc = _parse_json(body)
-    signature = doc.get("signature_name", DEFAULT_SIGNATURE)
-    if not isinstance(signature, str):
-        raise invalid("'signature_name' key must be a string value.")
-    specs: Mapping[str, InputSpec] = inputs_of(signature or DEFAULT_SIGNATURE)
+    signature = _signature_name(doc)
+    specs: Mapping[str, InputSpec] = inputs_of(signature)
     if "instances" in doc and "inputs" in doc:
         raise invalid("Not formatted correctly: expecting only one of 'inputs' or 'instances' keys to exist")
     if "instances" in doc:
@@ -110,7 +133,55 @@ def parse_predict_body(
         raise invalid("Missing 'inputs' or 'instances' key")
     for name, array in arrays.items():
         _check_shape(name, array, specs[name])
-    return signature or DEFAULT_SIGNATURE, arrays, row
+    return signature, arrays, row
+
+
+def parse_examples_body(body: bytes) -> str:
+    """The signature name of a valid ``:classify``/``:regress`` body (json_tensor.cc's checks and words)."""
+    doc = _parse_json(body)
+    signature = _signature_name(doc)
+    if "examples" not in doc:
+        # sic: TF Serving's message names classify for both APIs
+        raise invalid(f"JSON Value: {_short(doc)} When method is classify, key 'examples' is expected and "
+                      "was not found")
+    if not isinstance(doc["examples"], list):
+        raise invalid(f"JSON Value: {_short(doc)} Expecting 'examples' value to be an list/array")
+    if not doc["examples"]:
+        raise invalid(f"JSON Value: {_short(doc)} 'examples' value is an empty array")
+    return signature
+
+
+def classify_regress_error(api: str, signature: str, signature_defs: Mapping[str, Any]) -> ServingError:
+    """What TF Serving answers a valid ``:classify``/``:regress`` body for this model's signature.
+
+    Its checks and messages (classifier.cc, regressor.cc, with the default
+    ``--enable_signature_method_name_check=false``). A signature that passes
+    them all would need tf.Example parsing, which ``hvdk8s serve`` does not
+    implement: UNIMPLEMENTED (501). Models from ``hvdk8s export`` have
+    predict signatures only.
+    """
+    sig = signature_defs.get(signature)
+    if sig is None:
+        return invalid(f"No signature was found with the name: {signature}")
+    inputs, outputs = sig.get("inputs", {}), sig.get("outputs", {})
+    if len(inputs) != 1:
+        return invalid("Expected one input Tensor.")
+    if api == "classify":
+        if len(outputs) not in (1, 2):
+            return invalid(f"Expected one or two output Tensors, found {len(outputs)}")
+        if "inputs" not in inputs:
+            return invalid(f"No classification inputs found in SignatureDef: {signature}")
+        if "classes" not in outputs and "scores" not in outputs:
+            return invalid('Expected classification signature outputs to contain at least one of "classes" or '
+                           f'"scores". Signature was: {signature}')
+    else:
+        if len(outputs) != 1:
+            return invalid("Expected one output Tensor.")
+        if "inputs" not in inputs:
+            return invalid(f"No regression inputs found in SignatureDef: {signature}")
+        if "outputs" not in outputs:
+            return invalid(f"No regression outputs found in SignatureDef: {signature}")
+    return ServingError("UNIMPLEMENTED", f"hvdk8s serve does not run :{api} (tf.Example inputs); use :predict")
 
 
 def predict_response(outputs: Mapping[str, np.ndarray], row: bool) -> dict[str, Any]:
@@ -158,15 +229,46 @@ def dumps(doc: Mapping[str, Any]) -> bytes:
 
 
 def _parse_json(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object; numbers as RapidJSON (TF Serving's parser) reads them.
+
+    Integers beyond 64 bits become doubles and a number beyond double range
+    is a parse error, where Python would give a huge int or ``inf``. A
+    document nested deeper than Python's parser allows (about 1,000 levels)
+    is refused, not answered with a server error.
+    """
     if not body:
         raise invalid("JSON Parse error: The document is empty")
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, parse_int=_json_int, parse_float=_json_float)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise invalid(f"JSON Parse error: {err}") from None
+    except RecursionError:
+        raise invalid("JSON Parse error: the document is nested too deeply") from None
     if not isinstance(doc, dict):
         raise invalid(f"JSON Value: {_short(doc)} Is not object")
     return doc
+
+
+def _json_int(text: str) -> int | float:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise invalid(f"JSON Parse error: Number too big to be stored in double. ({len(text)} characters)")
+    value = int(text)
+    return value if -(2**63) <= value < 2**64 else _json_float(text)
+
+
+def _json_float(text: str) -> float:
+    value = float(text) if len(text) <= MAX_NUMBER_CHARS else math.inf
+    if math.isinf(value):
+        raise invalid(f"JSON Parse error: Number too big to be stored in double. ({_short_text(text)})")
+    return value
+
+
+def _signature_name(doc: Mapping[str, Any]) -> str:
+    signature = doc.get("signature_name", DEFAULT_SIGNATURE)
+    if not isinstance(signature, str):
+        raise invalid(f"JSON Value: {_short(signature)} not formatted correctly. "
+                      "'signature_name' key must be a string value.")
+    return signature or DEFAULT_SIGNATURE
 
 
 def _is_b64(value: Any) -> bool:
@@ -226,9 +328,7 @@ def _from_inputs(inputs: Any, specs: Mapping[str, InputSpec]) -> dict[str, np.nd
     for name, spec in specs.items():
         if name not in inputs:
             raise invalid(f"Missing named input: {name} in 'inputs' object.")
-        if inputs[name] == []:
-            raise invalid(f"No values in 'inputs' for input {name}")
-        arrays[name] = to_array(inputs[name], spec.dtype)
+        arrays[name] = to_array(inputs[name], spec.dtype)  # [] is an empty batch, as in TF Serving
     return arrays
 
 
@@ -238,6 +338,8 @@ def to_array(value: Any, dtype: np.dtype) -> np.ndarray:
     probe = value
     while isinstance(probe, list):
         shape.append(len(probe))
+        if len(shape) > MAX_TENSOR_DEPTH:
+            raise invalid(f"lists nested deeper than {MAX_TENSOR_DEPTH} levels")
         if not probe:
             break
         probe = probe[0]
@@ -264,12 +366,18 @@ def _collect(value: Any, level: int, shape: list[int], dtype: np.dtype, out: lis
     out.append(_leaf(value, dtype))
 
 
+def b64decode(text: str) -> bytes:
+    """Standard base64 as absl::Base64Unescape (TF Serving) reads it: whitespace skipped, padding optional."""
+    compact = "".join(text.split())
+    return base64.b64decode(compact + "=" * (-len(compact) % 4), validate=True)
+
+
 def _leaf(value: Any, dtype: np.dtype) -> Any:
     kind = np.dtype(dtype).kind
     if kind == "O":
         if _is_b64(value):
             try:
-                return base64.b64decode(value["b64"], validate=True)
+                return b64decode(value["b64"])
             except (binascii.Error, ValueError):
                 raise invalid(f"Unable to base64 decode: {_short(value)}") from None
         if isinstance(value, str):
@@ -279,11 +387,32 @@ def _leaf(value: Any, dtype: np.dtype) -> Any:
     elif kind == "b" and isinstance(value, bool):
         return value
     elif kind in "iu" and isinstance(value, int) and not isinstance(value, bool):
-        return value
+        limits = np.iinfo(dtype)
+        if limits.min <= value <= limits.max:  # out of range: not an integer of this type, as in RapidJSON
+            return value
     elif kind == "f" and isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
-    type_name = "DT_STRING" if kind == "O" else f"DT_{np.dtype(dtype).name.upper()}"
-    raise invalid(f"JSON Value: {_short(value)} Type: {type(value).__name__} is not of expected type: {type_name}")
+    raise invalid(f"JSON Value: {_short(value)} Type: {_json_type(value)} is not of expected type: "
+                  f"{tf_type_name(dtype)}")
+
+
+def tf_type_name(dtype: np.dtype) -> str:
+    """tensorflow::DataTypeString's name for a NumPy dtype (object and text: string)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind in "OSU":
+        return "string"
+    return {"float32": "float", "float64": "double", "float16": "half"}.get(dtype.name, dtype.name)
+
+
+def _json_type(value: Any) -> str:
+    """RapidJSON's type names, as TF Serving's errors use them."""
+    if value is None:
+        return "Null"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, (int, float)):
+        return "Number"
+    return {str: "String", list: "Array", dict: "Object"}.get(type(value), type(value).__name__)
 
 
 def _check_shape(name: str, array: np.ndarray, spec: InputSpec) -> None:
@@ -296,17 +425,26 @@ def _check_shape(name: str, array: np.ndarray, spec: InputSpec) -> None:
 
 def _to_json(array: np.ndarray, as_b64: bool) -> Any:
     if array.dtype.kind in "OSU":
-        def text(v: Any) -> Any:
-            raw = v if isinstance(v, bytes) else str(v).encode()
-            return {"b64": base64.b64encode(raw).decode()} if as_b64 else raw.decode("utf-8", "replace")
-
-        return np.vectorize(text, otypes=[object])(array).tolist() if array.size else array.tolist()
+        texts = [_text(v, as_b64) for v in array.ravel().tolist()]
+        return texts if array.ndim == 1 else np.array(texts, dtype=object).reshape(array.shape).tolist()
     if array.dtype == np.float32:
-        # shortest text that round-trips as float32, as TF Serving writes (0.1, not 0.10000000149)
-        return np.vectorize(float, otypes=[object])(array.astype(str)).tolist() if array.size else array.tolist()
+        # shortest text that round-trips as float32 (0.1, not 0.10000000149), like TF Serving's 6-digit %g
+        return array.astype(str).astype(np.float64).tolist()
     return array.tolist()
 
 
+def _text(value: Any, as_b64: bool) -> Any:
+    raw = value if isinstance(value, bytes) else str(value).encode()
+    return {"b64": base64.b64encode(raw).decode()} if as_b64 else raw.decode("utf-8", "replace")
+
+
 def _short(value: Any, limit: int = 200) -> str:
-    text = json.dumps(value)
+    try:
+        text = json.dumps(value)
+    except (RecursionError, ValueError):
+        text = f"<{type(value).__name__} nested too deeply to show>"
+    return _short_text(text, limit)
+
+
+def _short_text(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."

@@ -38,6 +38,12 @@ def specs_for(specs):
         ("GET", "/v1/models/digits/versions/3", rest.Route("status", "digits", 3)),
         ("GET", "/v1/models/digits/metadata", rest.Route("metadata", "digits", None)),
         ("GET", "/v1/models/digits/versions/3/metadata", rest.Route("metadata", "digits", 3)),
+        # kPredictionApiGegex / kModelStatusApiRegex: case-insensitive, /labels/{label}, :classify, :regress
+        ("POST", "/V1/Models/digits/labels/stable:Predict", rest.Route("predict", "digits", None, "stable")),
+        ("GET", "/v1/models/digits/labels/canary/metadata", rest.Route("metadata", "digits", None, "canary")),
+        ("POST", "/v1/models/digits:classify", rest.Route("classify", "digits", None)),
+        ("POST", "/v1/models/digits/versions/2:regress", rest.Route("regress", "digits", 2)),
+        ("GET", f"/v1/models/digits/versions/{2**63 - 1}", rest.Route("status", "digits", 2**63 - 1)),
     ],
 )
 def test_paths_follow_tf_serving(method, path, expected):
@@ -50,7 +56,12 @@ def test_paths_follow_tf_serving(method, path, expected):
         ("GET", "/v1/models/digits:predict", 400, "Malformed request: GET /v1/models/digits:predict"),
         ("POST", "/v1/models/digits", 400, "Malformed request: POST /v1/models/digits"),
         ("GET", "/v1/models", 400, "Missing model name in request."),
-        ("POST", "/v1/models/digits:classify", 501, "classify is not implemented"),
+        # http_rest_api_util.cc ParseModelInfo: absl::SimpleAtoi into int64
+        ("POST", f"/v1/models/digits/versions/{2**63}:predict", 400, f"Failed to convert version: {2**63} to"),
+        ("GET", "/v1/models/digits/versions/" + "9" * 40, 400, "Failed to convert version: 9999"),
+        # http_rest_api_handler.cc: any other method is a malformed request
+        ("PUT", "/v1/models/digits", 400, "Malformed request: PUT /v1/models/digits"),
+        ("DELETE", "/v1/models/digits/versions/1", 400, "Malformed request: DELETE /v1/models/digits/versions/1"),
     ],
 )
 def test_bad_paths(method, path, status, message):
@@ -83,19 +94,25 @@ def test_named_instances_and_columnar_inputs_agree():
     "doc, specs, message",
     [
         ({"instances": []}, IMAGE, "No values in 'instances' array"),
-        ({"inputs": []}, IMAGE, "No values in 'inputs'"),
         ({"instances": [{"b64": "not base64!"}]}, IMAGE, "Unable to base64 decode"),
+        ({"instances": [{"b64": "QUJD-_"}]}, IMAGE, "Unable to base64 decode"),  # web-safe alphabet: not standard
         ({"instances": [{"image": {"b64": "AAAA"}}]}, IMAGE, "keys must be equal to: image_bytes"),
         ({"inputs": {"image": [{"b64": "AAAA"}]}}, IMAGE, "Missing named input: image_bytes"),
-        ({"instances": [1.5]}, IMAGE, "is not of expected type: DT_STRING"),
-        ({"instances": [{"a": [1, 2], "b": 1.5}]}, TWO, "is not of expected type: DT_INT64"),
+        ({"instances": [1.5]}, IMAGE, "JSON Value: 1.5 Type: Number is not of expected type: string"),
+        ({"instances": [{"a": [1, 2], "b": 1.5}]}, TWO, "Type: Number is not of expected type: int64"),
+        ({"instances": [{"a": [1, "x"], "b": 1}]}, TWO, "Type: String is not of expected type: float"),
+        # RapidJSON: an integer beyond uint64 is a double, so not an int64
+        ({"instances": [{"a": [1, 2], "b": 2**64}]}, TWO, "is not of expected type: int64"),
+        ({"instances": [{"a": [1, 2], "b": 2**63}]}, TWO, "is not of expected type: int64"),
+        ({"inputs": {"a": [[1, 2]], "b": [[[[1]]]] + [[[[1]]]]}}, TWO, "input b: got shape (2, 1, 1, 1)"),
         ({"instances": [{"a": [1, 2], "b": 1}, {"a": [1, 2, 3], "b": 1}]}, TWO, "different shapes"),
         ({"inputs": {"a": [[1, 2], [3]], "b": [1, 2]}}, TWO, "unexpected size: 1 at level: 1"),
         ({"inputs": {"a": [1, 2], "b": [1, 2]}}, TWO, "input a: got shape (2,), the signature expects (-1, 2)"),
         ({"instances": [[1.0, 2.0]]}, TWO, "expecting list of objects"),
         ({"instances": [1], "inputs": [1]}, IMAGE, "only one of 'inputs' or 'instances'"),
         ({"signature_name": "other", "instances": ["x"]}, IMAGE, 'signature name: "other" not found'),
-        ({"signature_name": 3, "instances": ["x"]}, IMAGE, "'signature_name' key must be a string"),
+        ({"signature_name": 3, "instances": ["x"]}, IMAGE, "JSON Value: 3 not formatted correctly. 'signature_name' key "
+         "must be a string value."),
         ({"rows": []}, IMAGE, "Missing 'inputs' or 'instances' key"),
         ([1, 2], IMAGE, "Is not object"),
     ],
@@ -107,10 +124,82 @@ def test_invalid_bodies_are_invalid_argument(doc, specs, message):
     assert message in err.value.message
 
 
-def test_unparseable_json():
-    for raw in (b"", b"{not json", b"\xff\xfe"):
-        with pytest.raises(ServingError, match="JSON Parse error"):
-            rest.parse_predict_body(raw, specs_for(IMAGE))
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        (b"", "JSON Parse error: The document is empty"),
+        (b"{not json", "JSON Parse error"),
+        (b"\xff\xfe", "JSON Parse error"),
+        # RapidJSON (json_tensor.cc ParseJson) refuses numbers beyond double range; Python would give inf
+        (b'{"instances": [[1e400]]}', "JSON Parse error: Number too big to be stored in double"),
+        (b'{"instances": [[-1e400]]}', "JSON Parse error: Number too big to be stored in double"),
+        (b'{"instances": [[' + b"9" * 400 + b"]]}", "JSON Parse error: Number too big to be stored in double"),
+        (b'{"instances": [[' + b"9" * 5000 + b"]]}", "Number too big"),  # refused before any conversion
+        (b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "JSON Parse error: the document is nested"),
+        (b'{"instances": ' + b"[" * 200 + b"1.5" + b"]" * 200 + b"}", "lists nested deeper than 64 levels"),
+    ],
+)
+def test_unparseable_json_and_numbers_beyond_limits(raw, message):
+    specs = {"x": InputSpec(np.dtype("float32"), None)}
+    with pytest.raises(ServingError) as err:
+        rest.parse_predict_body(raw, lambda _: specs)
+    assert err.value.http_status == 400 and message in err.value.message
+
+
+def test_json_numbers_read_as_tf_serving_reads_them():
+    """NaN/Infinity literals are accepted (kParseNanAndInfFlag); long integers become doubles."""
+    specs = {"x": InputSpec(np.dtype("float32"), (None,))}
+    doc = b'{"inputs": [NaN, Infinity, -Infinity, 1e38, 123456789012345678901234567890]}'
+    _, arrays, _ = rest.parse_predict_body(doc, lambda _: specs)
+    np.testing.assert_array_equal(arrays["x"], np.array([np.nan, np.inf, -np.inf, 1e38, 1.2345679e29], "float32"))
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["QUJD\nREVG", "QUJDREVG\r\n", "QU JD RE VG", "QUJDREU", "QUJDRQ"],  # line breaks, spaces, no padding
+)
+def test_base64_as_absl_reads_it(text):
+    """absl::Base64Unescape (json_tensor.cc) skips whitespace and needs no padding."""
+    expected = base64.b64decode(text.replace("\n", "").replace("\r", "").replace(" ", "") + "==")
+    _, arrays, _ = rest.parse_predict_body(body({"instances": [{"b64": text}]}), specs_for(IMAGE))
+    assert arrays["image_bytes"].tolist() == [expected]
+
+
+def test_empty_inputs_is_an_empty_batch():
+    """``"inputs": []`` is a tensor of shape [0] for TF Serving (FillTensorMapFromInputsMap), not an error."""
+    _, arrays, row = rest.parse_predict_body(body({"inputs": []}), specs_for(IMAGE))
+    assert not row and arrays["image_bytes"].shape == (0,)
+    _, arrays, _ = rest.parse_predict_body(body({"inputs": {"image_bytes": []}}), specs_for(IMAGE))
+    assert arrays["image_bytes"].shape == (0,)
+    empty = {"probabilities": np.zeros((0, 10), "float32"), "classes": np.zeros((0,), "int64")}
+    assert rest.predict_response(empty, row=False) == {"outputs": {"classes": [], "probabilities": []}}
+
+
+CLASSIFY_SIG = {"method_name": "tensorflow/serving/classify", "inputs": {"inputs": {}},
+                "outputs": {"classes": {}, "scores": {}}}
+
+
+@pytest.mark.parametrize(
+    "api, doc, signature_defs, status, message",
+    [
+        # json_tensor.cc FillClassifyRegressRequestFromJson (its message says classify for both APIs)
+        ("regress", {"instances": [1]}, {}, 400, "When method is classify, key 'examples' is expected"),
+        ("classify", {"examples": {}}, {}, 400, "Expecting 'examples' value to be an list/array"),
+        ("classify", {"examples": []}, {}, 400, "'examples' value is an empty array"),
+        # classifier.cc / regressor.cc PreProcess*, default --enable_signature_method_name_check=false
+        ("classify", {"examples": [{"x": 1}]}, {"other": {}}, 400, "No signature was found with the name: serving_default"),
+        ("classify", {"examples": [{"x": 1}]}, {"serving_default": {"inputs": {"image_bytes": {}}, "outputs": {
+            "probabilities": {}, "classes": {}, "class_names": {}}}}, 400, "Expected one or two output Tensors, found 3"),
+        ("regress", {"examples": [{"x": 1}]}, {"serving_default": {"inputs": {"image_bytes": {}}, "outputs": {
+            "probabilities": {}, "classes": {}}}}, 400, "Expected one output Tensor."),
+        ("classify", {"examples": [{"x": 1}]}, {"serving_default": CLASSIFY_SIG}, 501, "does not run :classify"),
+    ],
+)
+def test_classify_and_regress_answer_as_tf_serving(api, doc, signature_defs, status, message):
+    with pytest.raises(ServingError) as err:
+        signature = rest.parse_examples_body(body(doc))
+        raise rest.classify_regress_error(api, signature, signature_defs)
+    assert err.value.http_status == status and message in err.value.message
 
 
 def test_row_and_columnar_responses():

@@ -1,0 +1,323 @@
+"""Server-side batching with TensorFlow Serving's parameters and semantics, shared by REST and gRPC.
+
+Requests for the same model version, signature and input shapes wait in one
+queue; a batch thread takes up to ``max_batch_size`` examples from it, as
+soon as that many are waiting or the oldest has waited
+``batch_timeout_micros`` (0: whatever is waiting when a thread is free —
+under load, requests pile up while the threads are busy, so batches form by
+themselves). The inputs are concatenated along the batch dimension, padded
+up to the next of ``allowed_batch_sizes`` with copies of the first example
+(and, with ``pad_variable_length_inputs``, other dimensions padded with each
+tensor's first value, as TF Serving does), run once, and the outputs are
+split back. If a batch fails, each of its requests is run again on its own,
+so one bad request fails only itself.
+
+``--batching_parameters_file`` is TF Serving's text-format
+``BatchingParameters`` proto, parsed by protobuf's ``text_format`` against
+that message (rebuilt here from session_bundle_config.proto, which
+``tensorflow-serving-api`` does not ship).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hvdk8s.serving import rest
+
+log = logging.getLogger("hvdk8s.serving")
+Outputs = dict[str, np.ndarray]
+Run = Callable[[Any, str, Mapping[str, np.ndarray]], Outputs]
+"""(servable, signature name, named inputs) -> named outputs; raises ``rest.ServingError``."""
+
+
+@dataclass(frozen=True)
+class BatchingParameters:
+    """TF Serving's BatchingParameters fields that ``hvdk8s serve`` implements.
+
+    The defaults are conservative: no added wait (``batch_timeout_micros``
+    0), so a lone request is never delayed and batches form only from
+    requests that arrive while the model is busy.
+    """
+
+    max_batch_size: int = 32
+    batch_timeout_micros: int = 0
+    num_batch_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
+    max_enqueued_batches: int = 100
+    allowed_batch_sizes: tuple[int, ...] = ()
+    pad_variable_length_inputs: bool = False
+    enable_large_batch_splitting: bool = True  # a request above max_batch_size runs as its own batch
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_size", "num_batch_threads", "max_enqueued_batches"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"batching parameter {name}: {getattr(self, name)} must be at least 1")
+        if self.batch_timeout_micros < 0:
+            raise ValueError(f"batching parameter batch_timeout_micros: {self.batch_timeout_micros} is negative")
+        sizes = self.allowed_batch_sizes
+        if sizes and (list(sizes) != sorted(set(sizes)) or sizes[-1] != self.max_batch_size or sizes[0] < 1):
+            # TF Serving's rule (session_bundle_config.proto)
+            raise ValueError(f"batching parameter allowed_batch_sizes {list(sizes)}: must be positive, increasing "
+                             f"and end with max_batch_size ({self.max_batch_size})")
+
+
+def parse_parameters(text: str, source: str = "batching parameters") -> BatchingParameters:
+    """``BatchingParameters`` from TF Serving's text format, e.g. ``max_batch_size { value: 32 }``.
+
+    Unknown fields and malformed text are errors naming the line (protobuf's
+    strict parser); fields left out keep this server's defaults.
+    ``thread_pool_name`` and ``max_execution_batch_size`` are accepted and
+    have no effect: one server has one pool, and a request larger than
+    ``max_batch_size`` runs whole as its own batch.
+    """
+    from google.protobuf import text_format
+
+    message = _message_class()()
+    try:
+        text_format.Parse(text, message)
+    except text_format.ParseError as err:
+        raise ValueError(f"{source}: {err}") from None
+    given: dict[str, Any] = {}
+    for f in fields(BatchingParameters):
+        if f.name == "allowed_batch_sizes":
+            if message.allowed_batch_sizes:
+                given[f.name] = tuple(message.allowed_batch_sizes)
+        elif f.name == "pad_variable_length_inputs":
+            given[f.name] = message.pad_variable_length_inputs
+        elif message.HasField(f.name):
+            given[f.name] = getattr(message, f.name).value
+    try:
+        return BatchingParameters(**given)
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}") from None
+
+
+def read_parameters_file(path: str | os.PathLike[str]) -> BatchingParameters:
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"--batching_parameters_file {file}: no such file")
+    return parse_parameters(file.read_text(), source=str(file))
+
+
+def _message_class() -> type:
+    """tensorflow.serving.BatchingParameters, built from its field list (session_bundle_config.proto)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, wrappers_pb2
+
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(wrappers_pb2.DESCRIPTOR.serialized_pb)
+    proto = descriptor_pb2.FileDescriptorProto(
+        name="hvdk8s/batching_parameters.proto", package="tensorflow.serving", syntax="proto3",
+        dependency=["google/protobuf/wrappers.proto"],
+    )
+    msg = proto.message_type.add(name="BatchingParameters")
+    F = descriptor_pb2.FieldDescriptorProto
+    for name, number, wrapper in [
+        ("max_batch_size", 1, "Int64Value"), ("batch_timeout_micros", 2, "Int64Value"),
+        ("max_enqueued_batches", 3, "Int64Value"), ("num_batch_threads", 4, "Int64Value"),
+        ("thread_pool_name", 5, "StringValue"), ("enable_large_batch_splitting", 8, "BoolValue"),
+        ("max_execution_batch_size", 9, "Int64Value"),
+    ]:
+        msg.field.add(name=name, number=number, type=F.TYPE_MESSAGE, label=F.LABEL_OPTIONAL,
+                      type_name=f".google.protobuf.{wrapper}")
+    msg.field.add(name="allowed_batch_sizes", number=6, type=F.TYPE_INT64, label=F.LABEL_REPEATED)
+    msg.field.add(name="pad_variable_length_inputs", number=7, type=F.TYPE_BOOL, label=F.LABEL_OPTIONAL)
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.serving.BatchingParameters"))
+
+
+@dataclass(eq=False)
+class _Task:
+    servable: Any
+    signature: str
+    inputs: Mapping[str, np.ndarray]
+    size: int
+    alone: bool  # runs as a batch of its own
+    future: Future = field(default_factory=Future)
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+class Batcher:
+    """Queues requests and runs them in batches on ``num_batch_threads`` threads."""
+
+    def __init__(self, params: BatchingParameters, run: Run):
+        self.params = params
+        self._run = run
+        self._cv = threading.Condition()
+        self._queues: dict[tuple, deque[_Task]] = {}
+        self._closed = False
+        self.batches = 0  # batches run and the requests in them (logged at close: the mean batch size)
+        self.tasks = 0
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"batch-{i}", daemon=True)
+            for i in range(params.num_batch_threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, servable: Any, signature: str, inputs: Mapping[str, np.ndarray]) -> Future:
+        """The future of one request's outputs (or its ``rest.ServingError``)."""
+        sizes = {a.shape[0] if a.ndim else -1 for a in inputs.values()}
+        size = sizes.pop() if len(sizes) == 1 else -1
+        alone = size < 1  # no common batch dimension, or an empty batch: nothing to merge
+        if size > self.params.max_batch_size:
+            if not self.params.enable_large_batch_splitting:
+                raise rest.invalid(f"Task size {size} is larger than maximum input batch size "
+                                   f"{self.params.max_batch_size}")
+            alone = True
+        task = _Task(servable, signature, inputs, max(size, 1), alone)
+        key = (id(servable), signature, self._shape_key(inputs))
+        with self._cv:
+            if self._closed:
+                raise rest.ServingError("UNAVAILABLE", "the server is shutting down")
+            queue = self._queues.setdefault(key, deque())
+            waiting = sum(t.size for t in queue)
+            if waiting + task.size > self.params.max_enqueued_batches * self.params.max_batch_size:
+                raise rest.ServingError(
+                    "UNAVAILABLE", "The batch scheduling queue to which this task was submitted is full"
+                )
+            queue.append(task)
+            self._cv.notify()
+        return task.future
+
+    def close(self) -> None:
+        """Run what is queued, then stop the threads."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        for thread in self._threads:
+            thread.join()
+        if self.batches:
+            log.info("batching: %d requests in %d batches (%.1f requests per batch)",
+                     self.tasks, self.batches, self.tasks / self.batches)
+
+    def _shape_key(self, inputs: Mapping[str, np.ndarray]) -> tuple:
+        if self.params.pad_variable_length_inputs:
+            return tuple((name, a.dtype.str, a.ndim) for name, a in sorted(inputs.items()))
+        return tuple((name, a.dtype.str, a.shape[1:]) for name, a in sorted(inputs.items()))
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                batch = self._next_batch()
+            if batch is None:
+                return
+            self._execute(batch)
+
+    def _next_batch(self) -> list[_Task] | None:
+        """Wait for a batch that is full or due; None once closed and drained (holding the lock)."""
+        timeout = self.params.batch_timeout_micros / 1e6
+        while True:
+            now, wait, ready = time.monotonic(), None, None
+            for key, queue in self._queues.items():
+                if not queue:
+                    continue
+                due = queue[0].enqueued + timeout
+                full = queue[0].alone or sum(t.size for t in queue) >= self.params.max_batch_size
+                if full or due <= now or self._closed:
+                    if ready is None or queue[0].enqueued < self._queues[ready][0].enqueued:
+                        ready = key
+                else:
+                    wait = due - now if wait is None else min(wait, due - now)
+            if ready is not None:
+                return self._take(self._queues[ready])
+            if self._closed:
+                return None
+            self._cv.wait(wait)
+
+    def _take(self, queue: deque[_Task]) -> list[_Task]:
+        batch = [queue.popleft()]
+        if batch[0].alone:
+            return batch
+        total = batch[0].size
+        while queue and not queue[0].alone and total + queue[0].size <= self.params.max_batch_size:
+            total += queue[0].size
+            batch.append(queue.popleft())
+        return batch
+
+    def _execute(self, batch: list[_Task]) -> None:
+        self.batches += 1
+        self.tasks += len(batch)
+        first = batch[0]
+        if len(batch) == 1 and first.alone:
+            _settle(first, lambda: self._run(first.servable, first.signature, first.inputs))
+            return
+        try:
+            merged, rows = self._merge(batch)
+            parts = _split(self._run(first.servable, first.signature, merged), [t.size for t in batch], rows)
+        except rest.ServingError:
+            parts = None
+        except Exception as err:  # noqa: BLE001  (an unexpected failure goes to every caller)
+            for task in batch:
+                task.future.set_exception(err)
+            return
+        if parts is None:  # the batch failed, or its outputs cannot be split: one call each
+            for task in batch:
+                _settle(task, lambda t=task: self._run(t.servable, t.signature, t.inputs))
+            return
+        for task, part in zip(batch, parts):
+            task.future.set_result(part)
+
+    def _merge(self, batch: Sequence[_Task]) -> tuple[dict[str, np.ndarray], int]:
+        """The batch's inputs concatenated (and padded), and the number of rows they have."""
+        total = sum(t.size for t in batch)
+        target = next((s for s in self.params.allowed_batch_sizes if s >= total), total)
+        merged = {}
+        for name in batch[0].inputs:
+            arrays = [t.inputs[name] for t in batch]
+            if self.params.pad_variable_length_inputs:
+                arrays = _pad_to_common_shape(arrays)
+            if target > total:  # up to an allowed size, with copies of the first example
+                arrays.append(np.repeat(arrays[0][:1], target - total, axis=0))
+            merged[name] = np.concatenate(arrays)
+        return merged, target
+
+
+class Unbatched:
+    """The same interface without batching: each request is one model call, on a thread pool."""
+
+    def __init__(self, run: Run, threads: int | None = None):
+        self._pool = ThreadPoolExecutor(max_workers=threads or min(32, (os.cpu_count() or 1) + 4),
+                                        thread_name_prefix="predict")
+        self._run = run
+
+    def submit(self, servable: Any, signature: str, inputs: Mapping[str, np.ndarray]) -> Future:
+        return self._pool.submit(self._run, servable, signature, inputs)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def _settle(task: _Task, call: Callable[[], Outputs]) -> None:
+    try:
+        task.future.set_result(call())
+    except Exception as err:  # noqa: BLE001  (ServingError or not, it belongs to this caller)
+        task.future.set_exception(err)
+
+
+def _split(outputs: Mapping[str, np.ndarray], sizes: list[int], rows: int) -> list[Outputs] | None:
+    """Each task's rows of every output; None if an output's first dimension is not the batch."""
+    if any(np.ndim(v) == 0 or np.shape(v)[0] != rows for v in outputs.values()):
+        return None
+    bounds = np.cumsum([0, *sizes])
+    return [{k: np.asarray(v)[bounds[i]:bounds[i + 1]] for k, v in outputs.items()} for i in range(len(sizes))]
+
+
+def _pad_to_common_shape(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """Pad every non-batch dimension to the largest, with each tensor's first value (TF Serving's PadTensor)."""
+    widest = np.max([a.shape for a in arrays], axis=0)
+    padded = []
+    for a in arrays:
+        pads = [(0, 0)] + [(0, int(w - d)) for w, d in zip(widest[1:], a.shape[1:])]
+        if a.size and any(after for _, after in pads):
+            a = np.pad(a, pads, mode="constant", constant_values=a.flat[0])
+        padded.append(a)
+    return padded

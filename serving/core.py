@@ -1,0 +1,46 @@
+"""What the REST and gRPC front ends share: the model versions and one way to run them.
+
+Both APIs resolve a model spec (name, version or label) against the same
+``ModelRepository`` and hand their decoded input arrays to the same
+executor — the ``Batcher`` (on by default) or ``Unbatched`` — so a REST and
+a gRPC request can share a batch and both see the same errors.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import Future
+
+import numpy as np
+
+from hvdk8s.serving import rest
+from hvdk8s.serving.batching import Batcher, BatchingParameters, Unbatched
+from hvdk8s.serving.repository import ModelRepository, Servable
+
+
+class ServingCore:
+    def __init__(self, repository: ModelRepository, batching: BatchingParameters | None = BatchingParameters()):
+        self.repository = repository
+        self.batching = batching
+        self.executor: Batcher | Unbatched = Batcher(batching, _run) if batching else Unbatched(_run)
+
+    def servable(self, model: str, version: int | None = None, label: str | None = None) -> Servable:
+        """The version a request addresses; labels need a model config file, which this server has not."""
+        if label is not None:
+            raise rest.unknown_label(label)
+        return self.repository.get(model, version)
+
+    def status(self, model: str, version: int | None = None, label: str | None = None) -> dict:
+        if label is not None:
+            raise rest.unknown_label(label)
+        return rest.status_response(self.repository.status(model, version))
+
+    def submit(self, servable: Servable, signature: str, inputs: Mapping[str, np.ndarray]) -> Future:
+        """The future outputs of one predict call (batched with others when batching is on)."""
+        return self.executor.submit(servable, signature, inputs)
+
+    def close(self) -> None:
+        self.executor.close()
+
+
+def _run(servable: Servable, signature: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return servable.run(signature, inputs)

@@ -1,0 +1,46 @@
+"""``hvdk8s bench --serving`` report logic (benchmarks/serving.py) on a synthetic result: ratios, Markdown, plot."""
+from __future__ import annotations
+
+from hvdk8s.benchmarks import serving
+
+
+def load(api: str, c: int, batching: bool, rps: float, p50: float = 1.0) -> dict:
+    return {"api": api, "concurrency": c, "batching": batching, "rps": rps, "images_per_second": rps, "errors": 0,
+            "latency_ms": {"p50": p50, "p90": p50, "p99": 2 * p50, "max": 3 * p50}}
+
+
+def results() -> dict:
+    digits = [load("rest", 1, True, 500, p50=1.5), load("rest", 32, True, 800), load("trivial", 32, True, 1000),
+              load("grpc", 32, True, 900)]
+    heavy = [load(api, 32, on, rps) for api in ("rest", "grpc") for on, rps in ((True, 150), (False, 60))]
+    return {
+        "env": {"command": ["hvdk8s", "bench", "--serving"], "cpu_count": 2, "cpu_model": "test",
+                "load_average_start": [1.0, 1.0, 1.0]},
+        "load_average_end": [2.0, 2.0, 2.0],
+        "settings": {"concurrencies": [1, 32]},
+        "models": {
+            "digits": {"description": "digits", "inprocess": {"batch1_images_per_s": 900, "batch32_images_per_s": 9000},
+                       "loads": digits},
+            "mobilenet": {"description": "mobilenet", "inprocess": {"batch1_images_per_s": 40,
+                                                                    "batch32_images_per_s": 200}, "loads": heavy},
+        },
+    }
+
+
+def test_checks_are_the_issue_targets_as_ratios_of_one_run(tmp_path):
+    data = results()
+    checks = {c["name"]: (round(c["measured"], 3), c["met"]) for c in serving.checks(data)}
+    assert checks == {
+        "p50_ms_c1": (1.5, True),
+        "predict_vs_trivial_c32": (0.8, True),
+        "batching_vs_inprocess_b32_rest": (0.75, True),
+        "batching_on_vs_off_rest": (2.5, True),
+        "batching_vs_inprocess_b32_grpc": (0.75, True),
+        "batching_on_vs_off_grpc": (2.5, True),
+    }
+    data["checks"] = serving.checks(data)
+    paths = serving.write(data, tmp_path)
+    text = paths["markdown"].read_text()
+    assert "| digits, REST, c=32: :predict requests/s / status endpoint requests/s | 0.8 | 0.7 | yes |" in text
+    assert "| REST status (no model) | on | 32 | 1,000 |" in text
+    assert paths["plot"].read_bytes()[:4] == b"\x89PNG"

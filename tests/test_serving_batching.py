@@ -1,0 +1,223 @@
+"""Server-side batching (serving/batching.py): TF Serving's parameter file, batch forming, isolation of failures.
+
+A stand-in model (NumPy, no TensorFlow) records every batch it runs, so the
+tests see exactly what was merged, padded and split.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from hvdk8s.serving import rest
+from hvdk8s.serving.batching import Batcher, BatchingParameters, parse_parameters, read_parameters_file
+from hvdk8s.serving.manifests import batching_parameters_text
+from hvdk8s.serving.manifests_options import Batching
+
+
+class Model:
+    """y = 2x + row sum; an input containing -1 is "malformed" and fails the whole call, as a bad image would."""
+
+    def __init__(self, gate: threading.Event | None = None):
+        self.batches: list[int] = []
+        self.gate = gate
+        self.lock = threading.Lock()
+
+    def __call__(self, servable, signature, inputs):
+        x = inputs["x"]
+        with self.lock:
+            self.batches.append(len(x))
+        if self.gate is not None:
+            self.gate.wait(30)
+        if (x == -1).any():
+            raise rest.invalid("malformed input")
+        return {"y": 2 * x, "total": x.reshape(len(x), -1).sum(axis=1)}
+
+
+def wait_until(condition, what: str, seconds: float = 30) -> None:
+    """Poll ``condition`` (every 10 ms) until true; fail naming ``what`` instead of hanging."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        threading.Event().wait(0.01)
+
+
+def queued(batcher: Batcher) -> int:
+    return sum(len(q) for q in batcher._queues.values())
+
+
+def submit_all(batcher: Batcher, arrays: list[np.ndarray]) -> list:
+    """Submit every request from its own thread at once; each one's result or exception."""
+    def one(x):
+        try:
+            return batcher.submit("servable", "serving_default", {"x": x}).result(timeout=30)
+        except rest.ServingError as err:
+            return err
+
+    with ThreadPoolExecutor(len(arrays)) as pool:
+        return list(pool.map(one, arrays))
+
+
+def test_tf_serving_parameter_file_as_hvdk8s_renders_it_for_kubernetes(tmp_path):
+    """The file ``hvdk8s serving-manifests --batching`` writes for TF Serving configures this server the same."""
+    rendered = Batching(max_batch_size=64, batch_timeout_micros=500, num_batch_threads=3, max_enqueued_batches=7)
+    (path := tmp_path / "batching_parameters.txt").write_text(batching_parameters_text(rendered))
+    params = read_parameters_file(path)
+    assert (params.max_batch_size, params.batch_timeout_micros, params.num_batch_threads,
+            params.max_enqueued_batches) == (64, 500, 3, 7)
+
+
+def test_every_field_of_the_text_format():
+    text = """
+        max_batch_size { value: 8 }
+        batch_timeout_micros { value: 0 }
+        thread_pool_name { value: "model_server_batch_threads" }
+        allowed_batch_sizes: 2
+        allowed_batch_sizes: 4
+        allowed_batch_sizes: 8
+        pad_variable_length_inputs: true
+        enable_large_batch_splitting { value: false }
+        max_execution_batch_size { value: 8 }
+    """
+    params = parse_parameters(text)
+    assert params.allowed_batch_sizes == (2, 4, 8) and params.pad_variable_length_inputs
+    assert not params.enable_large_batch_splitting
+    assert parse_parameters("") == BatchingParameters()  # fields left out keep the defaults
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("max_batch_size: 8", 'f.txt: 1:17 : \'max_batch_size: 8\': Expected "{".'),
+        ("max_batch_size { value: 8 }\nbatch_size { value: 4 }", 'f.txt: 2:1 : Message type '
+         '"tensorflow.serving.BatchingParameters" has no field named "batch_size".'),
+        ("max_batch_size { value: eight }", "f.txt: 1:25 : "),
+        ("allowed_batch_sizes: 4\nallowed_batch_sizes: 2", "allowed_batch_sizes [4, 2]: must be positive, increasing"),
+        ("max_batch_size { value: 8 }\nallowed_batch_sizes: 4", "end with max_batch_size (8)"),
+        ("num_batch_threads { value: 0 }", "num_batch_threads: 0 must be at least 1"),
+    ],
+)
+def test_malformed_parameter_files_name_the_line(text, message):
+    with pytest.raises(ValueError) as err:
+        parse_parameters(text, source="f.txt")
+    assert str(err.value).startswith("f.txt") and message in str(err.value)
+
+
+def test_concurrent_requests_share_batches_and_get_their_own_rows():
+    gate = threading.Event()
+    model = Model(gate)
+    batcher = Batcher(BatchingParameters(max_batch_size=8, num_batch_threads=1), model)
+    try:
+        first = batcher.submit("servable", "serving_default", {"x": np.full((1, 2), 100.0)})  # holds the thread
+        wait_until(lambda: model.batches, "the first request to start")  # before the others can join its batch
+        arrays = [np.array([[i, i + 0.5]] * (1 + i % 3)) for i in range(12)]  # 1-3 rows each
+        results: list = []
+        runner = threading.Thread(target=lambda: results.extend(submit_all(batcher, arrays)))
+        runner.start()
+        wait_until(lambda: queued(batcher) == len(arrays), "all requests queued behind the busy thread")
+        gate.set()
+        runner.join(30)
+        assert first.result(30)["y"].tolist() == [[200.0, 200.0]]
+    finally:
+        batcher.close()
+    for x, result in zip(arrays, results):
+        np.testing.assert_array_equal(result["y"], 2 * x)  # exactly what an unbatched call returns
+        np.testing.assert_array_equal(result["total"], x.sum(axis=1))
+    assert model.batches[0] == 1 and all(size <= 8 for size in model.batches)
+    assert sum(model.batches[1:]) == sum(len(x) for x in arrays) and len(model.batches) - 1 < len(arrays)
+    assert (batcher.batches, batcher.tasks) == (len(model.batches), 13)
+
+
+def test_one_bad_request_fails_only_itself():
+    gate = threading.Event()
+    model = Model(gate)
+    batcher = Batcher(BatchingParameters(max_batch_size=16, num_batch_threads=1), model)
+    try:
+        blocker = batcher.submit("servable", "serving_default", {"x": np.zeros((1, 2))})
+        wait_until(lambda: model.batches, "the blocking request to start")  # before the six can join its batch
+        arrays = [np.array([[float(i), 1.0]]) for i in range(6)]
+        arrays[3] = np.array([[-1.0, 1.0]])
+        results: list = []
+        runner = threading.Thread(target=lambda: results.extend(submit_all(batcher, arrays)))
+        runner.start()
+        wait_until(lambda: queued(batcher) == len(arrays), "the six requests queued")
+        gate.set()
+        runner.join(30)
+        blocker.result(30)
+    finally:
+        batcher.close()
+    assert model.batches[:2] == [1, 6]  # the six were run together first, then one by one
+    assert isinstance(results[3], rest.ServingError) and results[3].message == "malformed input"
+    for i in (0, 1, 2, 4, 5):
+        np.testing.assert_array_equal(results[i]["y"], 2 * arrays[i])
+
+
+def test_timeout_gathers_a_batch_and_allowed_sizes_pad_it():
+    model = Model()
+    params = BatchingParameters(max_batch_size=8, batch_timeout_micros=2_000_000, allowed_batch_sizes=(4, 8))
+    batcher = Batcher(params, model)
+    try:
+        arrays = [np.array([[float(i), 0.0]]) for i in range(3)]
+        results = submit_all(batcher, arrays)
+    finally:
+        batcher.close()
+    assert model.batches == [4]  # three requests within the timeout, padded to the allowed size 4
+    for x, result in zip(arrays, results):
+        np.testing.assert_array_equal(result["y"], 2 * x)
+
+
+def test_variable_length_inputs_are_padded_with_the_first_value():
+    model = Model()
+    params = BatchingParameters(max_batch_size=4, batch_timeout_micros=2_000_000, pad_variable_length_inputs=True)
+    batcher = Batcher(params, model)
+    try:
+        a, b = np.array([[5.0, 6.0]]), np.array([[1.0, 2.0, 3.0]])
+        results = submit_all(batcher, [a, b])
+    finally:
+        batcher.close()
+    assert model.batches == [2]
+    np.testing.assert_array_equal(results[0]["y"], [[10.0, 12.0, 10.0]])  # padded with 5, TF Serving's PadTensor
+    np.testing.assert_array_equal(results[1]["y"], [[2.0, 4.0, 6.0]])
+
+
+def test_full_queue_and_oversized_requests_get_tf_serving_errors():
+    gate = threading.Event()
+    model = Model(gate)
+    params = BatchingParameters(max_batch_size=2, num_batch_threads=1, max_enqueued_batches=1,
+                                enable_large_batch_splitting=False)
+    batcher = Batcher(params, model)
+    try:
+        running = batcher.submit("servable", "serving_default", {"x": np.zeros((1, 1))})
+        wait_until(lambda: model.batches, "the running request to start")
+        pending = [batcher.submit("servable", "serving_default", {"x": np.zeros((1, 1))}) for _ in range(2)]
+        with pytest.raises(rest.ServingError) as full:
+            batcher.submit("servable", "serving_default", {"x": np.zeros((1, 1))})
+        assert (full.value.code, full.value.http_status) == ("UNAVAILABLE", 503)
+        assert full.value.message == "The batch scheduling queue to which this task was submitted is full"
+        with pytest.raises(rest.ServingError, match="Task size 3 is larger than maximum input batch size 2"):
+            batcher.submit("servable", "serving_default", {"x": np.zeros((3, 1))})
+        gate.set()
+        assert all(f.result(30)["y"].shape == (1, 1) for f in [running, *pending])
+    finally:
+        gate.set()
+        batcher.close()
+    big = Batcher(BatchingParameters(max_batch_size=2), Model())  # default: oversized requests run alone
+    try:
+        assert big.submit("servable", "serving_default", {"x": np.ones((5, 1))}).result(30)["y"].shape == (5, 1)
+    finally:
+        big.close()
+
+
+def test_serve_refuses_a_bad_parameter_file_before_starting(tmp_path, capsys):
+    import hvdk8s.cli
+
+    (bad := tmp_path / "batching.txt").write_text("max_batch_size { value: 8 }\nbogus: 1\n")
+    assert hvdk8s.cli.main(["serve", str(tmp_path), "--batching_parameters_file", str(bad)]) == 2
+    assert f'{bad}: 2:1 : Message type "tensorflow.serving.BatchingParameters" has no field named "bogus".' in (
+        capsys.readouterr().err)
+    assert hvdk8s.cli.main(["serve", str(tmp_path), "--enable_batching=false", "--batching_parameters_file",
+                            str(bad)]) == 2
+    assert "--batching_parameters_file needs --enable_batching=true" in capsys.readouterr().err

@@ -1,0 +1,198 @@
+"""gRPC (TF Serving's PredictionService and ModelService) with the official ``tensorflow-serving-api`` client,
+and batching shared by REST and gRPC, against a real ``hvdk8s serve`` process.
+
+The server batches with a 20 ms timeout, so concurrent requests really share
+batches; every answer is compared with the SavedModel's own signature called
+in this process on that request alone.
+"""
+from __future__ import annotations
+
+import base64
+import io
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import numpy as np
+import pytest
+import requests
+import tensorflow as tf
+from PIL import Image
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
+
+import hvdk8s.cli
+from hvdk8s.serving import loadtest
+from hvdk8s.serving.process import running
+from serving_models import export_untrained
+
+PNGS = loadtest.digits_png(8)
+
+
+def jpeg(png: bytes) -> bytes:
+    out = io.BytesIO()
+    Image.open(io.BytesIO(png)).save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+IMAGES = PNGS + [jpeg(p) for p in PNGS]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    base = tmp_path_factory.mktemp("models") / "digits"
+    export_untrained(base)
+    return base
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    params = model_dir.parent / "batching.txt"
+    params.write_text("max_batch_size { value: 8 }\nbatch_timeout_micros { value: 20000 }\n")
+    with running(model_dir, model_dir.parent / "stderr.log", "--enable_batching",
+                 "--batching_parameters_file", str(params)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def signature(model_dir):
+    return tf.saved_model.load(str(model_dir / "1")).signatures["serving_default"]
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    with grpc.insecure_channel(server.grpc) as channel:
+        yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
+
+
+def request_for(images: list[bytes], model: str = "digits", input_name: str = "image_bytes"):
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    request.model_spec.signature_name = "serving_default"
+    request.inputs[input_name].CopyFrom(tf.make_tensor_proto(images, dtype=tf.string))
+    return request
+
+
+def unbatched(signature, images: list[bytes]) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in signature(image_bytes=tf.constant(images)).items()}
+
+
+def test_official_client_predicts_png_and_jpeg_bytes(stub, signature):
+    response = stub.Predict(request_for(IMAGES), timeout=60)
+    assert (response.model_spec.name, response.model_spec.version.value) == ("digits", 1)
+    assert response.model_spec.signature_name == "serving_default"
+    expected = unbatched(signature, IMAGES)
+    assert sorted(response.outputs) == sorted(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(tf.make_ndarray(response.outputs[name]), value)
+    only = request_for(IMAGES[:2])
+    only.output_filter.append("classes")
+    assert list(stub.Predict(only, timeout=60).outputs) == ["classes"]
+
+
+def test_metadata_and_status(server, stub):
+    request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    request.model_spec.name = "digits"
+    response = stub.GetModelMetadata(request, timeout=30)
+    signature_defs = get_model_metadata_pb2.SignatureDefMap()
+    response.metadata["signature_def"].Unpack(signature_defs)
+    default = signature_defs.signature_def["serving_default"]
+    assert default.method_name == "tensorflow/serving/predict"
+    assert default.inputs["image_bytes"].dtype == tf.string.as_datatype_enum
+    assert set(default.outputs) == {"probabilities", "classes", "class_names"}
+    assert {"serving_default", "predict_tensor"} <= set(signature_defs.signature_def)  # as TF Serving lists them
+
+    with grpc.insecure_channel(server.grpc) as channel:
+        status_request = get_model_status_pb2.GetModelStatusRequest()
+        status_request.model_spec.name = "digits"
+        status = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(status_request, timeout=30)
+    [version] = status.model_version_status
+    assert (version.version, version.state) == (1, get_model_status_pb2.ModelVersionStatus.AVAILABLE)
+
+
+def metadata_request(field: str):
+    request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=[field])
+    request.model_spec.name = "digits"
+    return request
+
+
+@pytest.mark.parametrize(
+    "call, code, message",
+    [
+        (lambda s: s.Predict(request_for(PNGS[:1], model="mnist")), "NOT_FOUND",
+         "Servable not found for request: Latest(mnist)"),
+        (lambda s: s.Predict(request_for(PNGS[:1], input_name="images")), "INVALID_ARGUMENT",
+         "input size does not match signature: 1!=1 len({images}) != len({image_bytes}). Sent extra: {images}. "
+         "Missing but required: {image_bytes}."),
+        (lambda s: s.Predict(request_for([b"not an image"])), "INVALID_ARGUMENT", "Unknown image file format"),
+        (lambda s: s.GetModelMetadata(metadata_request("other")), "INVALID_ARGUMENT",
+         "Metadata field other is not supported"),
+    ],
+    ids=["unknown-model", "wrong-input", "not-an-image", "metadata-field"],
+)
+def test_errors_are_tf_serving_status_codes(stub, call, code, message):
+    with pytest.raises(grpc.RpcError) as err:
+        call(stub)
+    assert err.value.code().name == code and message in err.value.details()
+
+
+def test_label_and_wrong_dtype(stub):
+    request = request_for(PNGS[:1])
+    request.model_spec.version_label = "stable"
+    with pytest.raises(grpc.RpcError, match="Unrecognized servable version label: stable"):
+        stub.Predict(request, timeout=30)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "digits"
+    request.inputs["image_bytes"].CopyFrom(tf.make_tensor_proto([1.0, 2.0], dtype=tf.float32))
+    with pytest.raises(grpc.RpcError, match="Expects arg\\[0\\] to be string but float is provided"):
+        stub.Predict(request, timeout=30)
+
+
+def test_concurrent_rest_and_grpc_requests_batched_together_match_unbatched_calls(server, stub, signature):
+    """32 requests of 1-3 images at once, half REST, half gRPC: each answer is its own unbatched call's.
+
+    Same classes; probabilities equal to float32 rounding, not bit for bit:
+    TensorFlow's CPU kernels (oneDNN) block the work differently for
+    different batch sizes, as they do inside TF Serving's batching.
+    """
+    jobs = [IMAGES[i % 16: i % 16 + 1 + i % 3] for i in range(32)]
+
+    def rest_call(images):
+        doc = {"instances": [{"b64": base64.b64encode(i).decode()} for i in images]}
+        predictions = requests.post(f"{server.url}/v1/models/digits:predict", json=doc, timeout=60).json()
+        return {name: np.array([p[name] for p in predictions["predictions"]]) for name in ("probabilities", "classes")}
+
+    def grpc_call(images):
+        outputs = stub.Predict(request_for(images), timeout=60).outputs
+        return {name: tf.make_ndarray(outputs[name]) for name in ("probabilities", "classes")}
+
+    with ThreadPoolExecutor(32) as pool:
+        futures = [pool.submit(rest_call if i % 2 else grpc_call, job) for i, job in enumerate(jobs)]
+        answers = [f.result() for f in futures]
+    for job, answer in zip(jobs, answers):
+        alone = unbatched(signature, job)
+        np.testing.assert_array_equal(answer["classes"], alone["classes"])
+        np.testing.assert_allclose(answer["probabilities"], alone["probabilities"], rtol=1e-6, atol=1e-7)
+
+
+def test_predict_and_loadtest_clis_over_grpc(server, tmp_path, capsys):
+    files = []
+    for i, image in enumerate(IMAGES[:3]):
+        (path := tmp_path / f"d{i}.png").write_bytes(image)
+        files.append(str(path))
+    assert hvdk8s.cli.main(["predict", "--grpc", "--url", server.grpc, *files]) == 0
+    over_grpc = capsys.readouterr().out
+    assert hvdk8s.cli.main(["predict", "--url", server.url, *files]) == 0
+    assert over_grpc == capsys.readouterr().out and len(over_grpc.splitlines()) == 3
+    assert hvdk8s.cli.main(["predict", "--grpc", "--url", server.grpc, "--model", "mnist", files[0]]) == 2
+    assert "NOT_FOUND: Servable not found for request: Latest(mnist)" in capsys.readouterr().err
+
+    assert hvdk8s.cli.main(["loadtest", server.grpc, "--grpc", "--concurrency", "4", "--requests", "30",
+                            "--images", "2", "--max-error-rate", "0"]) == 0
+    assert "requests     30 in" in capsys.readouterr().out
+    refused = loadtest.run(server.grpc, "mnist", grpc=True, concurrency=2, requests=4)
+    assert refused.errors_by_status == {"NOT_FOUND": 4}

@@ -1,0 +1,152 @@
+"""``hvdk8s serve`` over real HTTP keep-alive connections: TF Serving's answers, limits, no resets.
+
+Each row sends one request on a connection that has already served a good
+request, checks status, JSON error text (TF Serving's words, source cited)
+and that the same connection then serves a good request again.
+"""
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import threading
+
+import pytest
+
+from hvdk8s.serving import loadtest
+from hvdk8s.serving.process import running
+from serving_models import export_untrained
+
+LIMIT = 300_000
+PNG = loadtest.digits_png(1)[0]
+GOOD = json.dumps({"instances": [{"b64": base64.b64encode(PNG).decode()}]}).encode()
+PREDICT = "/v1/models/digits:predict"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    base = tmp_path_factory.mktemp("models") / "digits"
+    export_untrained(base)
+    with running(base, base.parent / "stderr.log", "--max-request-bytes", str(LIMIT)) as srv:
+        yield srv
+
+
+def connect(server) -> http.client.HTTPConnection:
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.connect()
+    return conn
+
+
+def send(conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None = None, headers=None):
+    """(status, JSON document, the server asked to close?) on this connection, which must not be replaced."""
+    sock = conn.sock
+    conn.request(method, path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+    response = conn.getresponse()
+    raw = response.read()
+    assert conn.sock is sock, "the connection was closed and reopened"
+    doc = json.loads(raw) if method != "HEAD" else None
+    assert response.getheader("content-type") == "application/json"
+    return response.status, doc, response.will_close
+
+
+def b64_lines(data: bytes) -> str:
+    return base64.encodebytes(data).decode()  # MIME style: a line break every 76 characters
+
+
+ROWS = [
+    # (id, method, path, body, status, error substring or None for 200)  -- TF Serving source in comments
+    # json_tensor.cc ParseJson: RapidJSON refuses numbers beyond double range
+    ("float-beyond-double", "POST", "/v1/models/digits/versions/1:predict",
+     b'{"signature_name": "predict_tensor", "instances": [[[[1e400]]]]}', 400, "Number too big to be stored in double"),
+    ("400-digit-int", "POST", PREDICT, b'{"instances": [' + b"9" * 400 + b"]}", 400, "Number too big"),
+    ("100000-deep", "POST", PREDICT, b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400,
+     "nested too deeply"),
+    ("huge-body", "POST", PREDICT, b'{"instances": ["' + b"A" * (LIMIT + 10) + b'"]}', 413,
+     f"exceeds the limit of {LIMIT} bytes"),
+    ("not-json", "POST", PREDICT, b"instances = [1, 2]", 400, "JSON Parse error"),
+    ("not-utf8", "POST", PREDICT, b"\xff\xfe{}", 400, "JSON Parse error"),
+    ("not-an-image", "POST", PREDICT, b'{"instances": [{"b64": "AAAA"}]}', 400, "Unknown image file format"),
+    # absl::Base64Unescape skips whitespace and needs no padding
+    ("b64-line-breaks", "POST", PREDICT, json.dumps({"instances": [{"b64": b64_lines(PNG)}]}).encode(), 200, None),
+    ("b64-no-padding", "POST", PREDICT,
+     json.dumps({"instances": [{"b64": base64.b64encode(PNG + b"\0").decode().rstrip("=")}]}).encode(), 200, None),
+    # FillTensorMapFromInputsMap: [] is a [0]-shaped tensor that goes to the model, which answers (this
+    # CNN cannot run an empty batch: TensorFlow's own error, as TF Serving would pass it on)
+    ("inputs-empty", "POST", PREDICT, b'{"inputs": []}', 400, "input depth must be evenly divisible by filter"),
+    # classifier.cc / regressor.cc on a predict signature (default: no method-name check)
+    ("classify", "POST", "/v1/models/digits:classify", b'{"examples": [{"x": 1}]}', 400,
+     "Expected one or two output Tensors, found 3"),
+    ("regress", "POST", "/v1/models/digits:regress", b'{"examples": [{"x": 1}]}', 400,
+     "Expected one output Tensor."),
+    ("classify-no-examples", "POST", "/v1/models/digits:classify", b'{"instances": [1]}', 400,
+     "When method is classify, key 'examples' is expected and was not found"),
+    # server_core.cc GetModelVersionForLabel: no labels without a model config file
+    ("label-predict", "POST", "/v1/models/digits/labels/stable:predict", GOOD, 400,
+     "Unrecognized servable version label: stable"),
+    ("label-status", "GET", "/v1/models/digits/labels/canary", None, 400, "Unrecognized servable version label: canary"),
+    # http_rest_api_util.cc ParseModelInfo: versions beyond int64
+    ("version-beyond-int64", "POST", "/v1/models/digits/versions/99999999999999999999:predict", GOOD, 400,
+     "Failed to convert version: 99999999999999999999 to numeric."),
+    ("version-missing", "POST", "/v1/models/digits/versions/7:predict", GOOD, 404,
+     "Servable not found for request: Specific(digits, 7)"),
+    # http_rest_api_handler.cc: other methods are malformed requests (400 JSON, not 405 text)
+    ("put", "PUT", "/v1/models/digits", b"{}", 400, "Malformed request: PUT /v1/models/digits"),
+    ("delete", "DELETE", "/v1/models/digits", None, 400, "Malformed request: DELETE /v1/models/digits"),
+    ("get-predict", "GET", PREDICT, None, 400, "Malformed request: GET /v1/models/digits:predict"),
+    # http_server.cc: OPTIONS is a CORS preflight that needs an Origin header
+    ("options", "OPTIONS", "/v1/models/digits", None, 400, "Origin header is missing in CORS preflight"),
+    # kHTTPRestApiHandlerPathRegex "(?i)/v1/.*": case-insensitive
+    ("upper-case-path", "POST", "/V1/MODELS/digits:PREDICT", GOOD, 200, None),
+    ("outside-v1", "GET", "/healthz", None, 404, "Not found: /healthz"),
+    ("signature-not-string", "POST", PREDICT, b'{"signature_name": 100, "instances": [1]}', 400,
+     "'signature_name' key must be a string value."),
+]
+
+
+@pytest.fixture(scope="module")
+def conn(server):
+    conn = connect(server)
+    yield conn
+    conn.close()
+
+
+@pytest.mark.parametrize("method, path, body, status, message", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_tf_serving_answers_and_the_connection_survives(conn, method, path, body, status, message):
+    got, doc, closing = send(conn, method, path, body)
+    assert (got, closing) == (status, False), doc
+    if message is None:
+        assert "error" not in doc
+    else:
+        assert message in doc["error"], doc
+    assert send(conn, "POST", PREDICT, GOOD)[0] == 200
+
+
+def test_head_and_cors_preflight_with_origin(conn):
+    assert send(conn, "OPTIONS", "/v1/models/digits", None, {"Origin": "http://example.test"})[0] == 200
+    assert send(conn, "HEAD", "/v1/models/digits")[0] == 400
+
+
+def test_mixed_good_and_malformed_load_has_no_unexpected_errors_or_resets(server):
+    """4 keep-alive clients x 60 requests cycling through every row: each gets its row's status, on one socket."""
+    failures: list[str] = []
+
+    def client(offset: int) -> None:
+        conn = connect(server)
+        try:
+            for i in range(60):
+                name, method, path, body, status, _ = ROWS[(offset + i) % len(ROWS)]
+                got = send(conn, method, path, body)
+                if (got[0], got[2]) != (status, False):
+                    failures.append(f"{name}: {got}")
+        except Exception as err:  # noqa: BLE001  (a reset or a reconnect is the failure looked for)
+            failures.append(f"client {offset}: {type(err).__name__}: {err}")
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=client, args=(k * 5,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert failures == []
