@@ -13,6 +13,7 @@ from . import costmodel
 from .stats import summary
 
 EMULATED_REFERENCE_RATE = "1gbit"  # the link speed this machine's CPUs can keep up with
+REFERENCE = "horovod"  # the raw horovod.tensorflow loop every ratio is taken against
 
 
 def busbw_factor(n: int) -> float:
@@ -65,12 +66,140 @@ def training(raw: list[dict[str, Any]]) -> dict[str, Any]:
                 "epochs_to_target": summary([r["epochs_to_target"] for r in runs if r["epochs_to_target"]]) if reached else None,
                 "final_accuracy": summary([c["test_accuracy"] for c in finals]),
                 # whole batches only: each epoch trains steps x batch x workers examples, not the full set
-                "examples_per_s": summary(
-                    [epoch_examples(r) * c["epoch"] / c["train_seconds"] for r, c in zip(runs, finals)]
-                ),
+                "examples_per_s": summary([tta_rate(r) for r in runs]),
             }
         )
     return {"throughput": rows, "time_to_accuracy": tta_rows}
+
+
+def _median_rate(w: dict[str, Any], key: str = "window_seconds") -> float:
+    return w["examples_per_window"] / statistics.median(w[key])
+
+
+def ratios(raw: list[dict[str, Any]]) -> dict[str, Any]:
+    """Throughput relative to the raw Horovod loop, one ratio per launch, summarised over launches.
+
+    ``paired``: hvdk8s's windows over the raw loop's windows that alternated with
+    them in the same process (the precise one: same launch, same load). ``rounds``:
+    each strategy's launch over the raw loop's launch of the same round.
+    ``time_to_accuracy``: the same per-round ratio for the time-to-accuracy rate.
+    """
+    paired: dict[tuple[str, int], list[float]] = defaultdict(list)
+    by_round: dict[tuple[str, str, int, int], float] = {}
+    tta: dict[tuple[str, int, int], float] = {}
+    for run in raw:
+        n, strategy, r = run["workers"], run["strategy"], run["round"]
+        for w in run["result"]["throughput"]:
+            if w.get("paired_raw_window_seconds"):
+                paired[(w["workload"], n)].append(_median_rate(w) / _median_rate(w, "paired_raw_window_seconds"))
+            by_round[(w["workload"], strategy, n, r)] = _median_rate(w)
+        if "time_to_accuracy" in run["result"]:
+            tta[(strategy, n, r)] = tta_rate(run["result"]["time_to_accuracy"])
+    rounds: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    for (workload, strategy, n, r), rate in sorted(by_round.items()):
+        ref = by_round.get((workload, REFERENCE, n, r))
+        if ref and strategy != REFERENCE:
+            rounds[(workload, strategy, n)].append(rate / ref)
+    tta_rounds: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for (strategy, n, r), rate in sorted(tta.items()):
+        ref = tta.get((REFERENCE, n, r))
+        if ref and strategy != REFERENCE:
+            tta_rounds[(strategy, n)].append(rate / ref)
+    return {
+        "paired": [{"workload": wl, "workers": n, "ratio": summary(v)} for (wl, n), v in sorted(paired.items())],
+        "rounds": [{"workload": wl, "strategy": st, "workers": n, "ratio": summary(v)} for (wl, st, n), v in sorted(rounds.items())],
+        "time_to_accuracy": [{"strategy": st, "workers": n, "ratio": summary(v)} for (st, n), v in sorted(tta_rounds.items())],
+    }
+
+
+def tta_rate(run: dict[str, Any]) -> float:
+    """Examples per training second over a whole time-to-accuracy run."""
+    last = run["curve"][-1]
+    return epoch_examples(run) * last["epoch"] / last["train_seconds"]
+
+
+def knob_study(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each knob's hvdk8s and raw-loop rates over the baseline's in the same round (per workload)."""
+    rates: dict[tuple[str, str, int], dict[str, float]] = {}
+    for run in raw:
+        for w in run["result"]["throughput"]:
+            rates[(run["knob"], w["workload"], run["round"])] = {
+                "hvdk8s": _median_rate(w), "horovod": _median_rate(w, "paired_raw_window_seconds"),
+            }
+    rows: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (knob, workload, r), rate in rates.items():
+        base = rates.get(("baseline", workload, r))
+        if base:
+            for who in rate:
+                rows[(knob, workload)][who].append(rate[who] / base[who])
+            rows[(knob, workload)]["hvdk8s_over_raw"].append(rate["hvdk8s"] / rate["horovod"])
+    return [{"knob": k, "workload": wl, **{who: summary(v) for who, v in d.items()}} for (k, wl), d in rows.items()]
+
+
+def profile(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Median seconds per step of every phase, and the derived waits (see ``profiling``)."""
+    if not raw:
+        return None
+    out = []
+    for p in raw["result"]["profile"]:
+        t = {k: statistics.median(v) for k, v in p["seconds_per_step"].items()}
+        compute = t["input"] + t["forward_backward"] + t["optimizer"]
+        row = {
+            "workload": p["workload"],
+            "params": p["params"],
+            "phases": t,
+            "raw": {"step": t["raw_step"], "allreduce_wait": t["raw_step"] - compute, "callbacks": None, "total": t["raw_step"]},
+            "hvdk8s": {"step": t["hvdk8s_step"], "allreduce_wait": t["hvdk8s_step"] - compute,
+                       "callbacks": t["hvdk8s_fit"] - t["hvdk8s_step"], "total": t["hvdk8s_fit"]},
+        }
+        if "timeline" in p:
+            row["overlap"] = overlap(p["timeline"]["spans"])
+            steps = row["overlap"][1:] or row["overlap"]  # the first step may start before the timeline did
+            row["overlap_summary"] = {
+                "steps": len(steps),
+                "overlapped_steps": sum(o["first_reduce_start_s"] < o["last_submit_s"] for o in steps),
+                **{k: summary([o[k] for o in steps]) for k in ("tensors", "last_submit_s", "first_reduce_start_s",
+                                                                "comm_after_last_submit_s")},
+            }
+        out.append(row)
+    return {"workloads": out}
+
+
+GRADIENT_TENSOR = "Distributed"  # DistributedOptimizer names its gradient allreduces Distributed<Optimizer>.<k>; metric averages differ
+
+
+def overlap(spans: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Per step, from a Horovod timeline: when the last gradient was submitted (its negotiation began)
+    and when reductions ran, in seconds from the step's first submission. A reduction that starts before
+    the last submission overlaps backprop."""
+    grads = [sp for sp in spans if GRADIENT_TENSOR in sp["tensor"] and sp["depth"] == 0]
+    per_tensor: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for sp in sorted(grads, key=lambda x: x["start_us"]):
+        per_tensor[(sp["tensor"], sp["activity"])].append(sp)
+    steps = min((len(v) for v in per_tensor.values()), default=0)
+    out = []
+    for k in range(steps):
+        neg = [v[k] for (t, a), v in per_tensor.items() if a.startswith("NEGOTIATE")]
+        red = [v[k] for (t, a), v in per_tensor.items() if not a.startswith("NEGOTIATE")]
+        if not neg or not red:
+            continue
+        t0 = min(sp["start_us"] for sp in neg)
+        last_submit = max(sp["start_us"] for sp in neg)
+        out.append({
+            "tensors": len(neg),
+            "last_submit_s": (last_submit - t0) / 1e6,
+            "first_reduce_start_s": (min(sp["start_us"] for sp in red) - t0) / 1e6,
+            "last_reduce_end_s": (max(sp["end_us"] for sp in red) - t0) / 1e6,
+            "comm_after_last_submit_s": (max(sp["end_us"] for sp in red) - last_submit) / 1e6,
+        })
+    return out
+
+
+def with_ratio_to_hvdk8s(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each row's median rate over hvdk8s's on the same workload and N (None without an hvdk8s row)."""
+    ref = {(r["workload"], r["workers"]): r["examples_per_s"]["median"] for r in rows if r["strategy"] == "hvdk8s"}
+    return [{**r, "over_hvdk8s": r["examples_per_s"]["median"] / ref[k] if (k := (r["workload"], r["workers"])) in ref else None}
+            for r in rows]
 
 
 def allreduce(raw_runs: list[dict[str, Any]], memcopy: dict[str, Any] | None) -> dict[str, Any]:
@@ -135,7 +264,8 @@ def emulated(raw: dict[str, Any]) -> dict[str, Any]:
             "link": _link(r["link"], r["rate_bits_per_s"]),
             "ring": ring,
             "ps": ps,
-            "training": training(r["training"])["throughput"] if r.get("training") else [],
+            "training": with_ratio_to_hvdk8s(training(r["training"])["throughput"]) if r.get("training") else [],
+            "training_paired": ratios(r["training"])["paired"] if r.get("training") else [],
         }
         if ring:
             entry["ring_fit"] = costmodel.fit_ring([{"workers": p["workers"], "bytes": p["bytes"], "seconds": p["seconds"]["median"]} for p in ring])
@@ -191,4 +321,12 @@ def epoch_examples(run: dict[str, Any]) -> int:
 def derive(raw: dict[str, Any]) -> dict[str, Any]:
     ar = allreduce(raw.get("allreduce", []), raw.get("memcopy"))
     emu = emulated(raw.get("emulated", {"skipped": "not run"}))
-    return {"training": training(raw.get("training", [])), "allreduce": ar, "emulated": emu, "model": model(ar, emu)}
+    return {
+        "training": training(raw.get("training", [])),
+        "ratios": ratios(raw.get("training", [])),
+        "profile": profile(raw.get("profile")),
+        "knobs": knob_study(raw.get("knobs", [])),
+        "allreduce": ar,
+        "emulated": emu,
+        "model": model(ar, emu),
+    }

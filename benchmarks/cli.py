@@ -34,6 +34,12 @@ def _list(item: Callable[[str], Any], flag: str) -> Callable[[str], tuple[Any, .
     return parse
 
 
+def _knobs(text: str) -> tuple[str, ...]:
+    from .knobs import names
+
+    return names() if text.strip() == "all" else _list(str.strip, "--knobs")(text)
+
+
 # flag -> (settings field, parser, help)
 OVERRIDES: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "--strategies": ("strategies", _list(str.strip, "--strategies"), "comma list of single,hvdk8s,horovod,tf_mwms,tf_ps"),
@@ -58,7 +64,12 @@ OVERRIDES: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "--emulated-sizes": ("emulated_sizes", _list(parse_size, "--emulated-sizes"), "message sizes on the emulated links"),
     "--emulated-train-strategies": ("emulated_train_strategies", _list(str.strip, "--emulated-train-strategies"), "strategies trained on emulated links (none: skip)"),
     "--emulated-train-steps": ("emulated_train_steps", int, "steps per window of emulated training"),
+    "--emulated-train-rates": ("emulated_train_rates", _list(str.strip, "--emulated-train-rates"), "link rates to train on (among --emulated-rates)"),
     "--comm-steps": ("emulated_comm_steps", int, "parameter-server rounds per repeat"),
+    "--profile-steps": ("profile_steps", int, "steps per timed window of each phase in --profile"),
+    "--knobs": ("knobs", _knobs, "Horovod/Open MPI knobs to measure against the defaults, comma list or 'all' "
+                "(cycle_0.1ms,cycle_5ms,fusion_4MiB,fusion_off,cache_off,autotune,ompi_ring,ompi_spin)"),
+    "--knob-rounds": ("knob_rounds", int, "interleaved rounds of the knob study"),
     "--timeout": ("launch_timeout_s", float, "seconds before a job is killed"),
 }
 
@@ -69,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="benchmark hvdk8s against raw Horovod and TF strategies; write results.json, report.md, plots",
         description="Measure training throughput, scaling efficiency, time to accuracy, allreduce bandwidth and "
         "bandwidth-limited (network-namespace) clusters side by side, fit an alpha-beta cost model and "
-        "extrapolate it. --quick takes about 8-10 minutes on a 2-core machine, the full mode about three times longer.",
+        "extrapolate it. --quick took 36 minutes on a shared 2-core machine (load average 5-12), the full mode is about three times longer.",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="preset", action="store_const", const="quick", help="short run (default: full)")
@@ -77,7 +88,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(preset="full")
     p.add_argument("--out", type=Path, default=Path("out/bench"), help="output folder (default out/bench)")
     p.add_argument("--no-tta", dest="tta", action="store_false", default=None, help="skip time to accuracy")
+    p.add_argument("--profile", action="store_true", default=None,
+                   help="add a per-phase breakdown of the N=2 step (hvdk8s and the raw loop) and a Horovod timeline")
     p.add_argument("--report-only", type=Path, metavar="RESULTS_JSON", help="re-render the report from a results file")
+    p.add_argument("--serving", action="store_true", help="benchmark hvdk8s serve instead (REST/gRPC, batching on/off; "
+                   "writes serving.json/.md/.png; ~4 min with --quick)")
     for flag, (_field, parse, text) in OVERRIDES.items():
         p.add_argument(flag, type=parse, default=None, help=text)
     p.set_defaults(handler=run, command_line=None)
@@ -88,6 +103,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
     overrides = {field: getattr(args, flag.lstrip("-").replace("-", "_")) for flag, (field, _p, _t) in OVERRIDES.items()}
     overrides["tta"] = args.tta
+    overrides["profile"] = args.profile
     try:
         return preset(args.preset, **overrides)
     except ValueError as err:
@@ -97,14 +113,23 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from . import report
+    from . import analysis, report
 
     if args.report_only:
         if not args.report_only.is_file():
             raise UserError(f"--report-only {args.report_only}: no such file")
         results = json.loads(args.report_only.read_text())
+        results["derived"] = analysis.derive(results["raw"])  # summaries always from the raw timings, with today's analysis
         paths = report.write(results, args.report_only.parent)
         print(f"hvdk8s bench: wrote {paths['markdown']}")
+        return 0
+    if args.serving:
+        from . import serving
+
+        settings = serving.QUICK if args.preset == "quick" else serving.Settings()
+        paths = serving.write(serving.run(settings, args.command_line or ["hvdk8s", *sys.argv[1:]]),
+                              args.out)
+        print(f"hvdk8s bench: wrote {paths['markdown']}", flush=True)
         return 0
     from .suite import Suite
 

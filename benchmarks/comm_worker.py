@@ -73,7 +73,7 @@ def allreduce(job: dict[str, Any]) -> dict[str, Any]:
             )
     return {
         "ranks": hvd.size(),
-        "fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD", "default (64 MiB)"),
+        "fusion_threshold": os.environ.get("HOROVOD_FUSION_THRESHOLD", "default (128 MiB)"),
         "controller": "mpi" if hvd.mpi_enabled() else "gloo",
         "sweep": sweep,
         "fusion": fusion,

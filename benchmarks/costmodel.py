@@ -20,7 +20,9 @@ or marked as an assumption, and the published figures are kept apart.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,20 +51,28 @@ MODELS: dict[str, dict[str, float]] = {
     "VGG-16": {"params": 138e6, "gflops": 15.3},
 }
 
-# Per-GPU compute: images/s for ResNet-50, other models scaled by forward FLOPs.
-GPUS: dict[str, dict[str, float]] = {
-    "H100": {"resnet50_images_per_s": 3000.0, "batch": 256},
-    "P100": {"resnet50_images_per_s": 220.0, "batch": 64},
+# Per-GPU compute. H100: measured single-GPU training rates (images/s at a batch), copied from
+# ../shared/measurements/h100_training_rates.json (PyTorch 2.11 eager, bf16 autocast, channels_last,
+# synthetic 224x224 input on the GPU, measured 2026-11-22; a test checks the copy against the file).
+# P100 has no measurement here: the Horovod paper's era is modelled from an ASSUMED ResNet-50 rate,
+# other models scaled by forward FLOPs.
+H100_RATES_FILE = "shared/measurements/h100_training_rates.json"
+GPUS: dict[str, dict[str, Any]] = {
+    "H100": {"measured": True, "rates": {"ResNet-50": [3970.0, 256], "ResNet-101": [2642.0, 256], "VGG-16": [3233.0, 128]}},
+    "P100": {"measured": False, "rates": {"ResNet-50": [220.0, 64]}},
 }
+BACKWARD_SHARE = 2 / 3  # ASSUMED: backward = 2 x forward, spread over layers by their multiply-adds
+BUCKET_BYTES = 25 * 2**20  # gradient bucket size of the overlap model (PyTorch DDP's default bucket_cap_mb=25)
+LAYERS: dict[str, list[list[int]]] = json.loads((Path(__file__).with_name("model_layers.json")).read_text())["models"]
 
 PS_RATIO = 4  # workers per parameter server in the predictions (ASSUMED)
 SCALE_WORKERS = (8, 16, 32, 64, 128, 256, 512)
 
 ASSUMPTIONS = [
-    "Parameter counts: ResNet-50 25.6M, ResNet-101 44.5M, VGG-16 138M (torchvision model documentation; VGG-16 also Simonyan & Zisserman 2015, Table 2); fp32 gradients, 4 bytes each.",
-    "Forward cost (multiply-adds): ResNet-50 3.8 G, ResNet-101 7.6 G, VGG-16 15.3 G (He et al. 2016, Table 1 and Sec. 4.1); compute time is scaled from ResNet-50 by this ratio.",
-    "ASSUMED per-GPU training rate for ResNet-50: H100 3000 images/s at batch 256 (mixed precision), P100 220 images/s at batch 64 (fp32, the Horovod paper's era). Not measured here.",
-    "No overlap of communication with the backward pass (a lower bound on efficiency: Horovod overlaps and fuses, which the published figures include).",
+    "Parameter counts: ResNet-50 25.6M, ResNet-101 44.5M, VGG-16 138M (torchvision model documentation; VGG-16 also Simonyan & Zisserman 2015, Table 2); fp32 gradients, 4 bytes each. Per-layer sizes and multiply-adds: benchmarks/model_layers.json (from keras.applications' definitions).",
+    "H100 compute per step = batch / MEASURED single-H100 training rate (shared/measurements/h100_training_rates.json, 2026-11-22: ResNet-50 3,970 and ResNet-101 2,642 images/s at batch 256, VGG-16 3,233 images/s at batch 128; PyTorch eager, bf16 autocast). TensorFlow's rate on the same GPU may differ.",
+    "P100 compute (the published figures' GPUs, no measurement here): ASSUMED 220 images/s for ResNet-50 at batch 64, other models scaled by forward multiply-adds (ResNet-50 3.8 G, ResNet-101 7.6 G, VGG-16 15.3 G; He et al. 2016).",
+    f"Two schedules: 'no overlap' = compute, then one allreduce of all gradients; 'overlapped' = gradients leave in {BUCKET_BYTES >> 20} MiB buckets in reverse layer order as backprop produces them (backward = {BACKWARD_SHARE:.0%} of the step, ASSUMED, spread over layers by multiply-adds), buckets reduced one after another on the ring; the step ends when both compute and the last bucket are done.",
     f"Parameter servers: one server per {PS_RATIO} workers (ASSUMED ratio), variables split evenly.",
     "Variant 'ideal transport': full line rate per direction, the network's ASSUMED alpha (below), c = 0 - roughly NCCL over RDMA, the stack of the published figures.",
     "Variant 'this stack' (Ethernet only): the line rate scaled by the fraction of the shaped rate each transport reached on the emulated 1 Gbit/s links, with the alpha and c fitted there - Horovod on Open MPI over kernel TCP, and TF's gRPC parameter servers, as measured on this machine.",
@@ -168,10 +178,42 @@ def _with_check(kind: str, alpha: float, bandwidth: float, points: Sequence[dict
 
 
 def compute_seconds(model: str, gpu: str) -> float:
-    """Per-step compute time of ``model`` at the GPU profile's batch (see ASSUMPTIONS)."""
-    prof, spec = GPUS[gpu], MODELS[model]
-    rate = prof["resnet50_images_per_s"] * MODELS["ResNet-50"]["gflops"] / spec["gflops"]
-    return prof["batch"] / rate
+    """Per-step compute time of ``model`` (see ASSUMPTIONS): measured where the GPU has a rate, else FLOP-scaled."""
+    rates = GPUS[gpu]["rates"]
+    if model in rates:
+        rate, batch = rates[model]
+        return batch / rate
+    rate, batch = rates["ResNet-50"]
+    return batch / (rate * MODELS["ResNet-50"]["gflops"] / MODELS[model]["gflops"])
+
+
+def buckets(model: str, bucket_bytes: int = BUCKET_BYTES) -> list[tuple[float, float]]:
+    """(bytes, fraction of the backward pass done when the bucket's last gradient exists), in sending order.
+
+    Backprop visits layers last to first; a bucket closes once it holds ``bucket_bytes``.
+    """
+    layers = LAYERS[model][::-1]
+    total_macs = sum(m for _, m in layers)
+    out, size, done = [], 0.0, 0.0
+    for params, macs in layers:
+        done += macs / total_macs
+        size += params * 4
+        if size >= bucket_bytes:
+            out.append((size, done))
+            size = 0.0
+    if size:
+        out.append((size, 1.0))
+    return out
+
+
+def overlapped_step(t_compute: float, model: str, comm: Any) -> float:
+    """Step time when buckets are reduced as backprop produces them; ``comm(bytes)`` is one bucket's allreduce."""
+    t_forward = t_compute * (1 - BACKWARD_SHARE)
+    free = 0.0  # when the ring finishes the previous bucket
+    for nbytes, done in buckets(model):
+        ready = t_forward + done * t_compute * BACKWARD_SHARE
+        free = max(free, ready) + comm(nbytes)
+    return max(t_compute, free)
 
 
 def predict(
@@ -186,7 +228,7 @@ def predict(
     ethernet_only: bool = False,
     workers: Sequence[int] = SCALE_WORKERS,
 ) -> list[dict[str, Any]]:
-    """Scaling efficiency T_compute / (T_compute + T_comm) for every model, network and N.
+    """Scaling efficiency T_compute / T_step for every model, network and N, without and with overlap.
 
     Alphas left None take each network's assumed alpha; ``*_efficiency``
     scale the line rate to what a transport achieved (1.0 = line rate).
@@ -200,14 +242,17 @@ def predict(
                 continue
             a_ring = link["alpha_s"] if ring_alpha is None else ring_alpha
             a_ps = link["alpha_s"] if ps_alpha is None else ps_alpha
+            bw = link["bytes_per_s"] * ring_efficiency
             for n in workers:
-                t_ring = ring_time(n, nbytes, a_ring, link["bytes_per_s"] * ring_efficiency, ring_overhead)
+                t_ring = ring_time(n, nbytes, a_ring, bw, ring_overhead)
                 t_ps = ps_time(n, max(1, n // PS_RATIO), nbytes, a_ps, link["bytes_per_s"] * ps_efficiency)
+                t_overlap = overlapped_step(t_c, model, lambda b, _n=n: ring_time(_n, b, a_ring, bw, ring_overhead))
                 rows.append(
                     {
                         "variant": variant, "model": model, "network": net, "gpu": gpu, "workers": n, "gradient_bytes": nbytes,
                         "compute_s": t_c, "ring_comm_s": t_ring, "ps_comm_s": t_ps,
-                        "ring_efficiency": t_c / (t_c + t_ring), "ps_efficiency": t_c / (t_c + t_ps),
+                        "ring_efficiency": t_c / (t_c + t_ring), "ring_overlapped_efficiency": t_c / t_overlap,
+                        "ps_efficiency": t_c / (t_c + t_ps),
                     }
                 )
     return rows

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .analysis import busbw_factor
+from .analysis import GRADIENT_TENSOR, busbw_factor
 from .settings import STRATEGY_LABELS
 from .stats import summary
 from .util import write_text_atomic
@@ -54,9 +54,9 @@ def gbyte(bytes_per_s: float) -> str:
 def secs(x: float | None) -> str:
     if x is None:
         return "–"
-    if x < 1e-3:
+    if abs(x) < 1e-3:
         return f"{x * 1e6:.3g}µs"
-    if x < 1:
+    if abs(x) < 1:
         return f"{x * 1e3:.3g}ms"
     return f"{x:.3g}s"
 
@@ -71,6 +71,15 @@ def spread(s: dict[str, Any] | None, fmt: Any = num) -> str:
     if s["n"] == 1:
         return fmt(s["median"])
     return f"{fmt(s['median'])} [{fmt(s['min'])}–{fmt(s['max'])}]"
+
+
+def iqr(s: dict[str, Any] | None, fmt: Any = num) -> str:
+    """``median [q1–q3] (n)`` of a ``stats.summary``: the interquartile range over launches."""
+    if not s:
+        return "–"
+    if s["n"] == 1:
+        return f"{fmt(s['median'])} (1)"
+    return f"{fmt(s['median'])} [{fmt(s['q1'])}–{fmt(s['q3'])}] ({s['n']})"
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -190,14 +199,16 @@ def plot_prediction(model: dict[str, Any], path: Path) -> None:
         for net, color in colors.items():
             rows = sorted((p["workers"], p) for p in preds if p["model"] == name and p["network"] == net and p["gpu"] == "H100")
             ns = [n for n, _ in rows]
-            ax.plot(ns, [p["ring_efficiency"] for _, p in rows], color=color, marker=".", label=f"{net} ring")
+            ax.plot(ns, [p["ring_overlapped_efficiency"] for _, p in rows], color=color, marker=".", label=f"{net} ring, overlapped")
+            ax.plot(ns, [p["ring_efficiency"] for _, p in rows], color=color, ls=":", label=f"{net} ring, no overlap")
             ax.plot(ns, [p["ps_efficiency"] for _, p in rows], color=color, ls="--", label=f"{net} PS")
-        ax.set_title(f"{name}, H100, ideal transport (modelled)", fontsize=10)
+        ax.set_title(f"{name}, H100 (measured rate), ideal transport (modelled)", fontsize=10)
     ax = axes[len(models)]
     for name, color in zip(("ResNet-101", "VGG-16"), ("tab:purple", "tab:brown")):
         rows = sorted((p["workers"], p) for p in preds if p["model"] == name and p["network"] == "25 GbE" and p["gpu"] == "P100")
         ns = [n for n, _ in rows]
-        ax.plot(ns, [p["ring_efficiency"] for _, p in rows], color=color, label=f"{name} ring (model)")
+        ax.plot(ns, [p["ring_overlapped_efficiency"] for _, p in rows], color=color, label=f"{name} ring, overlapped (model)")
+        ax.plot(ns, [p["ring_efficiency"] for _, p in rows], color=color, ls=":", label=f"{name} ring, no overlap (model)")
         ax.plot(ns, [p["ps_efficiency"] for _, p in rows], color=color, ls="--", label=f"{name} PS (model)")
         for pub in model["published"]:
             if pub["model"] == name:
@@ -211,6 +222,39 @@ def plot_prediction(model: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("scaling efficiency")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=2 if ax is not axes[len(models)] else 1, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def plot_timeline(profiles: list[dict[str, Any]], path: Path) -> None:
+    """Horovod timeline rows (one per gradient allreduce) of the last two hvdk8s steps, per workload;
+    a red line marks each step's last gradient submission."""
+    plt = _plt()
+    with_tl = [p for p in profiles if p.get("timeline")]
+    fig, axes = plt.subplots(len(with_tl), 1, figsize=(10, 1.5 + 2.6 * len(with_tl)), squeeze=False)
+    colors = {"NEGOTIATE_ALLREDUCE": "tab:gray", "ALLREDUCE": "tab:blue"}
+    for ax, prof in zip(axes[:, 0], with_tl):
+        spans = [sp for sp in prof["timeline"]["spans"] if GRADIENT_TENSOR in sp["tensor"] and sp["depth"] == 0]
+        tensors = sorted({sp["tensor"] for sp in spans}, key=lambda t: (len(t), t))  # .2 before .10
+        submits = sorted(sp["start_us"] for sp in spans if sp["activity"].startswith("NEGOTIATE"))
+        steps = [submits[i:i + len(tensors)] for i in range(0, len(submits), len(tensors))][-2:]
+        if not steps:
+            continue
+        t0 = steps[0][0]
+        for row, tensor in enumerate(tensors):
+            for sp in spans:
+                if sp["tensor"] == tensor and sp["end_us"] >= t0:
+                    ax.barh(row, (sp["end_us"] - sp["start_us"]) / 1e3, left=(sp["start_us"] - t0) / 1e3, height=0.6,
+                            color=colors.get(sp["activity"], "tab:orange"))
+        for step in steps:
+            ax.axvline((step[-1] - t0) / 1e3, color="tab:red", ls="--", lw=1)
+        ax.set_yticks(range(len(tensors)))
+        ax.set_yticklabels([t.rsplit("/", 1)[-1] for t in tensors], fontsize=7)
+        ax.set_xlabel("ms (Horovod timeline, rank 0)")
+        ax.set_title(f"{prof['workload']}: gray = negotiation from the gradient's submission, blue = allreduce, "
+                     "red = last gradient of the step submitted", fontsize=9)
+        ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
@@ -301,10 +345,46 @@ def _training_section(d: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _ratio_section(d: dict[str, Any]) -> str:
+    r = d["ratios"]
+    if not (r["paired"] or r["rounds"]):
+        return ""
+    out = [
+        "## Summary: throughput relative to the raw Horovod loop (" + MEASURED + ")",
+        "",
+        "One ratio per launch, then the median, interquartile range [q1–q3] and number of launches. "
+        "**Alternating windows**: every hvdk8s launch also builds the raw `horovod.tensorflow` loop on the same ranks "
+        "and times its windows between hvdk8s's (warm-up, then hvdk8s window, raw window, ...), so both see the same "
+        "load; the ratio is hvdk8s's median window rate over the raw loop's. **Separate launches**: each strategy's median "
+        "rate over the raw loop's launch in the same round. Above 1 is faster than the raw loop.",
+        "",
+    ]
+    if r["paired"]:
+        out += [
+            table(["workload", "N", "hvdk8s / raw loop, alternating windows: median [IQR] (launches)"],
+                  [[p["workload"], num(p["workers"]), iqr(p["ratio"])] for p in r["paired"]]),
+            "",
+        ]
+    if r["rounds"]:
+        out += [
+            table(["workload", "strategy", "N", "strategy / raw loop, separate launches: median [IQR] (rounds)"],
+                  [[p["workload"], label(p["strategy"]), num(p["workers"]), iqr(p["ratio"])] for p in r["rounds"]]),
+            "",
+        ]
+    if r["time_to_accuracy"]:
+        out += [
+            table(["strategy", "N", "time-to-accuracy examples/s / raw loop's: median [IQR] (rounds)"],
+                  [[label(p["strategy"]), num(p["workers"]), iqr(p["ratio"])] for p in r["time_to_accuracy"]]),
+            "",
+        ]
+    return "\n".join(out)
+
+
 def _tta_section(d: dict[str, Any]) -> str:
     rows = d["time_to_accuracy"]
     if not rows:
         return ""
+    steady = {(t["strategy"], t["workers"]): t["examples_per_s"] for t in d["throughput"] if t["workload"] == "cnn"}
     return "\n".join(
         [
             "## 2. Time to accuracy on real data (" + MEASURED + ")",
@@ -313,13 +393,17 @@ def _tta_section(d: dict[str, Any]) -> str:
             "lr × N for the N-times larger global batch; asynchronous PS workers apply their own gradients and keep "
             "the single-worker rate. One epoch is one pass over the training set by all workers together. The clock "
             "counts training only (test evaluation after every epoch is excluded). Runs that never reach the target "
-            "within the epoch limit show `–`.",
+            "within the epoch limit show `–`. Keras-fit strategies train all epochs in one `fit` call, as users do; the "
+            "loops keep one iterator across epochs. The last column is section 1's steady-state rate of the same CNN "
+            "and batch on synthetic data: the time-to-accuracy rate differs by what short epochs, real input "
+            "(shuffling, a new shard order every pass) and per-epoch work (metric averaging, job figures) cost.",
             "",
             table(
-                ["strategy", "N", "lr", "reached target", "seconds to target", "epochs to target", "final test accuracy", "examples/s"],
+                ["strategy", "N", "lr", "reached target", "seconds to target", "epochs to target", "final test accuracy", "examples/s",
+                 "steady-state examples/s"],
                 [[label(r["strategy"]), num(r["workers"]), num(r["lr"]), f"{num(r['reached'])} of {num(r['runs'])} at {pct(r['target'])}",
                   spread(r["seconds_to_target"], secs), spread(r["epochs_to_target"]), spread(r["final_accuracy"], pct),
-                  spread(r["examples_per_s"])] for r in rows],
+                  spread(r["examples_per_s"]), spread(steady.get((r["strategy"], r["workers"])))] for r in rows],
             ),
             "",
             "![time to accuracy](tta.png)",
@@ -328,27 +412,100 @@ def _tta_section(d: dict[str, Any]) -> str:
     )
 
 
+PHASES = (
+    ("input", "input (next() in a compiled function)"),
+    ("forward_backward", "forward + backward"),
+    ("optimizer", "optimizer update"),
+    ("allreduce_wait", "allreduce wait (step − the three above)"),
+    ("callbacks", "callbacks and fit loop (fit − compiled step)"),
+    ("total", "total per step"),
+)
+
+
+def _profile_section(p: dict[str, Any] | None) -> str:
+    if not p:
+        return ""
+    out = [
+        "## 6. Where a step's time goes, N=2 (" + MEASURED + ", `--profile`)",
+        "",
+        "A profiling-only build (`benchmarks/profiling.py`): each phase is its own compiled function on a copy of the model, "
+        "timed alone, round-robin between hvdk8s's `fit` windows; brackets inside the real step would order its ops and "
+        "hide the overlap being measured. Input, forward+backward and the optimizer are the same model and optimizer "
+        "for both; the allreduce wait is the compiled step (the raw loop's step function, hvdk8s's Keras "
+        "`train_function` called directly) minus those three, i.e. communication that compute did not hide plus glue in "
+        "the step; callbacks are hvdk8s's `fit` window minus its compiled step. Milliseconds per step (medians):",
+        "",
+    ]
+    rows = []
+    for k, text in PHASES:
+        rows.append([text, *[secs(w[who][k] if k in w[who] else w["phases"][k]) for w in p["workloads"] for who in ("raw", "hvdk8s")]])
+    rows.append(["allreduce alone, nothing overlapping (reference)", *[secs(w["phases"]["allreduce_alone"]) for w in p["workloads"] for _ in "12"]])
+    header = ["phase", *[f"{w['workload']}: {who}" for w in p["workloads"] for who in ("raw loop", "hvdk8s")]]
+    out += [table(header, rows), ""]
+    overlaps = [w for w in p["workloads"] if w.get("overlap_summary")]
+    if overlaps:
+        out += [
+            "Horovod timeline of hvdk8s's steps (rank 0; times from the step's first gradient submission, medians over "
+            "the steps after the first): a reduction that starts before the last gradient is submitted overlaps backprop.",
+            "",
+            table(["workload", "gradient allreduces per step", "steps with overlap", "last gradient submitted",
+                   "first reduction starts", "communication after the last gradient"],
+                  [[w["workload"], num(o["tensors"]["median"]), f"{num(o['overlapped_steps'])} of {num(o['steps'])}",
+                    secs(o["last_submit_s"]["median"]), secs(o["first_reduce_start_s"]["median"]),
+                    secs(o["comm_after_last_submit_s"]["median"])] for w in overlaps for o in [w["overlap_summary"]]]),
+            "",
+        ]
+    out += ["![Horovod timeline of hvdk8s steps](timeline.png)", ""]
+    return "\n".join(out)
+
+
+def _knob_section(rows: list[dict[str, Any]], settings: dict[str, Any], what: dict[str, str]) -> str:
+    if not rows:
+        return ""
+
+    return "\n".join([
+        "## 7. Horovod and Open MPI knobs, N=2 (" + MEASURED + ")",
+        "",
+        "Each knob is one mpirun launch of the alternating hvdk8s/raw-loop worker, run right after the baseline launch "
+        f"in each of {num(settings['knob_rounds'])} round(s); the ratio is the knob's median rate over the baseline's in "
+        "the same round (above 1: the knob helps), then median [IQR] (rounds).",
+        "",
+        table(["knob", "what it sets", "workload", "hvdk8s vs baseline", "raw loop vs baseline", "hvdk8s / raw loop"],
+              [[r["knob"], what.get(r["knob"], ""), r["workload"], iqr(r["hvdk8s"]), iqr(r["horovod"]), iqr(r["hvdk8s_over_raw"])]
+               for r in rows]),
+        "",
+    ])
+
+
 def _allreduce_section(ar: dict[str, Any]) -> str:
     if not ar["sweep"] and not ar["fusion"]:
         return ""
     out = [
         "## 3. Allreduce microbenchmark (" + MEASURED + ")",
         "",
-        "Horovod allreduce (sum) of one float32 tensor, ranks on this machine (Open MPI shared memory, ring algorithm "
-        "forced). algbw = bytes / time; busbw = algbw × 2(N−1)/N, the bytes each rank moves per second, comparable "
-        "across N and with the memory-copy rate (one thread copying one buffer with numpy: the local limit).",
+        "Horovod allreduce (sum) of one float32 tensor, ranks on this machine (Open MPI shared memory, Open MPI's own "
+        "choice of algorithm). algbw = bytes / time; busbw = algbw × 2(N−1)/N, the bytes each rank moves per second, "
+        "comparable across N and with the memory-copy rate (one thread copying one buffer with numpy: the local limit). "
+        "Small messages cannot go below Horovod's cycle time: its background thread starts a cycle at most every "
+        "`HOROVOD_CYCLE_TIME` (default 1 ms; `RunLoopOnce` in horovod/common/operations.cc sleeps until "
+        "last cycle start + cycle time), and a tensor submitted in one cycle is negotiated and reduced in the next, so "
+        "back-to-back allreduces each wait for a cycle. The last column re-measures the small sizes in a launch with "
+        "`HOROVOD_CYCLE_TIME=0.1`.",
         "",
     ]
-    rows = [[nbytes(p["bytes"]), num(p["workers"]), spread(p["seconds"], secs), gbyte(p["algbw_bytes_per_s"]), gbyte(p["busbw_bytes_per_s"])]
+    fast = {p["bytes"]: p["seconds"] for p in ar["sweep"] if p["fusion"] == "cycle_0.1ms"}
+    rows = [[nbytes(p["bytes"]), num(p["workers"]), spread(p["seconds"], secs), gbyte(p["algbw_bytes_per_s"]), gbyte(p["busbw_bytes_per_s"]),
+             spread(fast.get(p["bytes"]), secs)]
             for p in ar["sweep"] if p["fusion"] == "default"]
     if "memcopy" in ar:
         m = ar["memcopy"]
-        rows.append([f"{nbytes(m['bytes'])} memory copy", "–", spread(m["seconds"], secs), gbyte(m["bytes_per_s"]), "–"])
-    out += [table(["message", "N", "time median [min–max]", "algbw", "busbw"], rows), ""]
+        rows.append([f"{nbytes(m['bytes'])} memory copy", "–", spread(m["seconds"], secs), gbyte(m["bytes_per_s"]), "–", "–"])
+    out += [table(["message", "N", "time median [min–max]", "algbw", "busbw", "time at 0.1 ms cycle"], rows), ""]
     if ar["fusion_pairs"]:
         out += [
-            "Tensor fusion: many small tensors reduced in one step, submitted as separate allreduce ops or as one grouped "
-            "allreduce (what hvdk8s's DistributedOptimizer does), with Horovod's fusion buffer at its default (64 MiB) "
+            "Tensor fusion: many small tensors reduced in one step, submitted as separate allreduce ops (hvdk8s's "
+            "DistributedOptimizer default: one per gradient, so they can overlap backprop) or as one grouped allreduce "
+            "(its `groups=`), with Horovod's fusion buffer at its default (128 MiB) "
             "and off (`HOROVOD_FUSION_THRESHOLD=0`), in separate launches.",
             "",
             table(
@@ -396,13 +553,18 @@ def _emulated_section(emu: dict[str, Any]) -> str:
         ]
         if r["training"]:
             out += [
-                f"Training on the {r['rate']} links (same models and batches as section 1, fewer steps):",
+                f"Training on the {r['rate']} links (same models, batches, warm-up and windows as section 1, one launch each; "
+                "fp32 gradients everywhere):",
                 "",
                 table(
-                    ["workload", "strategy", "N", "examples/s median [min–max]"],
-                    [[t["workload"], label(t["strategy"]), num(t["workers"]), spread(t["examples_per_s"])] for t in r["training"]],
+                    ["workload", "strategy", "N", "examples/s median [min–max]", "/ hvdk8s"],
+                    [[t["workload"], label(t["strategy"]), num(t["workers"]), spread(t["examples_per_s"]), num(t["over_hvdk8s"])]
+                     for t in r["training"]],
                 ),
                 "",
+                *([table(["workload", "N", "hvdk8s / raw loop, alternating windows"],
+                         [[x["workload"], num(x["workers"]), iqr(x["ratio"])] for x in r["training_paired"]]), ""]
+                  if r["training_paired"] else []),
             ]
     return "\n".join(out)
 
@@ -437,8 +599,10 @@ def _model_section(d: dict[str, Any]) -> str:
     ]
     b = m.get("basis")
     out += [
-        "**Extrapolation** (modelled, not measured). Scaling efficiency = T_compute / (T_compute + T_comm), no overlap of "
-        "communication with compute. Two transports: *ideal* = line rate and an assumed RDMA-class α (NCCL-like, the "
+        "**Extrapolation** (modelled, not measured). Scaling efficiency = T_compute / T_step, with T_compute from "
+        "measured single-H100 training rates. *No overlap*: T_step = T_compute + T_comm. *Overlapped*: gradients leave "
+        "in buckets as backprop produces them and are reduced one after another while earlier layers still "
+        "differentiate (the schedule hvdk8s and Horovod use; details under the assumptions). Two transports: *ideal* = line rate and an assumed RDMA-class α (NCCL-like, the "
         "stack of the published figures); *this stack* = Ethernet at the fraction of the line rate and with the α and c "
         "that Horovod/Open MPI over TCP and TF's gRPC parameter servers showed on the emulated links"
         + (
@@ -456,12 +620,13 @@ def _model_section(d: dict[str, Any]) -> str:
             continue
         mine = by_key.get(("this stack", gpu, model_name, net, n))
         rows.append([model_name, net, num(n), secs(p["compute_s"]), secs(p["ring_comm_s"]), pct(p["ring_efficiency"]),
-                     pct(p["ps_efficiency"]), pct(mine["ring_efficiency"]) if mine else "–", pct(mine["ps_efficiency"]) if mine else "–"])
+                     pct(p["ring_overlapped_efficiency"]), pct(p["ps_efficiency"]),
+                     *([pct(mine[k]) for k in ("ring_efficiency", "ring_overlapped_efficiency", "ps_efficiency")] if mine else ["–"] * 3)])
     out += [
-        "Predicted scaling efficiency, H100 compute:",
+        "Predicted scaling efficiency, H100 compute (measured single-GPU rates):",
         "",
-        table(["model", "network", "N", "compute/step", "ring comm (ideal)", "ring E (ideal)", "PS E (ideal)",
-               "ring E (this stack)", "PS E (this stack)"], rows),
+        table(["model", "network", "N", "compute/step", "ring comm (ideal)", "ring E no overlap (ideal)", "ring E overlapped (ideal)",
+               "PS E (ideal)", "ring E no overlap (this stack)", "ring E overlapped (this stack)", "PS E (this stack)"], rows),
         "",
         "**Published figures** (not measured here; P100 GPUs, Horovod with NCCL over 25 GbE) next to this model with "
         "P100-era compute at the same N:",
@@ -469,12 +634,13 @@ def _model_section(d: dict[str, Any]) -> str:
     ]
     rows = []
     for pub in m["published"]:
-        key = "ring_efficiency" if pub["system"] == "Horovod" else "ps_efficiency"
+        keys = ("ring_efficiency", "ring_overlapped_efficiency") if pub["system"] == "Horovod" else ("ps_efficiency", None)
         model_e = [by_key.get((v, "P100", pub["model"], "25 GbE", pub["workers"])) for v in ("ideal transport", "this stack")]
         rows.append([pub["model"], num(pub["workers"]), pub["network"], pub["system"], pct(pub["efficiency"]), pub["source"],
-                     *[pct(p[key]) if p else "–" for p in model_e]])
+                     *[pct(p[k]) if p and k else "–" for p in model_e for k in keys]])
     out += [
-        table(["model", "N", "network", "system", "published E", "source", "model (ideal)", "model (this stack)"], rows),
+        table(["model", "N", "network", "system", "published E", "source", "model no overlap (ideal)", "model overlapped (ideal)",
+               "model no overlap (this stack)", "model overlapped (this stack)"], rows),
         "",
         "![predicted efficiency](prediction.png)",
         "",
@@ -523,11 +689,14 @@ def render(results: dict[str, Any]) -> str:
     d = results["derived"]
     parts = [
         _header(results),
+        _ratio_section(d),
         _training_section(d["training"]) if d["training"]["throughput"] else "",
         _tta_section(d["training"]),
         _allreduce_section(d["allreduce"]),
         _emulated_section(d["emulated"]),
         _model_section(d),
+        _profile_section(d["profile"]),
+        _knob_section(d["knobs"], results["settings"], results["labels"].get("knobs", {})),
         _errors_section(results),
         _environment_section(results),
     ]
@@ -546,5 +715,7 @@ def write(results: dict[str, Any], out_dir: Path) -> dict[str, Path]:
         plot_busbw(d["allreduce"], d["emulated"], out_dir / "busbw.png")
     if d["model"]["predictions"]:
         plot_prediction(d["model"], out_dir / "prediction.png")
+    if d["profile"]:
+        plot_timeline(results["raw"]["profile"]["result"]["profile"], out_dir / "timeline.png")
     md = write_text_atomic(out_dir / "report.md", render(results))
     return {"markdown": md}

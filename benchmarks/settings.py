@@ -10,6 +10,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from .knobs import names as knob_names
+from .netns import parse_rate
+
 STRATEGIES = ("single", "hvdk8s", "horovod", "tf_mwms", "tf_ps")
 STRATEGY_LABELS = {
     "single": "single process (Keras fit)",
@@ -72,10 +75,16 @@ class Settings:
     emulated_workers: tuple[int, ...] = (2, 4)
     emulated_sizes: tuple[int, ...] = (4 << 10, 256 << 10, 4 << 20, 16 << 20)
     emulated_comm_steps: int = 3
-    emulated_train_rate: str = "1gbit"
+    emulated_train_rates: tuple[str, ...] = ("1gbit", "10gbit")  # each must be one of emulated_rates
     emulated_train_strategies: tuple[str, ...] = ("hvdk8s", "tf_mwms", "tf_ps")
     emulated_train_workers: int = 2
-    emulated_train_steps: int = 6
+    emulated_train_steps: int = 10  # per window; warm-up and windows as in the main training section
+    # per-phase breakdown of one N=2 step (hvdk8s and the raw loop) and a Horovod timeline of it
+    profile: bool = False
+    profile_steps: int = 20
+    # Horovod and Open MPI knobs, each measured against the defaults in the same round
+    knobs: tuple[str, ...] = ()
+    knob_rounds: int = 2
     # process limits
     launch_timeout_s: float = 600.0
 
@@ -100,7 +109,7 @@ class Settings:
 
 PRESETS: dict[str, Settings] = {
     # A few minutes on a 2-core machine.
-    "quick": Settings(preset="quick"),
+    "quick": Settings(preset="quick", rounds=2),
     # Longer windows, three interleaved launches per configuration, bigger
     # messages and the 4096-wide MLP (134 MB of fp32 gradients).
     "full": Settings(
@@ -148,7 +157,8 @@ def validate(s: Settings) -> None:
         raise ValueError("warmup_steps: at least 1 (the first step traces the model and is never timed)")
     if not s.ranks or min(s.ranks) < 1 or 1 not in s.ranks:
         raise ValueError(f"ranks {list(s.ranks)}: must include 1 (the baseline of E(N)) and be >= 1")
-    for name in ("steps", "windows", "rounds", "threads_per_rank", "allreduce_repeats", "tta_max_epochs"):
+    for name in ("steps", "windows", "rounds", "threads_per_rank", "allreduce_repeats", "tta_max_epochs", "profile_steps",
+                 "knob_rounds", "emulated_train_steps"):
         if getattr(s, name) < 1:
             raise ValueError(f"{name}={getattr(s, name)}: too small")
     if s.allreduce_ranks < 2:
@@ -160,3 +170,12 @@ def validate(s: Settings) -> None:
     bad = [x for x in s.emulated_train_strategies if x not in STRATEGIES or x == "single"]
     if bad:
         raise ValueError(f"emulated_train_strategies: unsupported {bad}")
+    for rate in s.emulated_rates:
+        parse_rate(rate)  # a typo fails here, not after minutes of training
+    if s.emulated_train_strategies and s.emulated_rates:
+        missing = [r for r in s.emulated_train_rates if r not in s.emulated_rates]
+        if missing:
+            raise ValueError(f"emulated_train_rates {missing}: not among emulated_rates {list(s.emulated_rates)}")
+    bad = [k for k in s.knobs if k not in knob_names()]
+    if bad:
+        raise ValueError(f"knobs: unknown {bad}; expected some of {knob_names()}")

@@ -17,12 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import analysis, envinfo, memcopy, netns
+from . import analysis, envinfo, knobs, memcopy, netns
 from .launch import JobFailed, Launcher, base_env, module_argv
 from .settings import HOROVOD_STRATEGIES, STRATEGY_LABELS, Settings
 from .util import write_json_atomic
 
-SCHEMA = "hvdk8s-bench/1"
+SCHEMA = "hvdk8s-bench/2"
+SMALL_MESSAGE = 64 << 10  # sizes re-measured at a short Horovod cycle time
+FAST_CYCLE = "cycle_0.1ms"
 LINK_PROBE_BYTES = 64 << 20
 LINK_PROBE_PINGS = 200
 
@@ -63,13 +65,18 @@ def emulated_hosts(s: Settings) -> int:
     return 1 + max([*s.emulated_workers, s.emulated_train_workers]) + 1
 
 
+def knob_configs(s: Settings) -> list[tuple[int, str]]:
+    """(round, knob), the baseline first in every round."""
+    if not s.knobs:
+        return []
+    return [(r, k) for r in range(s.knob_rounds) for k in (knobs.BASELINE, *s.knobs)]
+
+
 def job_count(s: Settings, emulated: bool) -> int:
-    count = len(training_configs(s)) + 2  # + allreduce with fusion on and off
+    count = len(training_configs(s)) + 3 + int(s.profile) + len(knob_configs(s))  # + allreduce: default, fusion off, fast cycle
     if emulated:
         per_rate = 1 + 2 * len(s.emulated_workers)
-        count += per_rate * len(s.emulated_rates) + (
-            len(s.emulated_train_strategies) if s.emulated_train_rate in s.emulated_rates else 0
-        )
+        count += per_rate * len(s.emulated_rates) + len(s.emulated_train_strategies) * len(s.emulated_train_rates)
     return count
 
 
@@ -85,8 +92,9 @@ class Suite:
             "settings": settings.to_json(),
             "environment": envinfo.collect(command),
             "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "labels": {"strategies": STRATEGY_LABELS},
-            "raw": {"training": [], "allreduce": [], "memcopy": None, "emulated": {"skipped": None, "rates": []}},
+            "labels": {"strategies": STRATEGY_LABELS, "knobs": {k: v.what for k, v in knobs.KNOBS.items()}},
+            "raw": {"training": [], "allreduce": [], "memcopy": None, "emulated": {"skipped": None, "rates": []},
+                    "profile": None, "knobs": []},
             "errors": [],
         }
         self.emulated_reason = self._emulated_reason()
@@ -117,13 +125,15 @@ class Suite:
 
     # --- training throughput and time to accuracy --------------------------------------------
     def _train_job(
-        self, name: str, settings: Settings, strategy: str, n: int, *, tta: bool, seed: int, cluster: Any = None
+        self, name: str, settings: Settings, strategy: str, n: int, *, tta: bool, seed: int, cluster: Any = None,
+        knob: knobs.Knob | None = None, profile: bool = False,
     ) -> dict[str, Any]:
         job = self._job_file(name, {"settings": settings.to_json(), "workloads": list(settings.workloads), "tta": tta, "seed": seed})
         out = self.jobs / f"{name}.result.json"
-        args = ["--strategy", strategy, "--job", str(job), "--out", str(out)]
+        args = ["--strategy", strategy, "--job", str(job), "--out", str(out), *(["--profile"] if profile else [])]
         if strategy in HOROVOD_STRATEGIES:
-            stats = self.launcher.mpi(name, n, module_argv("worker", *args), cluster=cluster)
+            knob = knob or knobs.KNOBS[knobs.BASELINE]
+            stats = self.launcher.mpi(name, n, module_argv("worker", *args), env=knob.env, mca=knob.mca, cluster=cluster)
         elif strategy == "tf_mwms":
             stats = self.launcher.tf_cluster(name, {"worker": n}, module_argv("worker", *args), [], mains="worker", cluster=cluster)
         elif strategy == "tf_ps":
@@ -145,6 +155,26 @@ class Suite:
             if run:
                 self.results["raw"]["training"].append({**run, "round": r})
 
+    def profile(self) -> None:
+        """Per-phase breakdown of hvdk8s's and the raw loop's step at N=2, and a Horovod timeline of hvdk8s's."""
+        if not self.s.profile:
+            return
+        run = self._attempt("profile hvdk8s and raw loop N=2", lambda: self._train_job(
+            "profile", self.s, "hvdk8s", 2, tta=False, seed=0, profile=True, knob=knobs.Knob({"HOROVOD_TIMELINE": "DYNAMIC"})))
+        if run:
+            self.results["raw"]["profile"] = run
+
+    def knob_study(self) -> None:
+        """Each knob against the baseline, interleaved by round, on the paired hvdk8s/raw-loop worker at N=2."""
+        short = dataclasses.replace(self.s, tta=False)
+        for r, name in knob_configs(self.s):
+            run = self._attempt(
+                f"knob {name} N=2 round {r + 1}/{self.s.knob_rounds}",
+                lambda: self._train_job(f"knob-{name}-r{r}", short, "hvdk8s", 2, tta=False, seed=r, knob=knobs.KNOBS[name]),
+            )
+            if run:
+                self.results["raw"]["knobs"].append({**run, "knob": name, "round": r})
+
     # --- allreduce microbenchmark ------------------------------------------------------------
     def _allreduce_job(self, name: str, n: int, sizes: list[int], fusion_bytes: list[int], env: dict[str, str], cluster: Any = None) -> dict[str, Any]:
         job = self._job_file(
@@ -159,10 +189,15 @@ class Suite:
     def allreduce(self) -> None:
         self.results["raw"]["memcopy"] = memcopy.copy_rate(self.s.memcopy_bytes, self.s.allreduce_repeats)
         n, fusion = self.s.allreduce_ranks, list(self.s.fusion_tensor_bytes)
-        for label, env, sizes in (("default", {}, list(self.s.allreduce_sizes)), ("off", {"HOROVOD_FUSION_THRESHOLD": "0"}, [])):
+        small = [b for b in self.s.allreduce_sizes if b <= SMALL_MESSAGE]
+        for label, env, sizes, tensors in (
+            ("default", {}, list(self.s.allreduce_sizes), fusion),
+            ("off", {"HOROVOD_FUSION_THRESHOLD": "0"}, [], fusion),
+            (FAST_CYCLE, {"HOROVOD_CYCLE_TIME": "0.1"}, small, []),  # is Horovod's cycle the small-message floor?
+        ):
             run = self._attempt(
-                f"allreduce N={n} fusion {label}",
-                lambda: self._allreduce_job(f"allreduce-fusion-{label}", n, sizes, fusion, env),
+                f"allreduce N={n} {label}",
+                lambda: self._allreduce_job(f"allreduce-{label}", n, sizes, tensors, env),
             )
             if run:
                 self.results["raw"]["allreduce"].append({**run, "fusion": label})
@@ -209,11 +244,9 @@ class Suite:
                         )
                         if run:
                             entry["ps"].append(run)
-                    if rate == self.s.emulated_train_rate:
+                    if rate in self.s.emulated_train_rates:
                         n = self.s.emulated_train_workers
-                        short = dataclasses.replace(
-                            self.s, steps=self.s.emulated_train_steps, warmup_steps=max(1, self.s.emulated_train_steps // 4)
-                        )
+                        short = dataclasses.replace(self.s, steps=self.s.emulated_train_steps)
                         for strategy in self.s.emulated_train_strategies:
                             run = self._attempt(
                                 f"emulated {rate}: training {strategy} N={n}",
@@ -230,6 +263,8 @@ class Suite:
     def run(self) -> dict[str, Any]:
         self.save()
         self.training()
+        self.profile()
+        self.knob_study()
         self.allreduce()
         self.emulated()
         self.results["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

@@ -2,11 +2,14 @@
 
 Each trainer owns a model, an optimizer and a per-rank input pipeline and can
 (a) time ``windows`` back-to-back windows of ``steps`` steps after a warm-up
-and (b) run one epoch of a given number of steps for time to accuracy. Keras
-3 ``model.fit`` is used where it works (single process, hvdk8s); the others are
-custom loops because Keras 3's fit breaks under MultiWorkerMirroredStrategy
+and (b) train epochs until a test accuracy is reached. Keras 3 ``model.fit``
+is used where it works (single process, hvdk8s); the others are custom loops
+because Keras 3's fit breaks under MultiWorkerMirroredStrategy
 (keras-team/keras#20585) and does not drive a ParameterServerStrategy cluster.
-All use one tf.function call per step (Keras fit's ``steps_per_execution=1``).
+Every harness handles input the same way as Keras fit: one tf.function call
+per step (``steps_per_execution=1``) that takes the dataset iterator and calls
+``next`` on it inside the compiled step, so no harness pays an eager
+``next()`` the others do not.
 """
 from __future__ import annotations
 
@@ -22,6 +25,10 @@ from . import workloads
 # dataset_fn(rank, size, seed) -> per-rank batched, repeated dataset
 DatasetFn = Callable[[int, int, Any], tf.data.Dataset]
 ModelFn = Callable[[], keras.Model]
+# evaluate(epoch, train_seconds_so_far) -> True once the target is reached (its time is not counted)
+Evaluate = Callable[[int, float], bool]
+# called after the warm-up and after every window of the trainer being timed
+Between = Callable[[], None]
 
 
 class Trainer:
@@ -33,44 +40,91 @@ class Trainer:
     def run(self, steps: int) -> None:
         raise NotImplementedError
 
-    def timed(self, warmup: int, steps: int, windows: int) -> list[float]:
-        """Seconds for each of ``windows`` windows of ``steps`` steps, after ``warmup`` steps."""
+    def timed(self, warmup: int, steps: int, windows: int, between: Between | None = None) -> list[float]:
+        """Seconds for each of ``windows`` windows of ``steps`` steps, after ``warmup`` steps.
+
+        ``between`` runs, untimed, after the warm-up and after each window: a paired
+        trainer's warm-up and windows, so both alternate under the same machine load.
+        """
         self.run(warmup)
+        if between:
+            between()
         out = []
         for _ in range(windows):
             start = time.perf_counter()
             self.run(steps)
             out.append(time.perf_counter() - start)
+            if between:
+                between()
         return out
 
-    def epoch(self, steps: int) -> float:
-        """Seconds to train ``steps`` steps (on every worker)."""
-        start = time.perf_counter()
-        self.run(steps)
-        return time.perf_counter() - start
+    def to_accuracy(self, steps: int, max_epochs: int, evaluate: Evaluate) -> None:
+        """Train epochs of ``steps`` steps until ``evaluate`` says the target is reached."""
+        elapsed = 0.0
+        for epoch in range(1, max_epochs + 1):
+            start = time.perf_counter()
+            self.run(steps)
+            elapsed += time.perf_counter() - start
+            if evaluate(epoch, elapsed):
+                return
 
     def accuracy(self, x: Any, y: Any) -> float:
         return workloads.accuracy(self.model, x, y)
 
 
-class _BoundaryClock(keras.callbacks.Callback):
-    """Timestamps at chosen batch ends and epoch boundaries, from inside ``fit``."""
+class Alternate:
+    """A reference trainer's warm-up, then its timed windows, one per call: the ``between`` of ``timed``."""
 
-    def __init__(self, marks: set[int] = frozenset()) -> None:
+    def __init__(self, trainer: Trainer, warmup: int, steps: int) -> None:
+        self.trainer, self.warmup, self.steps = trainer, warmup, steps
+        self.windows: list[float] = []
+        self._warm = False
+
+    def __call__(self) -> None:
+        if not self._warm:
+            self.trainer.run(self.warmup)
+            self._warm = True
+            return
+        start = time.perf_counter()
+        self.trainer.run(self.steps)
+        self.windows.append(time.perf_counter() - start)
+
+
+class _WindowClock(keras.callbacks.Callback):
+    """Window times from inside ``fit``: a window ends at a marked batch's end, and the next
+    one starts after ``between`` (the paired trainer's window) has run."""
+
+    def __init__(self, marks: set[int], between: Between | None) -> None:
         super().__init__()
-        self.marks = marks
-        self.times: list[float] = []
-        self.epoch_seconds = 0.0
+        self.marks, self.between = marks, between
+        self.windows: list[float] = []
+        self._start: float | None = None
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if batch in self.marks:
-            self.times.append(time.perf_counter())
+        if batch not in self.marks:
+            return
+        if self._start is not None:
+            self.windows.append(time.perf_counter() - self._start)
+        if self.between:
+            self.between()
+        self._start = time.perf_counter()
+
+
+class _EpochClock(keras.callbacks.Callback):
+    """Training seconds per epoch, stopping ``fit`` once ``evaluate`` reports the target (eval not timed)."""
+
+    def __init__(self, evaluate: Evaluate) -> None:
+        super().__init__()
+        self.evaluate = evaluate
+        self.elapsed = 0.0
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self._epoch_start = time.perf_counter()
+        self._start = time.perf_counter()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        self.epoch_seconds = time.perf_counter() - self._epoch_start
+        self.elapsed += time.perf_counter() - self._start
+        if self.evaluate(epoch + 1, self.elapsed):
+            self.model.stop_training = True
 
 
 class KerasFitTrainer(Trainer):
@@ -78,6 +132,7 @@ class KerasFitTrainer(Trainer):
 
     Windows are timed by a callback inside one ``fit`` call, so fit's own
     set-up is not charged to the steps; hvdk8s's callbacks run before it.
+    Time to accuracy is one ``fit`` call over all epochs, as users train.
     """
 
     def __init__(self, model_fn: ModelFn, dataset_fn: DatasetFn, lr: float, *, use_hvdk8s: bool) -> None:
@@ -90,29 +145,40 @@ class KerasFitTrainer(Trainer):
 
             rank, size = hvdk8s.rank(), hvdk8s.size()
             opt = hvdk8s.DistributedOptimizer(opt)
-            self.callbacks = hvdk8s.callbacks()
+            self.callbacks = hvdk8s.default_callbacks()
         self.workers = size
         self.model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", jit_compile=False)
         self.data = dataset_fn(rank, size, 0)
 
-    def _fit(self, steps: int, clock: _BoundaryClock) -> None:
-        self.model.fit(self.data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[*self.callbacks, clock])
+    def _fit(self, steps: int, clock: keras.callbacks.Callback, epochs: int = 1) -> None:
+        self.model.fit(self.data, steps_per_epoch=steps, epochs=epochs, verbose=0, callbacks=[*self.callbacks, clock])
 
-    def timed(self, warmup: int, steps: int, windows: int) -> list[float]:
+    def timed(self, warmup: int, steps: int, windows: int, between: Between | None = None) -> list[float]:
         if warmup < 1:
             raise ValueError("warmup: Keras fit timing needs at least one warm-up step")
-        marks = {warmup - 1 + k * steps for k in range(windows + 1)}
-        clock = _BoundaryClock(marks)
+        clock = _WindowClock({warmup - 1 + k * steps for k in range(windows + 1)}, between)
         self._fit(warmup + steps * windows, clock)
-        return [b - a for a, b in zip(clock.times, clock.times[1:])]
+        return clock.windows
 
-    def epoch(self, steps: int) -> float:
-        clock = _BoundaryClock()
-        self._fit(steps, clock)
-        return clock.epoch_seconds
+    def to_accuracy(self, steps: int, max_epochs: int, evaluate: Evaluate) -> None:
+        self._fit(steps, _EpochClock(evaluate), epochs=max_epochs)
 
 
-class HorovodLoopTrainer(Trainer):
+class LoopTrainer(Trainer):
+    """A custom loop: ``self._step(iterator)`` is one compiled step that reads its own batch."""
+
+    _step: Any
+    _it: Any
+
+    def run(self, steps: int) -> None:
+        loss = None
+        for _ in range(steps):
+            loss = self._step(self._it)
+        if loss is not None:
+            loss.numpy()
+
+
+class HorovodLoopTrainer(LoopTrainer):
     """The reference: ``horovod.tensorflow.DistributedGradientTape`` in a tf.function step."""
 
     def __init__(self, model_fn: ModelFn, dataset_fn: DatasetFn, lr: float) -> None:
@@ -129,7 +195,8 @@ class HorovodLoopTrainer(Trainer):
         model = self.model
 
         @tf.function
-        def step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        def step(iterator: Any) -> tf.Tensor:
+            x, y = next(iterator)
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(loss_fn(y, model(x, training=True)))
             grads = hvd.DistributedGradientTape(tape).gradient(loss, tf_vars)
@@ -139,15 +206,8 @@ class HorovodLoopTrainer(Trainer):
         self._step = step
         self._it = iter(dataset_fn(hvd.rank(), hvd.size(), 0))
 
-    def run(self, steps: int) -> None:
-        loss = None
-        for _ in range(steps):
-            loss = self._step(*next(self._it))
-        if loss is not None:
-            loss.numpy()
 
-
-class MirroredTrainer(Trainer):
+class MirroredTrainer(LoopTrainer):
     """MultiWorkerMirroredStrategy (RING all-reduce), synchronous, custom loop."""
 
     def __init__(self, strategy: tf.distribute.Strategy, model_fn: ModelFn, dataset_fn: DatasetFn, lr: float, batch: int) -> None:
@@ -177,13 +237,6 @@ class MirroredTrainer(Trainer):
             lambda ctx: dataset_fn(ctx.input_pipeline_id, ctx.num_input_pipelines, 0)
         )
         self._it = iter(dist)
-
-    def run(self, steps: int) -> None:
-        loss = None
-        for _ in range(steps):
-            loss = self._step(self._it)
-        if loss is not None:
-            loss.numpy()
 
 
 class ParameterServerTrainer(Trainer):

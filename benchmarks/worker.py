@@ -27,6 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--job", type=Path, required=True, help="JSON: settings, workloads, tta, seed")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--server", action="store_true", help="TF cluster task that only serves (ps, PS workers)")
+    p.add_argument("--profile", action="store_true", help="per-phase breakdown and timeline instead of throughput (hvdk8s)")
     return p.parse_args(argv)
 
 
@@ -83,14 +84,16 @@ class Runtime:
         elif strategy != "single":
             raise ValueError(f"strategy {strategy!r}: unknown")
 
-    def trainer(self, model_fn: Any, dataset_fn: Any, lr: float, batch: int) -> Any:
+    def trainer(self, model_fn: Any, dataset_fn: Any, lr: float, batch: int, name: str | None = None) -> Any:
+        """This runtime's trainer; ``name="horovod"`` in an hvdk8s process gives the raw loop on the same ranks."""
         from . import trainers
 
-        if self.name in ("single", "hvdk8s"):
-            return trainers.KerasFitTrainer(model_fn, dataset_fn, lr, use_hvdk8s=self.name == "hvdk8s")
-        if self.name == "horovod":
+        name = name or self.name
+        if name in ("single", "hvdk8s"):
+            return trainers.KerasFitTrainer(model_fn, dataset_fn, lr, use_hvdk8s=name == "hvdk8s")
+        if name == "horovod":
             return trainers.HorovodLoopTrainer(model_fn, dataset_fn, lr)
-        if self.name == "tf_mwms":
+        if name == "tf_mwms":
             return trainers.MirroredTrainer(self.strategy, model_fn, dataset_fn, lr, batch)
         return trainers.ParameterServerTrainer(self.strategy, self.coordinator, self.workers, model_fn, dataset_fn, lr)
 
@@ -108,18 +111,25 @@ class Runtime:
 
 
 def throughput(rt: Runtime, s: Settings, workload_name: str, seed: int) -> dict[str, Any]:
-    from . import workloads
+    """Windows of one workload; hvdk8s's alternate with a raw Horovod loop's in the same process."""
+    from . import trainers, workloads
 
     wl = s.workload(workload_name)
-    trainer = rt.trainer(
-        lambda: workloads.build_model(wl, seed),
-        lambda rank, size, _seed: workloads.synthetic_dataset(wl, wl.batch_per_rank, seed + rank),
-        0.001,
-        wl.batch_per_rank,
-    )
-    windows = trainer.timed(s.warmup_steps, s.steps, s.windows)
+
+    def make(name: str) -> Any:
+        return rt.trainer(
+            lambda: workloads.build_model(wl, seed),
+            lambda rank, size, _seed: workloads.synthetic_dataset(wl, wl.batch_per_rank, seed + rank),
+            0.001,
+            wl.batch_per_rank,
+            name=name,
+        )
+
+    trainer = make(rt.name)
+    paired = trainers.Alternate(make("horovod"), s.warmup_steps, s.steps) if rt.name == "hvdk8s" else None
+    windows = trainer.timed(s.warmup_steps, s.steps, s.windows, paired)
     params = int(sum(int(v.numpy().size) for v in trainer.model.trainable_variables))
-    return {
+    out = {
         "workload": wl.name,
         "description": wl.describe(),
         "params": params,
@@ -130,6 +140,9 @@ def throughput(rt: Runtime, s: Settings, workload_name: str, seed: int) -> dict[
         "examples_per_window": s.steps * wl.batch_per_rank * trainer.workers,
         "window_seconds": windows,
     }
+    if paired:
+        out["paired_raw_window_seconds"] = paired.windows
+    return out
 
 
 def time_to_accuracy(rt: Runtime, s: Settings, seed: int) -> dict[str, Any]:
@@ -155,14 +168,15 @@ def time_to_accuracy(rt: Runtime, s: Settings, seed: int) -> dict[str, Any]:
         s.tta_batch,
     )
     steps = len(x_train) // (s.tta_batch * workers)  # per worker, so one epoch is one pass in all
-    curve, elapsed, reached = [], 0.0, None
-    for epoch in range(1, s.tta_max_epochs + 1):
-        elapsed += trainer.epoch(steps)
+    curve: list[dict[str, Any]] = []
+
+    def evaluate(epoch: int, elapsed: float) -> bool:
         acc = trainer.accuracy(x_test, y_test)
         curve.append({"epoch": epoch, "train_seconds": elapsed, "test_accuracy": acc})
-        if acc >= s.tta_target:
-            reached = epoch
-            break
+        return acc >= s.tta_target
+
+    trainer.to_accuracy(steps, s.tta_max_epochs, evaluate)
+    reached = curve[-1]["epoch"] if curve[-1]["test_accuracy"] >= s.tta_target else None
     return {
         "target": s.tta_target,
         "lr": lr,
@@ -188,7 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     rt = Runtime(args.strategy, settings.threads_per_rank)
     seed = int(job.get("seed", 0))
     result: dict[str, Any] = {"strategy": args.strategy, "pid": os.getpid(), "throughput": []}
-    for name in job["workloads"]:
+    if args.profile:
+        from . import profiling
+
+        result["profile"] = [
+            profiling.phases(settings, name, seed, args.out.with_name(f"{args.out.stem}.{name}.timeline.json"))
+            for name in job["workloads"]
+        ]
+    for name in job["workloads"] if not args.profile else ():
         result["throughput"].append(throughput(rt, settings, name, seed))
         print(f"worker {args.strategy}: {name} done", flush=True)
     if job.get("tta"):

@@ -2,11 +2,13 @@
 
 One run (module fixture, about two minutes on 2 cores): every strategy kind
 that needs its own launcher (single process, mpirun ranks, a TF_CONFIG
-parameter-server cluster), the allreduce microbenchmark with fusion on and
-off, and, where network namespaces can be made, the emulated 1 Gbit/s
-cluster. The checks: the report has its sections and readable plots, every
-summary in results.json recomputes from the raw timings, every number in a
-Markdown table is a value of results.json, and nothing is left behind.
+parameter-server cluster), hvdk8s with the raw loop's windows alternating in
+the same ranks, the per-phase profile with a Horovod timeline, the allreduce
+microbenchmark with fusion on and off, and, where network namespaces can be
+made, the emulated 1 Gbit/s cluster. The checks: the report has its sections
+and readable plots, every summary in results.json recomputes from the raw
+timings, every number in a Markdown table is a value of results.json, and
+nothing is left behind.
 """
 from __future__ import annotations
 
@@ -23,8 +25,9 @@ from hvdk8s.benchmarks import analysis, netns, report
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
-    "--quick", "--strategies", "single,hvdk8s,tf_ps", "--workloads", "cnn,mlp", "--ranks", "1,2",
+    "--quick", "--strategies", "single,hvdk8s,tf_ps", "--workloads", "cnn,mlp", "--ranks", "1,2", "--rounds", "1",
     "--mlp-width", "64", "--warmup", "1", "--steps", "3", "--windows", "2", "--tta-max-epochs", "1",
+    "--profile", "--profile-steps", "2",
     "--sizes", "4K,64K", "--repeats", "2", "--allreduce-min-seconds", "0.02", "--fusion-tensors", "4", "--fusion-bytes", "4K",
     "--memcopy-bytes", "4M", "--emulated-rates", "1gbit", "--emulated-workers", "2", "--emulated-sizes", "4K,256K",
     "--comm-steps", "2", "--emulated-train-strategies", "none", "--timeout", "240",
@@ -91,12 +94,13 @@ def test_run_succeeds_and_shows_progress(run: dict[str, Any]) -> None:
 def test_report_structure_and_plots(run: dict[str, Any]) -> None:
     out = run["out"]
     md = (out / "report.md").read_text()
-    for heading in ("## 1. Training throughput", "## 2. Time to accuracy", "## 3. Allreduce microbenchmark",
-                    "## 4. Bandwidth-limited cluster", "## 5. Cost model", "## Environment"):
+    for heading in ("## Summary: throughput relative to the raw Horovod loop", "## 1. Training throughput",
+                    "## 2. Time to accuracy", "## 3. Allreduce microbenchmark", "## 4. Bandwidth-limited cluster",
+                    "## 5. Cost model", "## 6. Where a step's time goes", "## Environment"):
         assert heading in md
     headers = table_headers(md)
     assert "| strategy | N | examples/s median [min–max] | E(N) vs single | E(N) vs own N=1 | windows |" in headers
-    assert "| message | N | time median [min–max] | algbw | busbw |" in headers
+    assert "| message | N | time median [min–max] | algbw | busbw | time at 0.1 ms cycle |" in headers
     assert any(h.startswith("| model | N | network | system | published E |") for h in headers)
     for png in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
         data = (out / png).read_bytes()
@@ -118,9 +122,26 @@ def test_every_summary_recomputes_from_the_raw_timings(run: dict[str, Any]) -> N
         assert (run["out"] / r["job"]["log"]).is_file()
     hv2 = next(r for r in training if r["strategy"] == "hvdk8s" and r["workers"] == 2)
     assert {w["workload"]: w["examples_per_window"] for w in hv2["result"]["throughput"]} == {"cnn": 3 * 32 * 2, "mlp": 3 * 8 * 2}
+    # the raw loop's windows alternated with hvdk8s's in the same launch, one per hvdk8s window
+    assert all(len(w["paired_raw_window_seconds"]) == 2 for w in hv2["result"]["throughput"])
+    ratios = results["derived"]["ratios"]
+    assert {(p["workload"], p["workers"]) for p in ratios["paired"]} == {("cnn", 1), ("cnn", 2), ("mlp", 1), ("mlp", 2)}
+    assert ratios["rounds"] == [] and ratios["time_to_accuracy"] == []  # no separate raw-loop launch in this run
+    assert all(0 < p["ratio"]["median"] < 20 and p["ratio"]["n"] == 1 for p in ratios["paired"])
     sweep = results["derived"]["allreduce"]["sweep"]
-    assert [p["bytes"] for p in sweep] == [4096, 65536]
+    assert [(p["fusion"], p["bytes"]) for p in sweep] == [("default", 4096), ("default", 65536), ("cycle_0.1ms", 4096), ("cycle_0.1ms", 65536)]
     assert all(p["busbw_bytes_per_s"] == p["algbw_bytes_per_s"] for p in sweep)  # 2(N-1)/N = 1 at N=2
+
+
+def test_profile_phases_and_timeline(run: dict[str, Any]) -> None:
+    prof = run["results"]["derived"]["profile"]["workloads"]
+    assert [w["workload"] for w in prof] == ["cnn", "mlp"]
+    for w in prof:
+        assert all(v > 0 for v in w["phases"].values()), w["phases"]
+        assert w["hvdk8s"]["total"] == w["phases"]["hvdk8s_fit"] and w["raw"]["total"] == w["phases"]["raw_step"]
+        # every hvdk8s step of the timeline: its gradients were submitted, then reduced
+        assert len(w["overlap"]) >= 2 and all(o["tensors"] >= 1 and o["last_reduce_end_s"] > 0 for o in w["overlap"])
+    assert (run["out"] / "timeline.png").is_file()
 
 
 def test_every_table_number_traces_to_results(run: dict[str, Any]) -> None:
@@ -146,8 +167,9 @@ def test_emulated_cluster_measured_and_removed(run: dict[str, Any]) -> None:
     assert rate["ring_fit"]["bandwidth_bytes_per_s"] > 0 and rate["ps_fit"]["points"]
 
 
-def test_committed_example_report_traces_to_its_results() -> None:
-    example = REPO / "benchmarks" / "reports" / "example"
+@pytest.mark.parametrize("name", ["example", "knobs"])
+def test_committed_example_report_traces_to_its_results(name: str) -> None:
+    example = REPO / "benchmarks" / "reports" / name
     results = json.loads((example / "results.json").read_text())
     md = (example / "report.md").read_text()
     assert analysis.derive(results["raw"]) == results["derived"]

@@ -5,13 +5,19 @@ Fast (no TensorFlow, no processes); the end-to-end run is tests/test_benchmarks.
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from hvdk8s.benchmarks import analysis, cli, costmodel, launch, netns, report, stats, suite
+from hvdk8s.benchmarks import analysis, cli, costmodel, knobs, launch, netns, report, stats, suite
 from hvdk8s.benchmarks.settings import PRESETS, preset
 from hvdk8s.errors import UserError
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_ring_and_ps_formulas() -> None:
@@ -62,26 +68,65 @@ def test_predictions_follow_the_formulas_and_keep_published_apart() -> None:
     rows = costmodel.predict(variant="ideal transport", gpu="H100", workers=(512,))
     r101 = next(r for r in rows if r["model"] == "ResNet-101" and r["network"] == "25 GbE")
     nbytes = 44.5e6 * 4
-    t_c = 256 / (3000 * 3.8 / 7.6)
+    t_c = 256 / 2642  # the measured H100 rate, not a FLOP-scaled guess
     t_ring = 2 * 511 / 512 * nbytes / (25e9 / 8) + 2 * 511 * 5e-6
     assert r101["compute_s"] == pytest.approx(t_c)
     assert r101["ring_efficiency"] == pytest.approx(t_c / (t_c + t_ring))
+    assert r101["ring_efficiency"] < r101["ring_overlapped_efficiency"] <= 1  # overlap hides part of the ring
     assert {r["network"] for r in rows} == set(costmodel.NETWORKS)
     assert all(0 < r["ring_efficiency"] <= 1 and 0 < r["ps_efficiency"] <= 1 for r in rows)
     assert all(p["source"] and p["system"] for p in costmodel.PUBLISHED)
 
 
-def test_summary_is_median_min_max_spread() -> None:
-    assert stats.summary([3.0, 1.0, 2.0, 10.0]) == {"n": 4, "median": 2.5, "min": 1.0, "max": 10.0, "spread": 9.0 / 2.5}
+def test_h100_rates_are_the_shared_measurements() -> None:
+    measured = json.loads((REPO.parent / costmodel.H100_RATES_FILE).read_text())
+    names = {"resnet50": "ResNet-50", "resnet101": "ResNet-101", "vgg16": "VGG-16"}
+    bf16 = {names[r["model"]]: [float(r["images_per_second"]), r["batch"]] for r in measured["rates"] if r["precision"].startswith("bf16")}
+    assert costmodel.GPUS["H100"]["rates"] == bf16
+
+
+def test_layer_tables_match_the_parameter_counts_and_buckets_follow_backprop() -> None:
+    for model, spec in costmodel.MODELS.items():
+        assert sum(p for p, _ in costmodel.LAYERS[model]) == pytest.approx(spec["params"], rel=0.01)
+        assert sum(m for _, m in costmodel.LAYERS[model]) == pytest.approx(spec["gflops"] * 1e9, rel=0.03)
+        parts = costmodel.buckets(model)
+        assert sum(b for b, _ in parts) == sum(p for p, _ in costmodel.LAYERS[model]) * 4
+        assert [d for _, d in parts] == sorted(d for _, d in parts) and parts[-1][1] == pytest.approx(1.0)
+        assert all(b >= costmodel.BUCKET_BYTES for b, _ in parts[:-1])
+    # a free network: the step is the compute; an infinitely slow one: overlap cannot hide it
+    assert costmodel.overlapped_step(0.1, "ResNet-50", lambda b: 0.0) == 0.1
+    slow = costmodel.overlapped_step(0.1, "ResNet-50", lambda b: b * 1e-6)
+    assert slow > 0.1 and slow < 0.1 + 25.6e6 * 4 * 1e-6
+
+
+def test_summary_is_median_quartiles_min_max_spread() -> None:
+    assert stats.summary([3.0, 1.0, 2.0, 10.0]) == {
+        "n": 4, "median": 2.5, "q1": 1.75, "q3": 4.75, "min": 1.0, "max": 10.0, "spread": 9.0 / 2.5
+    }
+    assert stats.summary([7.0]) == {"n": 1, "median": 7.0, "q1": 7.0, "q3": 7.0, "min": 7.0, "max": 7.0, "spread": 0.0}
     with pytest.raises(ValueError):
         stats.summary([])
 
 
-def _run(strategy: str, n: int, seconds: list[float], examples: int) -> dict:
-    return {"strategy": strategy, "workers": n, "round": 0,
-            "result": {"throughput": [{"workload": "cnn", "description": "d", "params": 10, "gradient_bytes": 40,
-                                       "batch_per_rank": 4, "steps_per_window": 1, "examples_per_window": examples,
-                                       "window_seconds": seconds}]}}
+def _run(strategy: str, n: int, seconds: list[float], examples: int, round_: int = 0, paired: list[float] | None = None) -> dict:
+    window = {"workload": "cnn", "description": "d", "params": 10, "gradient_bytes": 40, "batch_per_rank": 4,
+              "steps_per_window": 1, "examples_per_window": examples, "window_seconds": seconds}
+    if paired:
+        window["paired_raw_window_seconds"] = paired
+    return {"strategy": strategy, "workers": n, "round": round_, "result": {"throughput": [window]}}
+
+
+def test_ratios_to_the_raw_loop_per_launch_then_median_and_iqr() -> None:
+    raw = [
+        _run("horovod", 2, [1.0, 1.0], 100, 0), _run("hvdk8s", 2, [2.0, 2.0], 100, 0, paired=[1.0, 1.0]),
+        _run("horovod", 2, [1.0, 1.0], 100, 1), _run("hvdk8s", 2, [1.0, 1.0], 100, 1, paired=[1.0, 3.0]),
+        _run("tf_mwms", 2, [4.0], 100, 1),
+    ]
+    r = analysis.ratios(raw)
+    (paired,) = r["paired"]
+    assert paired["ratio"]["n"] == 2 and paired["ratio"]["min"] == 0.5 and paired["ratio"]["max"] == 2.0  # 1/2, then 2/1
+    rounds = {(x["strategy"], x["ratio"]["n"]): x["ratio"]["median"] for x in r["rounds"]}
+    assert rounds == {("hvdk8s", 2): pytest.approx(0.75), ("tf_mwms", 1): 0.25}  # mwms only where its round has a raw launch
 
 
 def test_training_efficiency_against_single_and_own_baseline() -> None:
@@ -134,7 +179,7 @@ def test_mpi_command_in_emulated_cluster_runs_mpirun_on_host0_and_ranks_on_worke
     assert inner[:3] == ["mpirun", "-np", "2"] and inner[-2:] == ["python", "w.py"]
     assert inner[inner.index("-H") + 1] == "hvbench-h1:1,hvbench-h2:1"
     mca = {inner[i + 1]: inner[i + 2] for i, x in enumerate(inner) if x == "-mca"}
-    assert mca["btl_tcp_if_include"] == "hvb0" and mca["coll_tuned_allreduce_algorithm"] == "4"
+    assert mca["btl_tcp_if_include"] == "hvb0" and mca["mpi_yield_when_idle"] == "1"
     assert mca["plm_rsh_agent"].endswith("netns_agent.py")
     local = launch.mpi_command(2, ["python", "w.py"], [], None, as_root=False)
     assert local[0] == "mpirun" and "-H" not in local and "--allow-run-as-root" not in local
@@ -178,11 +223,47 @@ def test_cli_flags_override_the_preset() -> None:
         (("--strategies", "single,nccl"), "strategies: unknown"),
         (("--ranks", "2"), "must include 1"),
         (("--emulated-workers", "1"), "at least 2 workers"),
+        (("--emulated-rates", "1"), "link rate '1'"),
+        (("--emulated-rates", "1gbit", "--emulated-train-rates", "10gbit"), "not among emulated_rates"),
+        (("--knobs", "cycle_5ms,turbo"), "knobs: unknown"),
     ],
 )
 def test_cli_rejects_bad_settings_naming_the_field(argv: tuple[str, ...], message: str) -> None:
     with pytest.raises(UserError, match=message):
         cli.settings_from_args(_bench_args("--quick", *argv))
+
+
+def test_bad_arguments_are_refused_before_any_work(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    done = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--emulated-rates", "1", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "link rate '1': expected a tc rate such as 1gbit" in done.stderr and "Traceback" not in done.stderr
+    assert not out.exists()  # nothing was started or written
+
+
+def test_knob_study_runs_the_baseline_first_in_every_round() -> None:
+    s = preset("quick", knobs=("cycle_5ms", "ompi_ring"), knob_rounds=2)
+    assert suite.knob_configs(s) == [(0, "baseline"), (0, "cycle_5ms"), (0, "ompi_ring"),
+                                     (1, "baseline"), (1, "cycle_5ms"), (1, "ompi_ring")]
+    assert cli.settings_from_args(_bench_args("--quick", "--knobs", "all")).knobs == knobs.names()
+    ring = launch.mpi_command(2, ["x"], [], None, as_root=False, mca=knobs.KNOBS["ompi_ring"].mca)
+    assert ring[ring.index("coll_tuned_allreduce_algorithm") + 1] == "4"
+    assert "coll_tuned_allreduce_algorithm" not in launch.mpi_command(2, ["x"], [], None, as_root=False)
+
+
+def test_overlap_from_timeline_spans() -> None:
+    def span(tensor: str, activity: str, start: float, end: float) -> dict:
+        return {"tensor": tensor, "activity": activity, "depth": 0, "start_us": start, "end_us": end}
+
+    spans = [  # bucket 1 reduced from t=10 while bucket 2's gradient is submitted at t=30
+        span("DistributedSGD.0", "NEGOTIATE_ALLREDUCE", 0, 5), span("DistributedSGD.0", "ALLREDUCE", 10, 40),
+        span("DistributedSGD.1", "NEGOTIATE_ALLREDUCE", 30, 35), span("DistributedSGD.1", "ALLREDUCE", 40, 50),
+        span("metrics", "ALLREDUCE", 0, 100),
+    ]
+    (step,) = analysis.overlap(spans)
+    assert step == {"tensors": 2, "last_submit_s": 30e-6, "first_reduce_start_s": 10e-6, "last_reduce_end_s": 50e-6,
+                    "comm_after_last_submit_s": 20e-6}
 
 
 def test_formatters() -> None:
