@@ -1,5 +1,5 @@
 # Two commands do everything on a fresh machine (as root, package registries only):
-#   make demo   2-rank training on real digits -> export -> serve -> predict
+#   make demo   the example pipeline (hvdk8s pipeline run): 3 candidates on 2 ranks -> select -> serve -> load test
 #   make test   the test suite
 # Both run `setup` first: Debian packages, .venv, TensorFlow, Horovod built from source (cached wheel).
 VENV ?= .venv

@@ -19,6 +19,8 @@ COMMAND_MODULES = (
     "hvdk8s.serving.cli",
     "hvdk8s.serving.manifests_cli",
     "hvdk8s.benchmarks.cli",
+    "hvdk8s.pipeline.cli",
+    "hvdk8s.migrate_cli",
 )
 
 

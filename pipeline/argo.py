@@ -1,0 +1,214 @@
+"""The DAG as an Argo Workflow (argoproj.io/v1alpha1), built with Hera, plus its RBAC objects.
+
+Pure: ``render(dag)`` returns the Workflow as a dict, ``rbac(pipeline)`` the
+ServiceAccount, Role and RoleBinding it runs as. How each DAG step becomes
+Argo templates:
+
+* train: a ``resource`` template creating the candidate's MPIJob, waiting on
+  its status. Argo evaluates ``successCondition``/``failureCondition`` as
+  Kubernetes label selectors over gjson paths of the object
+  (workflow/executor/resource.go: ``labels.Parse`` + ``gjsonLabels``): keys must be
+  plain dotted paths, so a query into ``status.conditions`` by type cannot be
+  written. The MPI Operator mirrors its Succeeded/Failed conditions into
+  ``status.replicaStatuses.Launcher``: ``succeeded`` becomes 1 together with the
+  Succeeded condition, ``failed`` is the launcher Job's failed pods, which exceed
+  ``runPolicy.backoffLimit`` exactly when that Job, and so the MPIJob, has failed.
+  Never retried: a training failure is deterministic (bug, OOM) and the job
+  already has its own backoffLimit.
+* select, ingest, loadtest: container steps running the ``dag.*_argv`` commands
+  on the shared volume, retried with backoff only on Argo *errors* (pod
+  evicted, node lost), never on their own failure (no candidate finished, SLO missed).
+* deploy: a DAG of ``apply`` resource templates, one per serving manifest,
+  the server's readiness awaited; applies are idempotent, so they are retried.
+* exit handler: deletes every candidate's MPIJob (``--ignore-not-found``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hera.workflows import DAG, Container, Resource, RetryStrategy, Task, Workflow
+from hera.workflows import models as m
+
+from hvdk8s.k8s import to_yaml
+from hvdk8s.mpijob.files import checked_render
+from hvdk8s.mpijob.render import API_VERSION as MPIJOB_API
+from hvdk8s.mpijob.render import KIND as MPIJOB_KIND
+from hvdk8s.pipeline import dag as d
+from hvdk8s.pipeline.load import model_base_path, serving_options
+from hvdk8s.pipeline.spec import Candidate, Pipeline
+from hvdk8s.serving import manifests
+from hvdk8s.serving.manifests_options import REST_PORT
+
+ENTRYPOINT, EXIT_HANDLER, DEPLOY_DAG = "pipeline", "cleanup", "deploy"
+SHARED_VOLUME = "shared"
+# Argo fills these in when the Workflow runs: one folder per run, services in its namespace.
+WORKFLOW_NAME, WORKFLOW_NAMESPACE = "{{workflow.name}}", "{{workflow.namespace}}"
+STEP_RESOURCES = m.ResourceRequirements(requests={"cpu": "1", "memory": "2Gi"})
+ON_ERROR = RetryStrategy(limit=2, retry_policy="OnError", backoff=m.Backoff(duration="15s", factor=2))
+APPLY_RETRY = RetryStrategy(limit=2, retry_policy="Always", backoff=m.Backoff(duration="10s", factor=2))
+READY_DEADLINE_SECONDS = 900  # a server that never becomes ready fails deploy instead of hanging
+# Readiness as Argo can test it (see the module docstring).
+READY = {
+    "Deployment": ("status.availableReplicas > 0", None),
+    "InferenceService": ("status.modelStatus.states.activeModelState == Loaded",
+                         "status.modelStatus.states.activeModelState == FailedToLoad"),
+}
+
+
+def layout(pipeline: Pipeline) -> d.Layout:
+    """Paths inside the step containers, on the shared volume."""
+    mount = pipeline.shared_volume.mount_path.rstrip("/")
+    return d.Layout(run_dir=f"{mount}/{pipeline.name}/runs/{WORKFLOW_NAME}",
+                    models=f"{mount}/{model_base_path(pipeline)}", data_root=mount)
+
+
+def service_url(pipeline: Pipeline) -> str:
+    """The model server's in-cluster REST root: the TF Serving Service, or KServe's predictor Service."""
+    namespace = pipeline.namespace or WORKFLOW_NAMESPACE
+    name = pipeline.serving.model_name
+    if pipeline.serving.kserve:
+        return f"http://{name}-predictor.{namespace}.svc.cluster.local"
+    return f"http://{name}.{namespace}.svc.cluster.local:{REST_PORT}"
+
+
+def service_account(pipeline: Pipeline) -> str:
+    return f"{pipeline.name}-pipeline"
+
+
+def train_manifest(candidate: Candidate, where: d.Layout) -> dict[str, Any]:
+    """The candidate's MPIJob, its command told where to save the model."""
+    job = dataclasses.replace(candidate.job, command=tuple(d.train_command(candidate, where)))
+    return checked_render(job, f"candidate {candidate.name}")
+
+
+def train_conditions(candidate: Candidate) -> tuple[str, str]:
+    """(successCondition, failureCondition) of a candidate's MPIJob."""
+    backoff = candidate.job.run_policy.backoff_limit
+    return ("status.replicaStatuses.Launcher.succeeded > 0", f"status.replicaStatuses.Launcher.failed > {backoff}")
+
+
+def render(dag: d.Dag) -> dict[str, Any]:
+    """The Workflow: one DAG task per step, same names and dependencies as ``dag``."""
+    p = dag.pipeline
+    where = layout(p)
+    templates: list[Any] = [DAG(name=ENTRYPOINT, tasks=[_task(step) for step in dag.steps])]
+    for step in dag.steps:
+        templates += _templates(step, p, where)
+    templates += _cleanup(p)
+    meta: dict[str, Any] = {"generate_name": f"{p.name}-", "labels": {"app.kubernetes.io/name": "hvdk8s",
+                                                                      "app.kubernetes.io/instance": p.name}}
+    if p.namespace:
+        meta["namespace"] = p.namespace
+    workflow = Workflow(
+        **meta,
+        entrypoint=ENTRYPOINT,
+        on_exit=EXIT_HANDLER,
+        service_account_name=service_account(p),
+        volumes=[m.Volume(name=SHARED_VOLUME, persistent_volume_claim=m.PersistentVolumeClaimVolumeSource(
+            claim_name=p.shared_volume.claim_name))],
+        templates=templates,
+    )
+    return workflow.to_dict()
+
+
+def depends(step: d.Step) -> str | None:
+    """Argo's enhanced ``depends``: ``needs`` must have Succeeded, ``after`` only finished."""
+    terms = [f"{name}.Succeeded" for name in step.needs]
+    terms += [f"({name}.Succeeded || {name}.Failed || {name}.Errored)" for name in step.after]
+    return " && ".join(terms) or None
+
+
+def _task(step: d.Step) -> Task:
+    return Task(name=step.name, template=step.name, depends=depends(step))
+
+
+def _templates(step: d.Step, p: Pipeline, where: d.Layout) -> list[Any]:
+    if step.kind == d.TRAIN:
+        assert step.candidate is not None
+        success, failure = train_conditions(step.candidate)
+        return [Resource(name=step.name, action="create", manifest=to_yaml(train_manifest(step.candidate, where)),
+                         success_condition=success, failure_condition=failure, set_owner_reference=True)]
+    if step.kind == d.INGEST:
+        return [_container(step.name, d.ingest_argv(p, where), p)]
+    if step.kind == d.SELECT:
+        return [_container(step.name, d.select_argv(p, where), p)]
+    if step.kind == d.LOADTEST:
+        return [_container(step.name, d.loadtest_argv(p, service_url(p)), p)]
+    if step.kind == d.DEPLOY:
+        return _deploy(p)
+    raise ValueError(f"step {step.name}: unknown kind {step.kind!r}")
+
+
+def _container(name: str, argv: list[str], p: Pipeline) -> Container:
+    mount = m.VolumeMount(name=SHARED_VOLUME, mount_path=p.shared_volume.mount_path)
+    return Container(name=name, image=p.image, command=argv, volume_mounts=[mount], resources=STEP_RESOURCES,
+                     retry_strategy=ON_ERROR)
+
+
+def serving_manifests(p: Pipeline) -> list[dict[str, Any]]:
+    return manifests.render(serving_options(p))
+
+
+def _deploy(p: Pipeline) -> list[Any]:
+    """ConfigMap first (the server mounts it), then the other objects together."""
+    objects = serving_manifests(p)
+    names = [f"apply-{obj['kind'].lower()}" for obj in objects]
+    tasks = [Task(name=names[0], template=names[0])]
+    tasks += [Task(name=name, template=name, depends=f"{names[0]}.Succeeded") for name in names[1:]]
+    templates: list[Any] = [DAG(name=DEPLOY_DAG, tasks=tasks)]
+    for name, obj in zip(names, objects, strict=True):
+        success, failure = READY.get(obj["kind"], (None, None))
+        templates.append(Resource(
+            name=name, action="apply", manifest=to_yaml(obj), success_condition=success,
+            failure_condition=failure, retry_strategy=APPLY_RETRY,
+            active_deadline_seconds=READY_DEADLINE_SECONDS if success else None,
+        ))
+    return templates
+
+
+def _cleanup(p: Pipeline) -> list[Any]:
+    """Exit handler: delete every candidate's MPIJob, finished or not (its model is on the volume)."""
+    names = [f"delete-{c.name}" for c in p.candidates]
+    templates: list[Any] = [DAG(name=EXIT_HANDLER, tasks=[Task(name=n, template=n) for n in names])]
+    for name, c in zip(names, p.candidates, strict=True):
+        ref = {"apiVersion": MPIJOB_API, "kind": MPIJOB_KIND, "metadata": {"name": c.job.name}}
+        # Argo adds --ignore-not-found; --wait=false spares kubectl (and the Role) a list+watch until it is gone.
+        templates.append(Resource(name=name, action="delete", manifest=to_yaml(ref), flags=["--wait=false"],
+                                  retry_strategy=ON_ERROR))
+    return templates
+
+
+def rbac(p: Pipeline) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding with exactly what the Workflow's steps do."""
+    meta: dict[str, Any] = {"name": service_account(p)}
+    if p.namespace:
+        meta["namespace"] = p.namespace
+    meta["labels"] = {"app.kubernetes.io/name": "hvdk8s", "app.kubernetes.io/instance": p.name}
+    apply = ["get", "create", "patch"]  # kubectl apply: read, then create or patch
+    serving = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": apply}]
+    if p.serving.kserve:
+        serving += [{"apiGroups": ["serving.kserve.io"], "resources": ["inferenceservices"], "verbs": apply}]
+    else:
+        serving += [
+            {"apiGroups": [""], "resources": ["services"], "verbs": apply},
+            {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": apply},
+            {"apiGroups": ["autoscaling"], "resources": ["horizontalpodautoscalers"], "verbs": apply},
+        ]
+    rules = [
+        # Argo's executor records each step's outcome as a WorkflowTaskResult.
+        {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]},
+        # train: create, then poll the status; exit handler: delete.
+        {"apiGroups": ["kubeflow.org"], "resources": ["mpijobs"], "verbs": ["create", "get", "delete"]},
+        *serving,
+        # The launchers' logs (hvdk8s logs NAME with this account).
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    ]
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": service_account(p)},
+         "subjects": [{"kind": "ServiceAccount", "name": service_account(p)}]},
+    ]

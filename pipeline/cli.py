@@ -1,0 +1,98 @@
+"""``hvdk8s pipeline render|run|submit|ingest``: one pipeline file, the Argo Workflow or a local run."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "pipeline", help="ingest -> train candidates -> select -> serve -> load test, on Argo or locally",
+        description="Run a pipeline file's DAG: render it as an Argo Workflow, submit that to a cluster, "
+        "or run the same steps on this machine.")
+    commands = parser.add_subparsers(dest="pipeline_command", required=True, metavar="COMMAND")
+
+    render = commands.add_parser("render", help="print the Argo Workflow (or, with --rbac, its RBAC objects)")
+    render.add_argument("file", type=Path, help="pipeline YAML")
+    render.add_argument("--rbac", action="store_true", help="the ServiceAccount, Role and RoleBinding instead")
+    render.add_argument("-o", "--output", type=Path, metavar="FILE", help="write here (atomically)")
+    render.set_defaults(handler=_render)
+
+    run = commands.add_parser("run", help="run the pipeline on this machine",
+                              description="Train the candidates with hvdk8s run, select, export, serve and "
+                              "load-test; prints a summary table and writes OUT/summary.png.")
+    run.add_argument("file", type=Path, help="pipeline YAML")
+    run.add_argument("--out", type=Path, help="output folder (default: out/pipeline/NAME)")
+    run.set_defaults(handler=_run)
+
+    submit = commands.add_parser("submit", help="create the Workflow on Kubernetes (Argo Workflows installed)")
+    submit.add_argument("file", type=Path, help="pipeline YAML")
+    submit.add_argument("--wait", action="store_true", help="follow its steps; exit 0 if it Succeeded, else 1")
+    from hvdk8s.launcher.cli import _cluster_flags
+
+    _cluster_flags(submit)
+    submit.set_defaults(handler=_submit)
+
+    ingest = commands.add_parser("ingest", help="write the held-out set as .npz (the Workflow's ingest step)")
+    ingest.add_argument("--source", required=True, choices=("digits", "imageFolder", "tfds"))
+    ingest.add_argument("--split", default="test")
+    ingest.add_argument("--path", help="image folder, or TFDS data_dir")
+    ingest.add_argument("--name", help="TFDS dataset name")
+    ingest.add_argument("--image-size", type=int, default=28)
+    ingest.add_argument("--color-mode", choices=("grayscale", "rgb"), default="grayscale")
+    ingest.add_argument("--out", type=Path, required=True, help=".npz to write (arrays x, y)")
+    ingest.set_defaults(handler=_ingest)
+
+
+def _render(args: argparse.Namespace) -> int:
+    from hvdk8s.errors import UserError
+    from hvdk8s.k8s import to_yaml, write_atomic
+    from hvdk8s.pipeline import build, load_pipeline, rbac, render_workflow
+
+    pipeline = load_pipeline(args.file)
+    objects = rbac(pipeline) if args.rbac else [render_workflow(build(pipeline))]
+    text = to_yaml(*objects)
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        write_atomic(args.output, text)
+    except OSError as exc:
+        raise UserError(f"-o {args.output}: {exc.strerror}") from None
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from hvdk8s.pipeline import build, load_pipeline, local, report
+
+    pipeline = load_pipeline(args.file)
+    dag = build(pipeline)
+    out = args.out or Path("out") / "pipeline" / pipeline.name
+    result = local.run(dag, out, base_dir=args.file.parent)
+    print()
+    print(report.table(dag, result))
+    report.plot(dag, result, out / "summary.png")
+    ok = local.succeeded(dag, result)
+    print(f"\npipeline {pipeline.name}: {'succeeded' if ok else 'FAILED'}; plot: {out / 'summary.png'}")
+    return 0 if ok else 1
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from hvdk8s.pipeline import build, load_pipeline, render_workflow, submit
+
+    workflow = render_workflow(build(load_pipeline(args.file)))
+    return submit.submit(workflow, args.kubeconfig, args.context, args.namespace, wait=args.wait)
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    from hvdk8s.errors import UserError
+    from hvdk8s.pipeline import ingest
+
+    try:
+        x, y = ingest.heldout(args.source, args.split, args.image_size, args.color_mode, args.path, args.name)
+    except (ValueError, FileNotFoundError) as err:
+        raise UserError(str(err)) from None
+    ingest.write_npz(args.out, x, y)
+    print(f"wrote {len(y)} held-out images {x.shape[1:]} to {args.out}")
+    return 0

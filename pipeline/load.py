@@ -1,0 +1,189 @@
+"""Pipeline files -> a checked ``Pipeline``: strict keys, every problem reported with its field path.
+
+Candidates' jobs go through ``hvdk8s.mpijob.load_spec`` (the same checks as
+``hvdk8s render``) with the pipeline's name prefix, image, namespace and
+shared volume filled in; serving options through ``ServingOptions`` (the same
+checks as ``hvdk8s serving-manifests``). Nothing is half-accepted: either the
+whole file is valid or ``SpecError`` lists every problem found.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hvdk8s.errors import UserError
+from hvdk8s.k8s import DNS1035_LABEL, DNS1123_LABEL, FieldError, at_least, invalid, is_namespace, one_of, read_yaml
+from hvdk8s.k8s import required as required_error
+from hvdk8s.mpijob import parse
+from hvdk8s.mpijob.files import SpecError, load_spec
+from hvdk8s.pipeline import spec as s
+from hvdk8s.serving.manifests_options import ServingOptions
+from hvdk8s.serving.selection import METRICS
+
+# Job-spec fields the pipeline sets for every candidate, and from where.
+PIPELINE_SET = {"name": "the pipeline (<pipeline>-<candidate>)", "namespace": "the pipeline's namespace",
+                "sharedVolume": "the pipeline's sharedVolume"}
+MAX_NAME = 40  # room for "-<candidate>" in job names and "-pipeline" in the service account
+
+
+def load_pipeline(path: str | os.PathLike[str]) -> s.Pipeline:
+    """Read and check a pipeline file; job files it names are relative to its folder."""
+    return from_data(read_yaml(path), str(path), Path(path).parent)
+
+
+def from_data(data: Any, where: str, base_dir: Path) -> s.Pipeline:
+    errors: list[FieldError] = []
+    if not isinstance(data, Mapping):
+        raise SpecError(where, [invalid("<top level>", f"must be a mapping, got {parse._kind(data)}")])
+    top_fields = dict(data)
+    raw_candidates = top_fields.pop("candidates", None)
+    top = parse.from_mapping(s.PipelineFile, top_fields, errors)
+    entries = _candidate_entries(raw_candidates, errors)
+    if top is not None:
+        _check_top(top, errors)
+    load_test = _load_test(top.load_test, errors) if top else None
+    if top is None or errors:
+        raise SpecError(where, errors)
+    candidates = tuple(_candidate(top, i, entry, job, base_dir, errors) for i, (entry, job) in enumerate(entries))
+    _serving_options(top, errors)
+    if errors:
+        raise SpecError(where, errors)
+    return s.Pipeline(
+        name=top.name, image=top.image, namespace=top.namespace, shared_volume=top.shared_volume,
+        data=top.data, candidates=candidates, metric=top.selection.metric, serving=top.serving,
+        load_test=load_test, local=top.local,
+    )
+
+
+def serving_options(pipeline: s.Pipeline | s.PipelineFile) -> ServingOptions:
+    """The serving manifests' options: the model is read from the pipeline's shared volume."""
+    sv = pipeline.serving
+    return ServingOptions(
+        name=sv.model_name, model_base_path=model_base_path(pipeline), pvc_claim=pipeline.shared_volume.claim_name,
+        namespace=pipeline.namespace, tf_serving_version=sv.tf_serving_version, resources=sv.resources,
+        autoscaling=sv.autoscaling, batching=sv.batching, kserve=sv.kserve, logger_url=sv.logger_url,
+        logger_mode=sv.logger_mode,
+    )
+
+
+def model_base_path(pipeline: s.Pipeline | s.PipelineFile) -> str:
+    """Serving versions' folder, relative to the shared volume: kept across runs, each run adds a version."""
+    return f"{pipeline.name}/models/{pipeline.serving.model_name}"
+
+
+def _candidate_entries(raw: Any, errors: list[FieldError]) -> list[tuple[s.CandidateEntry, Any]]:
+    if raw is None:
+        errors.append(required_error("candidates", "required (a list of training jobs)"))
+        return []
+    if not isinstance(raw, list) or not raw:
+        errors.append(invalid("candidates", f"must be a non-empty list, got {parse._kind(raw)}"))
+        return []
+    entries, seen = [], set()
+    for i, item in enumerate(raw):
+        where = f"candidates[{i}]"
+        if not isinstance(item, Mapping):
+            errors.append(invalid(where, f"must be a mapping with name and job (or jobFile), got {parse._kind(item)}"))
+            continue
+        fields = dict(item)
+        job = fields.pop("job", None)
+        entry = parse.from_mapping(s.CandidateEntry, fields, errors, where)
+        if entry is None:
+            continue
+        if (job is None) == (entry.job_file is None):
+            errors.append(invalid(where, "give exactly one of job (an inline job spec) or jobFile"))
+        if job is not None and not isinstance(job, Mapping):
+            errors.append(invalid(f"{where}.job", f"must be a mapping of job-spec fields, got {parse._kind(job)}"))
+        if not DNS1123_LABEL.match(entry.name):
+            errors.append(invalid(f"{where}.name", f"{entry.name!r} must be lower-case letters, digits and '-'"))
+        elif entry.name in seen:
+            errors.append(FieldError("Duplicate", f"{where}.name", f"{entry.name!r} is used by another candidate"))
+        seen.add(entry.name)
+        entries.append((entry, job))
+    return entries
+
+
+def _check_top(top: s.PipelineFile, errors: list[FieldError]) -> None:
+    err = errors.append
+    if not DNS1035_LABEL.match(top.name) or len(top.name) > MAX_NAME:
+        err(invalid("name", f"{top.name!r} must be a DNS-1035 label (lower-case letters, digits, '-', starting "
+                    f"with a letter) of at most {MAX_NAME} characters"))
+    if top.namespace is not None and not is_namespace(top.namespace):
+        err(invalid("namespace", f"{top.namespace!r} is not a valid namespace (DNS-1123 label)"))
+    if top.shared_volume.read_only:
+        err(invalid("sharedVolume.readOnly", "must be false: the steps write candidates and serving versions to it"))
+    data = top.data
+    errors += one_of("data.source", data.source, s.DATA_SOURCES)
+    if data.source in ("imageFolder", "tfds") and not data.path:
+        err(required_error("data.path", f"required for source {data.source} (relative to the shared volume)"))
+    if data.source == "tfds" and not data.name:
+        err(required_error("data.name", "required for source tfds (the prepared dataset's name)"))
+    if data.path and (data.path.startswith("/") or ".." in Path(data.path).parts):
+        err(invalid("data.path", f"{data.path!r} must be a relative path inside the shared volume"))
+    errors += one_of("data.colorMode", data.color_mode, s.COLOR_MODES)
+    errors += at_least("data.imageSize", data.image_size, 1)
+    errors += one_of("selection.metric", top.selection.metric, METRICS)
+    errors += at_least("local.ranks", top.local.ranks, 1)
+
+
+def _load_test(raw: s.LoadTestFile, errors: list[FieldError]) -> s.LoadTest:
+    for key in ("concurrency", "requests", "images"):
+        errors += at_least(f"loadTest.{key}", getattr(raw, key), 1)
+    p99 = _number(raw.max_p99_ms, "loadTest.maxP99Ms", errors, low=0.0, high=None)
+    rate = _number(raw.max_error_rate, "loadTest.maxErrorRate", errors, low=0.0, high=1.0)
+    return s.LoadTest(raw.concurrency, raw.requests, raw.images, p99, rate)
+
+
+def _number(text: str | None, where: str, errors: list[FieldError], low: float, high: float | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        errors.append(FieldError("TypeInvalid", where, f"must be a number, got {text!r}"))
+        return None
+    if value < low or (high is not None and value > high):
+        errors.append(invalid(where, f"must be between {low:g} and {high:g}, got {value:g}" if high is not None
+                              else f"must be >= {low:g}, got {value:g}"))
+    return value
+
+
+def _candidate(top: s.PipelineFile, i: int, entry: s.CandidateEntry, job: Any, base_dir: Path,
+               errors: list[FieldError]) -> s.Candidate | None:
+    where = f"candidates[{i}].job"
+    if entry.job_file is not None:
+        where = f"candidates[{i}].jobFile ({entry.job_file})"
+        job = read_yaml(base_dir / entry.job_file)
+        if not isinstance(job, Mapping):
+            errors.append(invalid(where, f"must be a mapping of job-spec fields, got {parse._kind(job)}"))
+            return None
+        job = {k: v for k, v in job.items() if k not in PIPELINE_SET}  # a standalone spec names itself
+    for key in sorted(PIPELINE_SET.keys() & job.keys()):
+        errors.append(FieldError("Forbidden", f"{where}.{key}", f"set by {PIPELINE_SET[key]}; remove it here"))
+    volume = dataclasses.asdict(top.shared_volume)
+    mapping = {"image": top.image, **job, "name": f"{top.name}-{entry.name}",
+               "sharedVolume": {parse.camel(k): v for k, v in volume.items()}}
+    if top.namespace is not None:
+        mapping["namespace"] = top.namespace
+    try:
+        return s.Candidate(entry.name, load_spec(mapping, origin=where))
+    except SpecError as err:
+        errors.extend(dataclasses.replace(e, path=f"{where}.{e.path}") for e in err.field_errors)
+    except UserError as err:
+        errors.append(invalid(where, str(err)))
+    return None
+
+
+def _serving_options(top: s.PipelineFile, errors: list[FieldError]) -> None:
+    if not DNS1035_LABEL.match(top.serving.model_name):
+        errors.append(invalid("serving.modelName", f"{top.serving.model_name!r} must be a DNS-1035 label"))
+        return
+    try:
+        serving_options(top)
+    except UserError as err:
+        path, _, problem = str(err).partition(": ")
+        if path == "name":
+            path = "model_name"
+        errors.append(invalid(f"serving.{'.'.join(parse.camel(part) for part in path.split('.'))}", problem))

@@ -1,0 +1,336 @@
+"""``hvdk8s pipeline``: the strict pipeline file, the one DAG, the Argo Workflow and its embedded
+objects against the REAL CRDs in ../shared/schemas, and a real local run with a broken candidate.
+
+No Argo controller runs here: the Workflow is checked against the Argo CRD's full schema, its
+``depends`` expressions are read back into the DAG's edges, and the MPIJob success/failure
+conditions are evaluated the way Argo's executor does against the statuses the MPI Operator writes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from hvdk8s.cli import main
+from hvdk8s.mpijob.files import SpecError
+from hvdk8s.pipeline import argo, build, dag as d, load_pipeline, local, rbac, render_workflow
+from hvdk8s.pipeline.load import from_data
+
+from conftest import REPO
+from kube_double import failing, succeeding
+from test_mpijob_schema import crd_errors as mpijob_crd_errors
+from test_serving_manifests import crd_validator
+
+SCHEMAS = REPO.parent / "shared" / "schemas"
+EXAMPLE = REPO / "pipeline" / "examples" / "digits.yaml"
+KUBE_VERSION = kubernetes_validate.latest_version()
+TRAIN = str(REPO / "examples" / "train_digits.py")
+
+
+@functools.cache
+def argo_validator():
+    return crd_validator(SCHEMAS / "argoproj.io_workflows.yaml", "v1alpha1")
+
+
+def argo_errors(workflow: dict[str, Any]) -> list[str]:
+    """The Argo CRD's verdict, strict: fields the API server would silently prune are errors too."""
+    return sorted(f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in argo_validator().iter_errors(workflow))
+
+
+def minimal(**changes: Any) -> dict[str, Any]:
+    data = {
+        "name": "tiny", "image": "img:1", "sharedVolume": {"claimName": "shared"},
+        "candidates": [{"name": "cnn", "job": {"command": ["python", TRAIN, "--epochs", 1]}}],
+        "serving": {"modelName": "digits"},
+    }
+    return data | changes
+
+
+def templates(workflow: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {t["name"]: t for t in workflow["spec"]["templates"]}
+
+
+# ------------------------------------------------------------------ the pipeline file
+
+
+def test_example_pipeline_loads_with_three_candidates():
+    pipeline = load_pipeline(EXAMPLE)
+    assert [c.name for c in pipeline.candidates] == ["cnn", "cnn-dropout", "cnn-bn"]
+    job = pipeline.candidates[0].job
+    assert (job.name, job.image, job.np, job.shared_volume.claim_name) == (
+        "digits-cnn", pipeline.image, 2, "hvdk8s-shared")
+    assert pipeline.load_test.max_error_rate == 0.01 and pipeline.load_test.max_p99_ms == 1000.0
+
+
+def test_every_problem_is_reported_with_its_field_path(tmp_path):
+    data = minimal(
+        nmae="x",
+        data={"source": "folder"},
+        candidates=[
+            {"name": "cnn", "job": {"command": ["python", "t.py"], "workerz": 2, "name": "mine"}},
+            {"name": "cnn", "jobFile": "job.yaml", "job": {"command": ["x"]}},
+            {"name": "gpu", "job": {"command": ["python", "t.py"], "gpu": True, "slotsPerWorker": 2,
+                                    "workers": 0}},
+        ],
+        serving={"modelName": "digits", "autoscaling": {"minReplicas": 0}},
+        loadTest={"maxErrorRate": 2, "maxP99Ms": "fast"},
+        local={"ranks": "two"},
+        sharedVolume={"claimName": "shared", "readOnly": True},
+    )
+    with pytest.raises(SpecError) as caught:
+        from_data(data, "p.yaml", tmp_path)
+    assert caught.value.errors == [
+        "nmae: unknown field (did you mean 'name'?)",
+        "local.ranks: must be an integer, got string 'two'",
+        "candidates[1]: give exactly one of job (an inline job spec) or jobFile",
+        "candidates[1].name: 'cnn' is used by another candidate",
+        "sharedVolume.readOnly: must be false: the steps write candidates and serving versions to it",
+        "data.source: 'folder' is not one of digits, imageFolder, tfds",
+        "loadTest.maxP99Ms: must be a number, got 'fast'",
+        "loadTest.maxErrorRate: must be between 0 and 1, got 2",
+    ]
+    # Once the structure is right, the candidates' jobs and the serving options are checked.
+    data = minimal(candidates=[
+        {"name": "cnn", "job": {"command": ["python", "t.py"], "workerz": 2, "name": "mine"}},
+        {"name": "gpu", "job": {"command": ["python", "t.py"], "workers": 0}},
+    ], serving={"modelName": "digits", "autoscaling": {"minReplicas": 0}})
+    with pytest.raises(SpecError) as caught:
+        from_data(data, "p.yaml", tmp_path)
+    assert caught.value.errors == [
+        "candidates[0].job.name: set by the pipeline (<pipeline>-<candidate>); remove it here",
+        "candidates[0].job.workerz: unknown field (did you mean 'workers'?)",
+        "candidates[1].job.workers: must be >= 1, got 0",
+        "serving.autoscaling.minReplicas: 0 must be at least 1 (only KServe scales to zero)",
+    ]
+
+
+def test_job_file_candidates_and_the_cli_error(tmp_path, capsys):
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(
+        {"name": "standalone", "image": "other:2", "command": ["python", "t.py"], "workers": 3}))
+    data = minimal(candidates=[{"name": "ref", "jobFile": "job.yaml"}])
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
+    job = load_pipeline(tmp_path / "p.yaml").candidates[0].job
+    assert (job.name, job.image, job.workers) == ("tiny-ref", "other:2", 3)  # its own image, the pipeline's name
+
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(minimal(selection={"metric": "f1"})))
+    assert main(["pipeline", "render", str(tmp_path / "bad.yaml")]) == 2
+    assert "selection.metric: 'f1' is not one of accuracy, loss" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ one DAG, the Workflow
+
+
+def workflow_edges(workflow: dict[str, Any]) -> set[tuple[str, str, bool]]:
+    """(upstream, task, must have succeeded) read back from the entrypoint DAG's depends expressions."""
+    edges = set()
+    for task in templates(workflow)[argo.ENTRYPOINT]["dag"]["tasks"]:
+        for clause in (task.get("depends") or "").split(" && "):
+            if clause:
+                results = set(re.findall(r"([\w-]+)\.(\w+)", clause))
+                (upstream,) = {name for name, _ in results}
+                phases = {phase for _, phase in results}
+                assert phases in ({"Succeeded"}, {"Succeeded", "Failed", "Errored"}), clause
+                edges.add((upstream, task["name"], phases == {"Succeeded"}))
+    return edges
+
+
+def test_workflow_has_the_dags_steps_and_dependencies():
+    graph = build(load_pipeline(EXAMPLE))
+    workflow = render_workflow(graph)
+    tasks = templates(workflow)[argo.ENTRYPOINT]["dag"]["tasks"]
+    assert [t["name"] for t in tasks] == [s.name for s in graph.steps] == [
+        "ingest", "train-cnn", "train-cnn-dropout", "train-cnn-bn", "select", "deploy", "loadtest"]
+    assert workflow_edges(workflow) == graph.edges()
+    # select tolerates failed candidates but not a failed ingest; the rest need success
+    assert ("train-cnn", "select", False) in graph.edges() and ("ingest", "select", True) in graph.edges()
+    assert [[s.name for s in wave] for wave in graph.waves()] == [
+        ["ingest", "train-cnn", "train-cnn-dropout", "train-cnn-bn"], ["select"], ["deploy"], ["loadtest"]]
+
+
+def test_committed_example_is_what_the_cli_renders(tmp_path):
+    for flags, committed in (([], "digits.workflow.yaml"), (["--rbac"], "digits.rbac.yaml")):
+        out = tmp_path / committed
+        assert main(["pipeline", "render", str(EXAMPLE), *flags, "-o", str(out)]) == 0
+        assert out.read_text() == (EXAMPLE.parent / committed).read_text(), f"re-render {committed}"
+
+
+def test_workflow_validates_against_the_argo_crd_and_a_broken_one_does_not():
+    workflow = yaml.safe_load((EXAMPLE.parent / "digits.workflow.yaml").read_text())
+    assert argo_errors(workflow) == []
+    broken = json.loads(json.dumps(workflow))
+    broken["spec"]["templates"][0]["dag"]["tasks"][0]["dependz"] = ["x"]
+    broken["spec"]["templates"][1]["retryStrategy"]["limit"] = [2]
+    broken["spec"]["entrypoint"] = 3
+    assert argo_errors(broken) == [
+        "spec.entrypoint: 3 is not of type 'string'",
+        "spec.templates.0.dag.tasks.0: Additional properties are not allowed ('dependz' was unexpected)",
+        "spec.templates.1.retryStrategy.limit: [2] is not valid under any of the given schemas",
+    ]
+
+
+def test_workflow_shape(tmp_path):
+    pipeline = load_pipeline(EXAMPLE)
+    workflow = render_workflow(build(pipeline))
+    spec, by_name = workflow["spec"], templates(workflow)
+    assert (spec["entrypoint"], spec["onExit"], spec["serviceAccountName"]) == ("pipeline", "cleanup",
+                                                                                "digits-pipeline")
+    assert spec["volumes"] == [{"name": "shared", "persistentVolumeClaim": {"claimName": "hvdk8s-shared"}}]
+    train = by_name["train-cnn"]
+    assert "retryStrategy" not in train  # deterministic failures are not retried
+    assert train["resource"]["action"] == "create" and train["resource"]["setOwnerReference"] is True
+    command = yaml.safe_load(train["resource"]["manifest"])["spec"]["mpiReplicaSpecs"]["Launcher"]["template"][
+        "spec"]["containers"][0]["command"]
+    assert command[-2:] == ["--save", "/shared/digits/runs/{{workflow.name}}/candidates/cnn.keras"]
+    select = by_name["select"]
+    assert select["container"]["command"] == [
+        "hvdk8s", "select", "/shared/digits/runs/{{workflow.name}}/candidates", "--base-path",
+        "/shared/digits/models/digits", "--metric", "accuracy", "--data",
+        "/shared/digits/runs/{{workflow.name}}/heldout.npz", "--class-names", "0,1,2,3,4,5,6,7,8,9"]
+    assert select["retryStrategy"]["retryPolicy"] == "OnError"  # pod errors only, never "no candidate finished"
+    loadtest = by_name["loadtest"]["container"]["command"]
+    assert loadtest[:3] == ["hvdk8s", "loadtest", "http://digits.{{workflow.namespace}}.svc.cluster.local:8501"]
+    assert loadtest[-4:] == ["--max-p99-ms", "1000", "--max-error-rate", "0.01"]
+    assert by_name["loadtest"]["retryStrategy"]["retryPolicy"] == "OnError"  # a missed SLO fails the workflow
+    deploy = [t["name"] for t in by_name["deploy"]["dag"]["tasks"]]
+    assert deploy == ["apply-configmap", "apply-deployment", "apply-service", "apply-horizontalpodautoscaler"]
+    assert by_name["apply-deployment"]["resource"]["successCondition"] == "status.availableReplicas > 0"
+    cleanup = [t["name"] for t in by_name["cleanup"]["dag"]["tasks"]]
+    assert cleanup == ["delete-cnn", "delete-cnn-dropout", "delete-cnn-bn"]
+    delete = by_name["delete-cnn"]["resource"]
+    assert (delete["action"], delete["flags"], yaml.safe_load(delete["manifest"])) == (
+        "delete", ["--wait=false"], {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
+                                     "metadata": {"name": "digits-cnn"}})
+
+
+def embedded(workflow: dict[str, Any]) -> list[dict[str, Any]]:
+    return [yaml.safe_load(t["resource"]["manifest"]) for t in workflow["spec"]["templates"]
+            if "resource" in t and t["resource"]["action"] != "delete"]
+
+
+@pytest.mark.parametrize("kserve", [False, True], ids=["tfserving", "kserve"])
+def test_embedded_objects_validate_against_their_own_schemas(kserve):
+    pipeline = load_pipeline(EXAMPLE)
+    pipeline = dataclasses.replace(pipeline, serving=dataclasses.replace(pipeline.serving, kserve=True)) \
+        if kserve else pipeline
+    workflow = render_workflow(build(pipeline))
+    assert argo_errors(workflow) == []
+    objects = embedded(workflow)
+    kinds = [o["kind"] for o in objects]
+    assert kinds == ["MPIJob"] * 3 + (["ConfigMap", "InferenceService"] if kserve else
+                                      ["ConfigMap", "Deployment", "Service", "HorizontalPodAutoscaler"])
+    isvc = crd_validator(SCHEMAS / "kserve-inferenceservice-crd.yaml", "v1beta1")
+    for obj in objects:
+        if obj["kind"] == "MPIJob":
+            assert mpijob_crd_errors(obj) == []
+        elif obj["kind"] == "InferenceService":
+            assert sorted(e.message for e in isvc.iter_errors(obj)) == []
+            assert obj["spec"]["predictor"]["model"]["storageUri"] == "pvc://hvdk8s-shared/digits/models/digits"
+        else:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    for obj in rbac(pipeline):
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+    if kserve:
+        assert templates(workflow)["apply-inferenceservice"]["resource"]["successCondition"] == \
+            "status.modelStatus.states.activeModelState == Loaded"
+        assert "digits-predictor" in templates(workflow)["loadtest"]["container"]["command"][2]
+
+
+def test_role_grants_exactly_what_the_steps_do():
+    role = rbac(load_pipeline(EXAMPLE))[1]
+    granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    apply = {"get", "create", "patch"}
+    assert granted == {
+        ("argoproj.io", "workflowtaskresults", "create"), ("argoproj.io", "workflowtaskresults", "patch"),
+        *{("kubeflow.org", "mpijobs", v) for v in ("create", "get", "delete")},
+        *{("", r, v) for r in ("configmaps", "services") for v in apply},
+        *{("apps", "deployments", v) for v in apply},
+        *{("autoscaling", "horizontalpodautoscalers", v) for v in apply},
+        ("", "pods", "get"), ("", "pods", "list"), ("", "pods/log", "get"),
+    }
+    assert not any("*" in rule["verbs"] or "*" in rule["resources"] for rule in role["rules"])
+
+
+# ------------------------------------------------------------------ Argo's resource conditions
+
+QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")  # k8s IsQualifiedName, no prefix
+
+
+def argo_matches(condition: str, obj: dict[str, Any]) -> bool:
+    """One requirement as Argo's executor evaluates it: a label selector whose key is a gjson path
+    (workflow/executor/resource.go). ``labels.Parse`` accepts only qualified-name keys."""
+    key, op, value = re.fullmatch(r"(\S+) (==|>) (\S+)", condition).groups()
+    assert QUALIFIED_NAME.match(key) and len(key) <= 63, f"labels.Parse would refuse the key {key!r}"
+    found: Any = obj
+    for part in key.split("."):
+        if not isinstance(found, dict) or part not in found:
+            return False  # a missing key never matches (gjson: does not exist)
+        found = found[part]
+    return str(found) == value if op == "==" else int(found) > int(value)
+
+
+def test_mpijob_conditions_fire_on_the_operators_terminal_statuses_only():
+    candidate = load_pipeline(EXAMPLE).candidates[0]
+    success, failure = argo.train_conditions(candidate)
+    # The statuses the MPI Operator writes on the way (as the Kubernetes API double plays them).
+    for steps, ends_in in ((succeeding(["log"]), "success"), (failing("BackoffLimitExceeded", "x"), "failure")):
+        statuses = [{"status": {"replicaStatuses": s.replicas}} for s in steps if s.replicas is not None]
+        verdicts = [(argo_matches(success, st), argo_matches(failure, st)) for st in statuses]
+        assert verdicts[:-1] == [(False, False)] * (len(verdicts) - 1)
+        assert verdicts[-1] == ((True, False) if ends_in == "success" else (False, True))
+    retrying = dataclasses.replace(candidate.job, run_policy=dataclasses.replace(candidate.job.run_policy,
+                                                                                 backoff_limit=2))
+    _, failure = argo.train_conditions(dataclasses.replace(candidate, job=retrying))
+    one_failed_pod = {"status": {"replicaStatuses": {"Launcher": {"failed": 1, "active": 1}}}}
+    assert not argo_matches(failure, one_failed_pod)  # still retrying: not a failure yet
+
+
+# ------------------------------------------------------------------ the local executor, for real
+
+
+def test_local_run_survives_a_broken_candidate_and_follows_the_dag(tmp_path, capsys):
+    data = minimal(candidates=[
+        {"name": "cnn", "job": {"command": ["python", TRAIN, "--epochs", 1]}},
+        # a real 2-rank mpirun job whose ranks exit 3
+        {"name": "broken", "job": {"command": ["sh", "-c", "exit 3"]}},
+    ], loadTest={"concurrency": 2, "requests": 20, "images": 2, "maxErrorRate": 0})
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    assert main(["pipeline", "run", str(tmp_path / "p.yaml"), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    graph = build(load_pipeline(tmp_path / "p.yaml"))
+    statuses = dict(re.findall(r"^(\S+)\s+(succeeded|failed|skipped)\s+[\d.]+$", printed, re.M))
+    assert statuses == {"ingest": "succeeded", "train-cnn": "succeeded", "train-broken": "failed",
+                        "select": "succeeded", "deploy": "succeeded", "loadtest": "succeeded"}
+    assert set(statuses) == {t["name"] for t in templates(render_workflow(graph))[argo.ENTRYPOINT]["dag"]["tasks"]}
+    # the order the steps ran in honours every edge of the DAG
+    started = re.findall(r"^\[run \] (\S+)$", printed, re.M)
+    finished = re.findall(r"^\[(?:ok  |FAIL)\] (\S+) ", printed, re.M)
+    assert len(started) == len(finished) == 6
+    for upstream, step, _ in graph.edges():
+        assert finished.index(upstream) < started.index(step) or step not in started, (upstream, step)
+    row = re.search(r"^cnn\s+succeeded\s+([\d.]+)\s+[\d.]+\s+version 1$", printed, re.M)
+    assert row and float(row.group(1)) > 0.3  # one epoch: well above chance (0.1)
+    assert re.search(r"^broken\s+failed\s+-\s+-", printed, re.M)
+    load = json.loads((out / "run" / "loadtest.json").read_text())
+    assert (load["requests"], load["errors"], load["slo"]["passed"]) == (20, 0, True)
+    record = json.loads((out / "models" / "digits" / "1" / "assets.extra" / "hvdk8s.json").read_text())
+    assert [Path(c["path"]).name for c in record["selection"]["candidates"]] == ["cnn.keras"]
+    assert (out / "summary.png").stat().st_size > 10_000 and (out / "run" / "latency.png").is_file()
+
+
+def test_pipeline_outcome_is_judged_like_argo(tmp_path):
+    graph = build(from_data(minimal(), "p.yaml", tmp_path))
+    result = local.RunResult(d.Layout("r", "m", "."))
+    result.steps = {s.name: local.StepResult(s.name, local.SUCCEEDED) for s in graph.steps}
+    result.steps["train-cnn"].status = local.FAILED  # a failed candidate alone does not fail the pipeline
+    assert local.succeeded(graph, result)
+    result.steps["loadtest"].status = local.FAILED  # a missed objective does
+    assert not local.succeeded(graph, result)
