@@ -106,8 +106,7 @@ def run(
     collateral: set[int] = set()
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ, bufsize=1) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            rank, text = mpirun.untag(line.rstrip("\n"))
+        for rank, text in mpirun.rank_lines(proc.stdout):
             if rank is None:
                 tail.append(text)
                 print(text, file=out, flush=True)

@@ -7,7 +7,7 @@ command the cluster runs.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 # Variables worth forwarding to remote ranks (mpirun -x): process basics plus
 # every knob of the libraries involved.
@@ -91,23 +91,57 @@ def horovodrun_argv(
     return argv + ["--host-discovery-script", discovery_script, *command]
 
 
-_TAG = r"\[(?:\d+,)?(\d+)\]<(?:stdout|stderr)>:"
-_TAGGED = re.compile(rf"^{_TAG}(.*)$")
-_INNER_TAG = re.compile(_TAG)
+_TAG = re.compile(r"\[(?:\d+,)?(\d+)\]<(stdout|stderr)>:")
 _FAILED_EXIT = re.compile(r"Process name:\s*\[\[\d+,\d+\],(\d+)\].*?Exit code:\s*(\d+)", re.S)
 _FAILED_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 
 
-def untag(line: str) -> tuple[int | None, str]:
-    """Split mpirun's ``--tag-output`` prefix off a line: (rank or None, text).
+class RankLines:
+    """Each rank's own lines, reassembled from mpirun's ``--tag-output`` stream.
 
-    mpirun tags every write, not every line, so an unbuffered ``print`` can
-    leave a second, empty tag inside the line; it is removed too.
+    mpirun tags every *write*, not every line: an unbuffered ``print`` writes
+    its text and its newline separately, and another rank's write can land in
+    between (``[1,0]<stdout>:epoch 3[1,1]<stdout>:hello[1,0]<stdout>:``).
+    Text is therefore collected per rank and stream until its newline arrives,
+    so no line is attributed to the wrong rank.
     """
-    match = _TAGGED.match(line)
-    if not match:
-        return None, line
-    return int(match.group(1)), _INNER_TAG.sub("", match.group(2))
+
+    def __init__(self) -> None:
+        self._partial: dict[tuple[int, str], str] = {}
+
+    def feed(self, line: str) -> list[tuple[int | None, str]]:
+        """One line read from mpirun (newline stripped) -> the (rank or None, text) lines it completes.
+
+        Untagged text is mpirun's own (rank None).
+        """
+        tags = list(_TAG.finditer(line))
+        if not tags:
+            return [(None, line)]
+        done: list[tuple[int | None, str]] = []
+        if tags[0].start():
+            done.append((None, line[: tags[0].start()]))
+        for tag, following in zip(tags, [*tags[1:], None]):
+            key = (int(tag.group(1)), tag.group(2))
+            text = self._partial.pop(key, "") + line[tag.end() : following.start() if following else len(line)]
+            if following is None:  # the line's newline ends this write
+                done.append((key[0], text))
+            else:
+                self._partial[key] = text
+        return done
+
+    def flush(self) -> list[tuple[int | None, str]]:
+        """Text still waiting for a newline when the stream ended (a rank that died mid-line)."""
+        done: list[tuple[int | None, str]] = [(rank, text) for (rank, _), text in self._partial.items()]
+        self._partial.clear()
+        return done
+
+
+def rank_lines(stream: Iterable[str]) -> Iterator[tuple[int | None, str]]:
+    """mpirun's output lines (as read from its pipe) -> each rank's lines as (rank or None, text)."""
+    lines = RankLines()
+    for line in stream:
+        yield from lines.feed(line.rstrip("\n"))
+    yield from lines.flush()
 
 
 # Printed by ranks that Horovod stopped because another rank left the job.

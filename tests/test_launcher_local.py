@@ -53,10 +53,25 @@ def test_forwarded_env_picks_library_knobs_only() -> None:
     assert mpirun.forwarded_env(environ) == ["HOROVOD_FUSION_THRESHOLD", "NCCL_DEBUG", "PATH"]
 
 
-def test_untag_and_failure_report() -> None:
-    assert mpirun.untag("[1,0]<stdout>:accuracy 0.97[1,0]<stdout>:") == (0, "accuracy 0.97")
-    assert mpirun.untag("[3]<stderr>:boom") == (3, "boom")
-    assert mpirun.untag("no tag") == (None, "no tag")
+def test_rank_lines_and_failure_report() -> None:
+    # an unbuffered print's text and newline are two writes; rank 1's write landed in between
+    stream = [
+        "[1,0]<stdout>:epoch 3[1,1]<stdout>:hello from rank 1[1,0]<stdout>:\n",
+        "[1,1]<stdout>:\n",
+        "[1,0]<stderr>:warn[1,0]<stdout>:accuracy 0.97[1,0]<stdout>:\n",
+        "--- mpirun's own report\n",
+        "[3]<stderr>:boom[1,0]<stderr>:ing\n",
+        "[1,1]<stdout>:dying mid-line",
+    ]
+    assert list(mpirun.rank_lines(stream)) == [
+        (0, "epoch 3"),
+        (1, "hello from rank 1"),
+        (0, "accuracy 0.97"),
+        (None, "--- mpirun's own report"),
+        (0, "warning"),
+        (1, "dying mid-line"),
+        (3, "boom"),
+    ]
     report = "mpirun noticed that process rank 1 with PID 77 on node w1 exited on signal 9 (Killed)."
     assert mpirun.failed_rank(report) == "rank 1 on w1 was killed by signal 9"
     assert mpirun.failed_rank("all good") is None

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from hvdk8s.errors import UserError
-from hvdk8s.launcher.mpirun import mpirun_argv, untag
+from hvdk8s.launcher.mpirun import mpirun_argv, rank_lines
 from hvdk8s.mpijob import (
     SpecError,
     check_manifest,
@@ -516,7 +516,7 @@ def test_launcher_command_runs_against_an_operator_style_hostfile(tmp_path: Path
     env |= {"OMPI_MCA_orte_default_hostfile": str(hostfile), "OMPI_MCA_orte_keep_fqdn_hostnames": "true"}
     proc = subprocess.run(container["command"], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert sorted(untag(line) for line in proc.stdout.splitlines() if "rank-env" in line) == [
+    assert sorted(line for line in rank_lines(proc.stdout.splitlines()) if "rank-env" in line[1]) == [
         (0, "rank-env digits /shared/data"),
         (1, "rank-env digits /shared/data"),
     ]
