@@ -13,11 +13,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from hvdk8s import collectives, runtime
 from hvdk8s.collectives import variable_key
-from hvdk8s.optimizer import is_distributed
+from hvdk8s.optimizer import in_step_momentum_correction, is_distributed
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -117,9 +116,11 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     ``momentum_correction`` (Goyal et al. 2017) scales the momentum term by
     ``new_lr / old_lr`` for the step where the rate changes. Keras 3 compiles an
     optimizer's ``momentum`` into the train step as a constant, so instead of
-    changing that constant for one step as Horovod does, this scales SGD's
-    momentum buffers by the same ratio before the step, which yields the same
-    update for SGD without Nesterov. For other optimizers it is not applied.
+    changing that constant for one step as Horovod does, the
+    ``DistributedOptimizer`` scales SGD's momentum buffers by the same ratio
+    inside the step, which yields the same update for SGD without Nesterov.
+    For other optimizers it is not applied. Per batch, the callback itself
+    only assigns the rate.
     """
 
     def __init__(
@@ -142,13 +143,20 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.momentum_correction = momentum_correction
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch: int | None = None
-        self._setter: _RateSetter | None = None
+        self._correction: Any = None
         if callable(multiplier):
             self.multiplier = multiplier
         else:
             self.multiplier = lambda epoch: multiplier ** (epoch - start_epoch)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        self._correction = None
+        if self.momentum_correction:
+            optimizer = self.model.optimizer
+            built = optimizer is not None and "_hvdk8s_momentum" in optimizer.__dict__
+            self._correction = in_step_momentum_correction(optimizer)
+            if self._correction is not None and not built:
+                self.model.make_train_function(force=True)  # compiled before the correction existed
         if not self.staircase and not self.steps_per_epoch:
             self.steps_per_epoch = self.params.get("steps")
             if not self.steps_per_epoch:
@@ -159,10 +167,19 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.current_epoch = epoch
+        if self._correction is not None:
+            self._correction.active.assign(self._in_range(epoch))
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self._correction is not None:
+            self._correction.active.assign(False)
+
+    def _in_range(self, epoch: int) -> bool:
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         epoch = self.current_epoch
-        if epoch < self.start_epoch or (self.end_epoch is not None and epoch >= self.end_epoch):
+        if not self._in_range(epoch):
             return
         if self.staircase and batch == 0:
             self._adjust_learning_rate(epoch)
@@ -170,50 +187,11 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             self._adjust_learning_rate(epoch + float(batch) / self.steps_per_epoch)
 
     def _adjust_learning_rate(self, epoch: float) -> None:
-        optimizer = self.model.optimizer
-        if self._setter is None or self._setter.optimizer is not optimizer or self._setter.stale():
-            self._setter = _RateSetter(optimizer, self.momentum_correction)
-        self._setter(self.initial_lr * self.multiplier(epoch))
+        self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is not None:
             logs["lr"] = _get(self.model.optimizer.learning_rate)
-
-
-class _RateSetter:
-    """Sets an optimizer's rate (and corrects SGD's momentum) in one compiled call.
-
-    Warm-up changes the rate before every batch; Keras's eager setter and a
-    read of the old rate cost several eager ops each time, a share of a small
-    step. Here the old rate is read, the momentum buffers scaled and the new
-    rate assigned inside one ``tf.function``.
-    """
-
-    def __init__(self, optimizer: keras.optimizers.Optimizer, momentum_correction: bool) -> None:
-        self.optimizer = optimizer
-        self._built = optimizer.built
-        lr = optimizer.learning_rate.value  # the backend (tf.Variable) behind Keras's variable
-        buffers = [b.value for b in optimizer.momentums] if (
-            momentum_correction and self._built and isinstance(optimizer, keras.optimizers.SGD)
-            and optimizer.momentum and not optimizer.nesterov
-        ) else []
-
-        @tf.function
-        def set_rate(new_lr: tf.Tensor) -> None:
-            if buffers:  # momentum' = momentum × new/old for this step, as a scale of the buffers
-                ratio = tf.math.divide_no_nan(new_lr, lr) + tf.cast(tf.equal(lr, 0), lr.dtype)
-                for buffer in buffers:
-                    buffer.assign(buffer * tf.cast(ratio, buffer.dtype))
-            lr.assign(new_lr)
-
-        self._set_rate, self._dtype = set_rate, lr.dtype
-
-    def stale(self) -> bool:
-        """Built since: its momentum buffers exist now."""
-        return self.optimizer.built and not self._built
-
-    def __call__(self, new_lr: float) -> None:
-        self._set_rate(tf.constant(new_lr, self._dtype))
 
 
 class LearningRateWarmupCallback(LearningRateScheduleCallback):
