@@ -1,15 +1,20 @@
 """``hvdk8s bench --serving``: the serving path under load, next to the model's in-process rate, in one run.
 
 Two models are exported to a temporary folder: the digits CNN (the product's
-example; signature well under 1 ms) and a compute-heavy ImageNet-shaped
-``keras.applications.MobileNetV2`` with random weights (``weights=None``,
-nothing is downloaded), where batching matters. For each, ``hvdk8s serve``
+example; signature well under 1 ms) and ``keras.applications.MobileNetV2``
+(alpha 0.35 at 96x96, one of its ImageNet input sizes) with random weights
+(``weights=None``, nothing is downloaded): about 10 ms per image at batch 1
+here, several times cheaper per image at batch 32, so batching matters. For each, ``hvdk8s serve``
 runs as a child process with batching on (the default) and off, and
 ``hvdk8s loadtest`` drives it over REST and gRPC at each concurrency with
 single-image requests, after an untimed warm-up load. In the same run: the SavedModel's ``serving_default``
 called in this process at batch 1 and 32 (the ceiling), and the model
 status endpoint (``GET /v1/models/NAME``) on the same server under the same
 load generator (the server stack without the model: the HTTP/JSON cost).
+Last, a soak: the digits server under a mixed REST load of good and
+malformed requests (every kind of bad input the server must answer with a
+400 and keep the connection) for ``soak_s`` seconds, its resident memory
+sampled throughout.
 
 The load generator runs on the same machine as the server, so on a small
 machine both compete for the cores: the ratios, measured side by side, are
@@ -17,11 +22,15 @@ what to compare, not the absolute rates.
 """
 from __future__ import annotations
 
+import json
+import math
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from . import envinfo, report
 from .util import write_json_atomic, write_text_atomic
@@ -32,16 +41,33 @@ class Settings:
     duration_s: float = 5.0  # per load run
     concurrencies: tuple[int, ...] = (1, 8, 32)
     inprocess_s: float = 3.0  # timed seconds per in-process rate
-    heavy_size: int = 128  # MobileNetV2 input side
-    heavy_alpha: float = 0.5
+    heavy_size: int = 96  # MobileNetV2 input side
+    heavy_alpha: float = 0.35
+    soak_s: float = 300.0
+    soak_concurrency: int = 8
+    soak_sample_s: float = 2.0  # server RSS sampling period
 
 
-QUICK = Settings(duration_s=2.0, inprocess_s=1.5)
+QUICK = Settings(duration_s=2.0, inprocess_s=1.5, soak_s=30.0)
 TARGETS = {
     "p50_ms_c1": 3.0,  # digits, REST, concurrency 1, keep-alive, one image
     "predict_vs_trivial_c32": 0.7,
     "batching_vs_inprocess_b32": 0.6,
     "batching_on_vs_off": 2.0,
+    "soak_unexpected": 0,  # answers other than the expected 200 or 400
+    "soak_reconnects": 0,  # connections opened beyond one per client
+    "soak_rss_growth_pct": 5.0,  # resident memory, last fifth of the soak over its second fifth
+}
+# Bad requests of every kind the server must refuse with a 400 and survive (TF Serving's answers:
+# tests/test_serving_http.py checks each one's message).
+MALFORMED_BODIES = {
+    "not JSON": b"{",
+    "bad base64": b'{"instances": [{"b64": "%%%"}]}',
+    "not an image": b'{"instances": [{"b64": "bm90IGFuIGltYWdl"}]}',
+    "beyond double range": b'{"instances": [1e400]}',
+    "400-digit integer": b'{"instances": [' + b"9" * 400 + b"]}",
+    "100,000-deep list": b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    "no instances": b'{"signature_name": "serving_default"}',
 }
 
 
@@ -54,7 +80,7 @@ def run(settings: Settings, command: list[str]) -> dict[str, Any]:
     results: dict[str, Any] = {"env": envinfo.collect(command), "settings": asdict(settings), "models": {}}
     with tempfile.TemporaryDirectory(prefix="hvdk8s-bench-serving-") as tmp:
         models = _export_models(Path(tmp), settings)
-        bar = tqdm(total=len(settings.concurrencies) * (4 * len(models) + 1), unit="load", desc="serving")
+        bar = tqdm(total=len(settings.concurrencies) * (4 * len(models) + 1) + 1, unit="load", desc="serving")
         for name, (base, description) in models.items():
             entry = results["models"][name] = {"description": description, "inprocess": _inprocess(base, settings),
                                                "loads": []}
@@ -69,6 +95,9 @@ def run(settings: Settings, command: list[str]) -> dict[str, Any]:
                         for c in settings.concurrencies:
                             entry["loads"].append(_load(target, name, api, c, batching, settings))
                             bar.update()
+        with running(models["digits"][0], Path(tmp) / "soak.log") as served:
+            results["soak"] = _soak(served, settings)
+            bar.update()
         bar.close()
     results["load_average_end"] = envinfo.load_average()
     results["checks"] = checks(results)
@@ -131,6 +160,50 @@ def _load(target: str, model: str, api: str, concurrency: int, batching: bool, s
     return {**result.to_dict(), "api": api, "batching": batching}
 
 
+def _soak(served: Any, settings: Settings) -> dict[str, Any]:
+    """Good and malformed REST requests alternating for ``soak_s`` seconds; the server's RSS every ``soak_sample_s``."""
+    import threading
+
+    import psutil
+
+    from hvdk8s.serving import loadtest
+    from hvdk8s.serving.client import request_body
+
+    good = [json.dumps(request_body([png])).encode() for png in loadtest.digits_png(len(MALFORMED_BODIES))]
+    bodies = [body for pair in zip(good, MALFORMED_BODIES.values()) for body in pair]  # good, bad, good, bad, ...
+    server, samples, done = psutil.Process(served.pid), [], threading.Event()
+    start = time.perf_counter()
+
+    def sample() -> None:
+        while not done.is_set():
+            samples.append((time.perf_counter() - start, server.memory_info().rss / 2**20))
+            done.wait(settings.soak_sample_s)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = loadtest.run(served.url, "digits", concurrency=settings.soak_concurrency, duration=settings.soak_s,
+                              bodies=bodies)
+    finally:
+        done.set()
+        sampler.join()
+    bad = sum(1 for i in range(result.requests) if i % 2)  # request i sends bodies[i % len(bodies)]
+    return {**result.to_dict(), "expected": {"ok": result.requests - bad, "400": bad},
+            "malformed_kinds": list(MALFORMED_BODIES), "rss_mb": samples}
+
+
+def rss_growth_pct(samples: list[list[float]], duration_s: float) -> float | None:
+    """Median RSS over the soak's last fifth relative to its second fifth (the first is warm-up), in percent."""
+    fifth = duration_s / 5
+
+    def median(lo: float, hi: float) -> float | None:
+        window = [mb for t, mb in samples if lo <= t < hi]
+        return float(np.median(window)) if window else None
+
+    early, late = median(fifth, 2 * fifth), median(4 * fifth, math.inf)
+    return None if early is None or late is None else 100.0 * (late - early) / early
+
+
 def _find(loads: list[dict], api: str, concurrency: int, batching: bool) -> dict | None:
     return next((r for r in loads if (r["api"], r["concurrency"], r["batching"]) == (api, concurrency, batching)),
                 None)
@@ -160,6 +233,16 @@ def checks(results: dict[str, Any]) -> list[dict[str, Any]]:
             TARGETS["batching_vs_inprocess_b32"])
         add(f"batching_on_vs_off_{api}", f"MobileNetV2, {api}, c={c_max}: batching on / off images/s",
             on and off and on["images_per_second"] / off["images_per_second"], TARGETS["batching_on_vs_off"])
+    soak = results["soak"]
+    got = {"ok": soak["ok"], **soak["errors_by_status"]}
+    add("soak_unexpected", f"soak, {soak['duration_s']:.0f} s of good and malformed REST requests: answers other "
+        "than the expected 200/400, at most", sum(abs(got.get(k, 0) - soak["expected"].get(k, 0))
+                                                  for k in {*got, *soak["expected"]}) / 2,
+        TARGETS["soak_unexpected"], higher=False)
+    add("soak_reconnects", f"soak: connections opened beyond the {soak['concurrency']} clients', at most",
+        soak["connections"] - soak["concurrency"], TARGETS["soak_reconnects"], higher=False)
+    add("soak_rss_growth_pct", "soak: server RSS growth, last fifth over second fifth (%), at most",
+        rss_growth_pct(soak["rss_mb"], results["settings"]["soak_s"]), TARGETS["soak_rss_growth_pct"], higher=False)
     return out
 
 
@@ -204,15 +287,35 @@ def markdown(results: dict[str, Any], plot_name: str) -> str:
                   f"{r['latency_ms']['p99']:.2f}", str(r["errors"])] for r in model["loads"]],
             ),
         ]
-    lines += ["", f"![requests/s by concurrency]({plot_name})", ""]
+    soak = results["soak"]
+    got = {"ok": soak["ok"], **soak["errors_by_status"]}
+    rss = [mb for _, mb in soak["rss_mb"]]
+    lines += [
+        "",
+        f"## Soak: {soak['duration_s']:.0f} s of good and malformed REST requests (digits, "
+        f"{soak['concurrency']} keep-alive clients)",
+        "",
+        f"Every other request is malformed, cycling through: {', '.join(soak['malformed_kinds'])}.",
+        "",
+        report.table(["answer", "expected", "got"],
+                     [[k, str(soak["expected"].get(k, 0)), str(got.get(k, 0))] for k in sorted({*got, *soak["expected"]})]),
+        "",
+        f"{soak['requests']:,} requests ({report.num(soak['rps'])}/s, p50 {soak['latency_ms']['p50']:.2f} ms, p99 "
+        f"{soak['latency_ms']['p99']:.2f} ms); {soak['connections']} connections opened. Server RSS (sampled every "
+        f"{results['settings']['soak_sample_s']:g} s): first {rss[0]:.0f} MB, min {min(rss):.0f}, max {max(rss):.0f}, "
+        f"last {rss[-1]:.0f} MB.",
+        "",
+        f"![requests/s by concurrency, and the server's memory during the soak]({plot_name})",
+        "",
+    ]
     return "\n".join(lines)
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
-    """Images/s by concurrency per model, API and batching, with the in-process rates as lines."""
+    """Images/s by concurrency per model, API and batching, with the in-process rates as lines; the soak's RSS."""
     plt = report._plt()
     models = results["models"]
-    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.2))
+    fig, axes = plt.subplots(1, len(models) + 1, figsize=(6 * len(models) + 5, 4.2))
     for ax, (name, model) in zip(axes, models.items()):
         for (api, batching), style in {("rest", True): "o-", ("rest", False): "o--", ("grpc", True): "s-",
                                        ("grpc", False): "s--", ("trivial", True): "x:"}.items():
@@ -230,6 +333,16 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("requests/s = images/s")
         ax.set_title(name)
         ax.legend(fontsize=7)
+    soak, ax = results["soak"], axes[-1]
+    ax.plot([t for t, _ in soak["rss_mb"]], [mb for _, mb in soak["rss_mb"]], ".-")
+    fifth = results["settings"]["soak_s"] / 5
+    for lo, label in ((fifth, "compared"), (4 * fifth, None)):
+        ax.axvspan(lo, lo + fifth, color="grey", alpha=0.2, label=label)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("seconds into the soak")
+    ax.set_ylabel("server RSS (MiB)")
+    ax.set_title("soak: good + malformed REST")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)

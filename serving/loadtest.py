@@ -51,6 +51,7 @@ class LoadResult:
     duration_s: float
     latencies_ms: np.ndarray = field(repr=False)  # one per request sent, errors included
     statuses: Counter  # "ok" or the error's status (HTTP code, gRPC code name, connection, timeout)
+    connections: int | None = None  # TCP connections the REST client opened (concurrency: keep-alive held)
     slo: Slo = Slo()
 
     @property
@@ -103,6 +104,7 @@ class LoadResult:
             "images_per_second": self.rps * self.images_per_request,
             "latency_ms": self.latency_ms(),
             "concurrency": self.concurrency,
+            "connections": self.connections,
             "images_per_request": self.images_per_request,
             "slo": {
                 "max_p99_ms": self.slo.max_p99_ms,
@@ -123,6 +125,8 @@ class LoadResult:
             "latency ms   " + "  ".join(f"{k} {v:.2f}" for k, v in lat.items()),
             f"errors       {errors}",
         ]
+        if self.connections is not None:
+            lines.append(f"connections  {self.connections} opened")
         if self.slo.max_p99_ms is not None or self.slo.max_error_rate is not None:
             lines.append("SLO          " + ("; ".join(self.slo_misses()) or "passed"))
         return "\n".join(lines)
@@ -160,6 +164,7 @@ def run(
     slo: Slo = Slo(),
     progress: bool = False,
     get_path: str | None = None,
+    bodies: Sequence[bytes] | None = None,
 ) -> LoadResult:
     """Load ``url`` (``http://host:8501`` for REST, ``host:8500`` with ``grpc``) and summarise.
 
@@ -167,7 +172,10 @@ def run(
     unbounded. Requests cycle through ``images`` (default: digits PNGs),
     ``images_per_request`` at a time. ``get_path`` (REST only) sends
     ``GET url+get_path`` instead, e.g. the model status: the same server
-    stack and client without the model, for comparison.
+    stack and client without the model, for comparison. ``bodies`` (REST
+    only) POSTs these raw request bodies in turn instead, request ``i`` body
+    ``i % len(bodies)``: e.g. good and malformed requests mixed, to check
+    that each gets its answer and no connection is dropped.
     """
     if concurrency < 1 or images_per_request < 1:
         raise ValueError("concurrency and images_per_request must be at least 1")
@@ -179,20 +187,16 @@ def run(
         raise ValueError("requests and duration must be positive")
     pool = list(images) if images else digits_png()
     batches = [[pool[(i + j) % len(pool)] for j in range(images_per_request)] for i in range(len(pool))]
-    if grpc and get_path:
-        raise ValueError("get_path is for REST")
+    if grpc and (get_path or bodies):
+        raise ValueError("get_path and bodies are for REST")
     statuses: Counter = Counter()
     latencies: list[float] = []
-    elapsed = asyncio.run(
-        _drive(
-            lambda: _grpc_sender(url, model, batches, version, signature, input_name, timeout) if grpc else
-            _rest_sender(url, model, batches, version, signature, timeout, get_path),
-            concurrency, requests, duration, statuses, latencies, progress,
-        )
-    )
+    sender = (_grpc_sender(url, model, batches, version, signature, input_name, timeout) if grpc else
+              _rest_sender(url, model, batches, version, signature, timeout, get_path, bodies))
+    elapsed = asyncio.run(_drive(sender, concurrency, requests, duration, statuses, latencies, progress))
     return LoadResult(
         url, "grpc" if grpc else "rest", concurrency, images_per_request, elapsed,
-        np.asarray(latencies, dtype="float64"), statuses, slo,
+        np.asarray(latencies, dtype="float64"), statuses, sender.connections, slo,
     )
 
 
@@ -201,7 +205,7 @@ Send = Callable[[int], Awaitable[str]]
 
 
 async def _drive(
-    open_sender: Callable[[], Any],
+    sender: _rest_sender | _grpc_sender,
     concurrency: int,
     requests: int | None,
     duration: float | None,
@@ -211,7 +215,7 @@ async def _drive(
 ) -> float:
     from tqdm import tqdm
 
-    async with open_sender() as send:
+    async with sender as send:
         issued = 0
         bar = tqdm(total=requests, unit="req", disable=not progress, leave=False)
         start = time.perf_counter()
@@ -236,22 +240,34 @@ async def _drive(
 
 
 class _rest_sender:
-    """POSTs pre-encoded ``:predict`` bodies (or GETs ``get_path``) over one aiohttp keep-alive pool."""
+    """POSTs pre-encoded ``:predict`` bodies (or GETs ``get_path``) over one aiohttp keep-alive pool.
 
-    def __init__(self, url, model, batches, version, signature, timeout, get_path):
+    Counts the connections the pool opens: a server that closes a keep-alive
+    connection (after an error, say) makes the pool open another.
+    """
+
+    def __init__(self, url, model, batches, version, signature, timeout, get_path, bodies):
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"REST URL {url!r}: expected http://host:port (use --grpc for host:port)")
         self.target = url.rstrip("/") + get_path if get_path else predict_url(url, model, version)
-        self.bodies = None if get_path else [json.dumps(request_body(b, signature)).encode() for b in batches]
+        self.bodies = (None if get_path else list(bodies) if bodies else
+                       [json.dumps(request_body(b, signature)).encode() for b in batches])
         self.timeout = timeout
+        self.connections = 0
 
     async def __aenter__(self) -> Send:
         import aiohttp
 
+        async def opened(*_: Any) -> None:
+            self.connections += 1
+
+        trace = aiohttp.TraceConfig()
+        trace.on_connection_create_end.append(opened)
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, force_close=False),
             timeout=aiohttp.ClientTimeout(total=self.timeout),
             headers={"Content-Type": "application/json"},
+            trace_configs=[trace],
         )
 
         async def send(i: int) -> str:
@@ -281,6 +297,7 @@ class _grpc_sender:
         self.target = grpc_client.target(url)
         self.requests = [grpc_client.predict_request(b, model, version, signature, input_name) for b in batches]
         self.timeout = timeout
+        self.connections = None  # grpc.aio reconnects inside its channel, out of sight
 
     async def __aenter__(self) -> Send:
         import grpc

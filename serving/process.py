@@ -14,6 +14,7 @@ from pathlib import Path
 class Served:
     url: str  # REST root, http://HOST:PORT
     grpc: str  # gRPC address, HOST:PORT
+    pid: int
 
 
 @contextlib.contextmanager
@@ -33,7 +34,7 @@ def running(base_path: str | os.PathLike[str], log: str | os.PathLike[str], *arg
         line = proc.stdout.readline()
         if "http://" not in line or " grpc " not in line:
             raise RuntimeError(f"hvdk8s serve did not start: {line!r}\n{Path(log).read_text()[-4000:]}")
-        yield Served(line[line.index("http://"):].split("/v1/")[0], line.split(" grpc ")[1].split()[0])
+        yield Served(line[line.index("http://"):].split("/v1/")[0], line.split(" grpc ")[1].split()[0], proc.pid)
     finally:
         proc.terminate()  # graceful: uvicorn and the gRPC server drain, then the process exits
         try:

@@ -1,6 +1,7 @@
 """``hvdk8s loadtest`` against a real ``hvdk8s serve`` process: counts, percentiles, JSON, plot, SLO exit codes."""
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 
@@ -12,7 +13,7 @@ from serving_models import CLI, export_untrained
 
 CONTRACT_KEYS = {
     "requests", "ok", "errors", "errors_by_status", "duration_s", "rps", "latency_ms", "concurrency",
-    "images_per_request", "slo",
+    "connections", "images_per_request", "slo",
 }
 
 
@@ -36,13 +37,14 @@ def test_cli_counts_every_request_and_writes_json_and_plot(server, tmp_path):
     doc = json.loads((tmp_path / "r.json").read_text())
     assert CONTRACT_KEYS <= set(doc)
     assert (doc["requests"], doc["ok"], doc["errors"], doc["errors_by_status"]) == (40, 40, 0, {})
-    assert (doc["concurrency"], doc["images_per_request"]) == (4, 3)
+    assert (doc["concurrency"], doc["connections"], doc["images_per_request"]) == (4, 4, 3)
     lat = doc["latency_ms"]
     assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
     assert doc["rps"] == pytest.approx(40 / doc["duration_s"])
     assert doc["slo"] == {"max_p99_ms": 10000, "max_error_rate": 0, "passed": True}
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "requests     40 in" in run.stdout and "errors       none" in run.stdout
+    assert "connections  4 opened" in run.stdout
 
 
 def test_missed_thresholds_exit_1_and_say_which(server):
@@ -60,7 +62,19 @@ def test_python_api_duration_bound_and_errors_by_status(server, tmp_path):
     (image := tmp_path / "x.png").write_bytes(b"not an image")
     bad = loadtest.run(server.url, "digits", concurrency=2, requests=6, images=[image.read_bytes()])
     assert bad.to_dict()["errors_by_status"] == {"400": 6}
+    assert bad.connections == 2  # keep-alive held after every 400
     refused = loadtest.run("http://127.0.0.1:1", "digits", concurrency=2, requests=4)
     assert refused.to_dict()["errors_by_status"] == {loadtest.CONNECTION_ERROR: 4}
+    assert refused.connections == 0
+
+
+def test_raw_bodies_cycle_in_order_and_each_gets_its_status(server):
+    good = json.dumps({"instances": [{"b64": base64.b64encode(loadtest.digits_png(1)[0]).decode()}]}).encode()
+    bodies = [good, b"{", b'{"instances": [1e400]}', good]
+    result = loadtest.run(server.url, "digits", concurrency=3, requests=10, bodies=bodies)
+    # request i sends bodies[i % 4]: 0,3,4,7,8 good (5); 1,2,5,6,9 malformed (5)
+    assert (result.ok, result.errors_by_status, result.connections) == (5, {"400": 5}, 3)
+    with pytest.raises(ValueError, match="for REST"):
+        loadtest.run(server.grpc, "digits", grpc=True, requests=1, bodies=bodies)
     with pytest.raises(ValueError, match="expected http://host:port"):
         loadtest.run("127.0.0.1:8501", "digits", requests=1)
