@@ -6,8 +6,10 @@ optimizer, the gradient tape, the callbacks and Horovod's top-level functions
 on grouping, compression or naming.
 
 Nothing here decides by ``size()`` while a step is traced: Horovod's ops read
-the job's size when they run, so a step traced on one rank still reduces after
-an elastic job grows.
+the job's size when they run, and gradient reductions are skipped by a
+``tf.cond`` on that size (as Horovod's own ``_allreduce_cond`` does), so a
+one-rank job does not wait a Horovod cycle per step, and a step traced on one
+rank still reduces after an elastic job grows.
 """
 from __future__ import annotations
 
@@ -226,8 +228,14 @@ def reduce_gradients(
     dense = {i: _dense(reduction, grads[i]) for i in present}
     out: list[Any] = [None] * len(grads)
     with tf.name_scope(reduction.name.replace(".", "_")):
+        shared = runtime_size(reduction.process_set) > 1
         for n, members in enumerate(_partition(reduction, present, variables)):
-            reduced = _reduce_group(reduction, [dense[i] for i in members], f"{reduction.name}.{n}")
+            group = [dense[i] for i in members]
+            name = f"{reduction.name}.{n}"
+            if any(isinstance(g, tf.IndexedSlices) for g in group):
+                reduced = _reduce_group(reduction, group, name)
+            else:  # one rank: every op's result is its input
+                reduced = tf.cond(shared, lambda g=group, m=name: _reduce_group(reduction, g, m), lambda g=group: g)
             for i, r in zip(members, reduced):
                 out[i] = r
     commtime.record_exposed(list(dense.values()), [out[i] for i in present])

@@ -2,7 +2,9 @@
 
 A check of op ordering, not of timing: in the traced step, the allreduce of the
 last layer's gradient must not depend (through data or control edges) on the
-gradient of the first layer, which backprop produces last.
+gradient of the first layer, which backprop produces last. Each reduction is
+a ``tf.cond`` on the job's size (skipped on one rank, as Horovod's
+``_allreduce_cond``); its true branch holds the Horovod op.
 """
 from __future__ import annotations
 
@@ -41,32 +43,74 @@ def traced_step(**optimizer_kwargs):
         opt.apply(grads, model.trainable_variables)
 
     graph = step.get_concrete_function(tf.TensorSpec([None, 8]), tf.TensorSpec([None, 4])).graph
-    reduce_ops = [op for op in graph.get_operations() if op.type.startswith("HorovodAllreduce")
-                  or op.type.startswith("HorovodGroupedAllreduce")]
-    return model, reduce_ops
+    return model, reductions(graph)
 
 
-def gradient_source(reduce_op, index: int = 0):
-    """The op that feeds the allreduce's ``index``-th input: where backprop handed the gradient over."""
-    return reduce_op.inputs[index].op
+def reductions(graph) -> list:
+    """The ``If`` ops of the step whose true branch runs a Horovod allreduce, with that op's type."""
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    out = []
+    for op in graph.get_operations():
+        if op.type in ("If", "StatelessIf"):
+            types = [n.op for n in library[op.get_attr("then_branch").name].node_def if n.op.startswith("Horovod")]
+            if types:
+                assert types in (["HorovodAllreduce"], ["HorovodGroupedAllreduce"]), types
+                out.append((op, types[0]))
+    return out
+
+
+def gradient_source(reduction, index: int = 0):
+    """The op that feeds the reduction's ``index``-th gradient (input 0 is the size test): where backprop handed it over."""
+    return reduction[0].inputs[1 + index].op
 
 
 def test_each_gradient_is_reduced_as_soon_as_backprop_produces_it() -> None:
     model, reduce_ops = traced_step()
-    assert len(reduce_ops) == len(model.trainable_variables) == 6  # one allreduce per gradient (groups=None)
+    assert [t for _, t in reduce_ops] == ["HorovodAllreduce"] * len(model.trainable_variables)  # one per gradient
+    assert len(reduce_ops) == 6
     first_kernel_grad = gradient_source(reduce_ops[0])
-    last_kernel_reduce = reduce_ops[4]
+    last_kernel_reduce = reduce_ops[4][0]
+    assert first_kernel_grad in ancestors(reduce_ops[0][0])
     assert first_kernel_grad not in ancestors(last_kernel_reduce)  # the last layer's allreduce need not wait
-    assert all(op.type != "Timestamp" for r in reduce_ops for op in r.control_inputs)  # the clock orders nothing
+    assert all(op.type != "Timestamp" for r, _ in reduce_ops for op in r.control_inputs)  # the clock orders nothing
 
 
 def test_one_group_waits_for_every_gradient() -> None:
     model, reduce_ops = traced_step(groups=1)
-    assert [op.type for op in reduce_ops] == ["HorovodGroupedAllreduce"]
-    assert len(reduce_ops[0].inputs) == len(model.trainable_variables)
+    assert [t for _, t in reduce_ops] == ["HorovodGroupedAllreduce"]
+    assert len(reduce_ops[0][0].inputs) == 1 + len(model.trainable_variables)
 
 
 @pytest.mark.parametrize("groups", [2, 3])
 def test_groups_split_the_gradients_into_that_many_allreduces(groups: int) -> None:
     _, reduce_ops = traced_step(groups=groups)
     assert len(reduce_ops) == groups
+
+
+ONE_RANK_FIT = """
+import sys
+import keras, numpy as np, tensorflow as tf
+import hvdk8s as hvd
+hvd.init(quiet=True)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), "mse")
+hvd.start_timeline(sys.argv[1])
+model.fit(np.ones((32, 8), "float32"), np.ones((32, 4), "float32"), batch_size=8, verbose=0)
+hvd.allreduce(tf.ones([3]))
+hvd.stop_timeline()
+"""
+
+
+def test_a_one_rank_job_runs_no_gradient_allreduce(tmp_path) -> None:
+    """Horovod's timeline of a 1-rank fit: the step's allreduces are skipped when it runs (an eager control allreduce is recorded)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    timeline = tmp_path / "timeline.json"
+    subprocess.run([sys.executable, "-c", ONE_RANK_FIT, str(timeline)], check=True, timeout=120,
+                   env={**os.environ, "HOROVOD_TIMELINE": "DYNAMIC"})
+    tensors = [e["args"]["name"] for e in json.loads(timeline.read_text())
+               if e.get("name") == "process_name" and "name" in e.get("args", {})]
+    assert tensors == ["HorovodAllreduce"]  # the control only (eager ops are named by type); no DistributedSGD.k
