@@ -58,6 +58,12 @@ TARGETS = {
     "soak_reconnects": 0,  # connections opened beyond one per client
     "soak_rss_growth_pct": 5.0,  # resident memory, last fifth of the soak over its second fifth
 }
+# model -> batching on/off -> the APIs loaded ("trivial": the model status endpoint, no model involved)
+PLAN = {
+    "digits": {True: ("rest", "grpc", "trivial"), False: ("rest", "grpc")},
+    "mobilenet": {True: ("rest", "grpc"), False: ("rest", "grpc")},
+    "null": {True: ("rest",)},
+}
 # Bad requests of every kind the server must refuse with a 400 and survive (TF Serving's answers:
 # tests/test_serving_http.py checks each one's message).
 MALFORMED_BODIES = {
@@ -80,17 +86,16 @@ def run(settings: Settings, command: list[str]) -> dict[str, Any]:
     results: dict[str, Any] = {"env": envinfo.collect(command), "settings": asdict(settings), "models": {}}
     with tempfile.TemporaryDirectory(prefix="hvdk8s-bench-serving-") as tmp:
         models = _export_models(Path(tmp), settings)
-        bar = tqdm(total=len(settings.concurrencies) * (4 * len(models) + 1) + 1, unit="load", desc="serving")
+        loads = sum(len(apis) for plan in PLAN.values() for apis in plan.values()) * len(settings.concurrencies)
+        bar = tqdm(total=loads + 1, unit="load", desc="serving")
         for name, (base, description) in models.items():
             entry = results["models"][name] = {"description": description, "inprocess": _inprocess(base, settings),
                                                "loads": []}
-            for batching in (True, False):
+            for batching, apis in PLAN[name].items():
                 args = [] if batching else ["--enable_batching=false"]
                 with running(base, Path(tmp) / f"{name}-{batching}.log", *args) as served:
-                    targets = [("rest", served.url), ("grpc", served.grpc)]
-                    if name == "digits" and batching:
-                        targets.append(("trivial", served.url))
-                    for api, target in targets:
+                    for api in apis:
+                        target = served.grpc if api == "grpc" else served.url
                         _warm_up(target, name, api, max(settings.concurrencies))
                         for c in settings.concurrencies:
                             entry["loads"].append(_load(target, name, api, c, batching, settings))
@@ -115,10 +120,15 @@ def _export_models(root: Path, settings: Settings) -> dict[str, tuple[Path, str]
         weights=None, input_shape=(settings.heavy_size, settings.heavy_size, 3), alpha=settings.heavy_alpha, classes=10
     )
     size = settings.heavy_size
+    null = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.GlobalAveragePooling2D()], name="null")
     return {
         "digits": (digits.parent, "digits CNN (28x28x1), PNG bytes in"),
         "mobilenet": (serving.export(heavy, root / "mobilenet", preprocessing="symmetric").parent,
                       f"MobileNetV2 alpha {settings.heavy_alpha} ({size}x{size}x3), random weights, PNG bytes in"),
+        "null": (serving.export(null, root / "null").parent,
+                 "null model: the digits signature (PNG bytes in, decoded and resized to 28x28x1) and one average "
+                 "as the model, so :predict costs what the serving path adds (parsing, base64, decoding, dispatch, "
+                 "response)"),
     }
 
 
@@ -222,9 +232,12 @@ def checks(results: dict[str, Any]) -> list[dict[str, Any]]:
     c1 = _find(digits["loads"], "rest", 1, True)
     add("p50_ms_c1", "digits, REST, concurrency 1: p50 latency (ms), target at most",
         c1 and c1["latency_ms"]["p50"], TARGETS["p50_ms_c1"], higher=False)
-    predict, trivial = _find(digits["loads"], "rest", c_max, True), _find(digits["loads"], "trivial", c_max, True)
-    add("predict_vs_trivial_c32", f"digits, REST, c={c_max}: :predict requests/s / status endpoint requests/s",
-        predict and trivial and predict["rps"] / trivial["rps"], TARGETS["predict_vs_trivial_c32"])
+    trivial = _find(digits["loads"], "trivial", c_max, True)
+    for name, what in (("null", "null model (the serving path without model compute)"),
+                       ("digits", "digits (with the model's own compute)")):
+        predict = _find(results["models"][name]["loads"], "rest", c_max, True)
+        add(f"predict_vs_trivial_c32_{name}", f"{what}, REST, c={c_max}: :predict requests/s / status endpoint "
+            "requests/s", predict and trivial and predict["rps"] / trivial["rps"], TARGETS["predict_vs_trivial_c32"])
     for api in ("rest", "grpc"):
         on, off = _find(heavy["loads"], api, c_max, True), _find(heavy["loads"], api, c_max, False)
         add(f"batching_vs_inprocess_b32_{api}",
