@@ -80,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="benchmark hvdk8s against raw Horovod and TF strategies; write results.json, report.md, plots",
         description="Measure training throughput, scaling efficiency, time to accuracy, allreduce bandwidth and "
         "bandwidth-limited (network-namespace) clusters side by side, fit an alpha-beta cost model and "
-        "extrapolate it. --quick took 36 minutes on a shared 2-core machine (load average 5-12), the full mode is about three times longer.",
+        "extrapolate it. --quick took 13 minutes on an idle 2-core machine (36 at load average 5-12), the full mode is about three times longer.",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="preset", action="store_const", const="quick", help="short run (default: full)")
@@ -92,7 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="add a per-phase breakdown of the N=2 step (hvdk8s and the raw loop) and a Horovod timeline")
     p.add_argument("--report-only", type=Path, metavar="RESULTS_JSON", help="re-render the report from a results file")
     p.add_argument("--serving", action="store_true", help="benchmark hvdk8s serve instead (REST/gRPC, batching on/off; "
-                   "writes serving.json/.md/.png; ~4 min with --quick)")
+                   "writes serving.json/.md/.png; 9 min, 2 with --quick: shorter loads and a 30 s soak)")
     for flag, (_field, parse, text) in OVERRIDES.items():
         p.add_argument(flag, type=parse, default=None, help=text)
     p.set_defaults(handler=run, command_line=None)
