@@ -152,10 +152,8 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._correction = None
         if self.momentum_correction:
-            optimizer = self.model.optimizer
-            built = optimizer is not None and "_hvdk8s_momentum" in optimizer.__dict__
-            self._correction = in_step_momentum_correction(optimizer)
-            if self._correction is not None and not built:
+            self._correction, created = in_step_momentum_correction(self.model.optimizer)
+            if created:
                 self.model.make_train_function(force=True)  # compiled before the correction existed
         if not self.staircase and not self.steps_per_epoch:
             self.steps_per_epoch = self.params.get("steps")
@@ -168,11 +166,11 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.current_epoch = epoch
         if self._correction is not None:
-            self._correction.active.assign(self._in_range(epoch))
+            self._correction.set_active(self, self._in_range(epoch))
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self._correction is not None:
-            self._correction.active.assign(False)
+            self._correction.set_active(self, False)
 
     def _in_range(self, epoch: int) -> bool:
         return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)

@@ -40,9 +40,10 @@ class _Accumulators:
 class _MomentumCorrection:
     """Horovod's ``momentum_correction`` for SGD, inside the compiled step.
 
-    While ``active`` (the rate callbacks switch it per epoch, not per batch),
-    each step first scales SGD's momentum buffers by this step's rate over the
-    last step's (Goyal et al. 2017). Horovod changes the momentum
+    While any rate callback that corrects momentum is in its epoch range
+    (``set_active``, called per epoch, not per batch), each step first scales
+    SGD's momentum buffers by this step's rate over the last step's (Goyal et
+    al. 2017). Horovod changes the momentum
     hyperparameter for that one step instead; Keras 3 compiles ``momentum``
     into the step as a constant, and for SGD without Nesterov both give the
     same update. Doing it in the step leaves a rate callback one variable
@@ -54,6 +55,15 @@ class _MomentumCorrection:
             lr = optimizer.learning_rate
             self.active = tf.Variable(False, trainable=False)
             self.last_lr = tf.Variable(tf.convert_to_tensor(lr), trainable=False)
+        self._owners: set[int] = set()
+
+    def set_active(self, owner: object, active: bool) -> None:
+        """``owner`` (a rate callback) corrects in this epoch or not; the step corrects while any does."""
+        if active:
+            self._owners.add(id(owner))
+        else:
+            self._owners.discard(id(owner))
+        self.active.assign(bool(self._owners))
 
     def scale(self, optimizer: keras.optimizers.Optimizer) -> None:
         """Traced into the step before the update."""
@@ -69,19 +79,20 @@ class _MomentumCorrection:
         self.last_lr.assign(lr)
 
 
-def in_step_momentum_correction(optimizer: Any) -> _MomentumCorrection | None:
-    """The in-step momentum correction of ``optimizer``, created on first use; ``None`` where it does not apply.
+def in_step_momentum_correction(optimizer: Any) -> tuple[_MomentumCorrection | None, bool]:
+    """(the in-step momentum correction of ``optimizer``, whether it was created now); ``None`` where it does not apply.
 
     It applies to a ``DistributedOptimizer`` over SGD with momentum and without
     Nesterov. A train function compiled before its creation does not contain
-    it: rebuild that (``model.make_train_function(force=True)``).
+    it: rebuild that (``model.make_train_function(force=True)``) when it is new.
     """
     if not (is_distributed(optimizer) and isinstance(optimizer, keras.optimizers.SGD) and optimizer.momentum
             and not optimizer.nesterov):
-        return None
-    if "_hvdk8s_momentum" not in optimizer.__dict__:
+        return None, False
+    created = "_hvdk8s_momentum" not in optimizer.__dict__
+    if created:
         optimizer.__dict__["_hvdk8s_momentum"] = _MomentumCorrection(optimizer)
-    return optimizer.__dict__["_hvdk8s_momentum"]
+    return optimizer.__dict__["_hvdk8s_momentum"], created
 
 
 class _DistributedMixin:

@@ -178,7 +178,9 @@ def test_elastic_commit_callback_commits_every_n_batches_and_tracks_batch_and_ep
     assert state.epoch == 2 and state.batch == 0
 
 
-def test_momentum_correction_is_horovods_momentum_times_new_over_old_lr_for_the_step() -> None:
+@pytest.mark.parametrize("later", [False, True], ids=["alone", "with a later schedule"])
+def test_momentum_correction_is_horovods_momentum_times_new_over_old_lr_for_the_step(later: bool) -> None:
+    """``later``: a second rate callback, out of its range here, must not switch the first one's correction off."""
     import keras
     import tensorflow as tf
 
@@ -198,7 +200,8 @@ def test_momentum_correction_is_horovods_momentum_times_new_over_old_lr_for_the_
     trained = model()
     trained.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)), "mse")
     trained.fit(x, y, batch_size=10, epochs=2, shuffle=False, verbose=0, callbacks=[
-        hvd.callbacks.LearningRateScheduleCallback(0.1, multiplier, staircase=False, momentum_correction=True)])
+        hvd.callbacks.LearningRateScheduleCallback(0.1, multiplier, staircase=False, momentum_correction=True),
+        *([hvd.callbacks.LearningRateScheduleCallback(0.1, 1.0, start_epoch=5)] if later else [])])
     # Horovod (Keras 2): for the step where the rate changes, momentum = 0.9 × new_lr / old_lr
     ref = model()
     weights = [v.numpy() for v in ref.trainable_variables]
