@@ -61,6 +61,23 @@ def submit_all(batcher: Batcher, arrays: list[np.ndarray]) -> list:
         return list(pool.map(one, arrays))
 
 
+def behind_a_busy_thread(batcher: Batcher, model: Model, gate: threading.Event, first: np.ndarray,
+                         arrays: list[np.ndarray]) -> tuple[dict, list]:
+    """Run ``first`` alone (the model blocks on ``gate``), queue ``arrays`` behind it, then release the model.
+
+    Returns the first request's result and each queued one's result or exception.
+    """
+    blocker = batcher.submit("servable", "serving_default", {"x": first})  # holds the only batch thread
+    wait_until(lambda: model.batches, "the first request to start")  # before the others can join its batch
+    results: list = []
+    runner = threading.Thread(target=lambda: results.extend(submit_all(batcher, arrays)))
+    runner.start()
+    wait_until(lambda: queued(batcher) == len(arrays), "all requests queued behind the busy thread")
+    gate.set()
+    runner.join(30)
+    return blocker.result(30), results
+
+
 def test_tf_serving_parameter_file_as_hvdk8s_renders_it_for_kubernetes(tmp_path):
     """The file ``hvdk8s serving-manifests --batching`` writes for TF Serving configures this server the same."""
     rendered = Batching(max_batch_size=64, batch_timeout_micros=500, num_batch_threads=3, max_enqueued_batches=7)
@@ -110,17 +127,10 @@ def test_concurrent_requests_share_batches_and_get_their_own_rows():
     gate = threading.Event()
     model = Model(gate)
     batcher = Batcher(BatchingParameters(max_batch_size=8, num_batch_threads=1), model)
+    arrays = [np.array([[i, i + 0.5]] * (1 + i % 3)) for i in range(12)]  # 1-3 rows each
     try:
-        first = batcher.submit("servable", "serving_default", {"x": np.full((1, 2), 100.0)})  # holds the thread
-        wait_until(lambda: model.batches, "the first request to start")  # before the others can join its batch
-        arrays = [np.array([[i, i + 0.5]] * (1 + i % 3)) for i in range(12)]  # 1-3 rows each
-        results: list = []
-        runner = threading.Thread(target=lambda: results.extend(submit_all(batcher, arrays)))
-        runner.start()
-        wait_until(lambda: queued(batcher) == len(arrays), "all requests queued behind the busy thread")
-        gate.set()
-        runner.join(30)
-        assert first.result(30)["y"].tolist() == [[200.0, 200.0]]
+        first, results = behind_a_busy_thread(batcher, model, gate, np.full((1, 2), 100.0), arrays)
+        assert first["y"].tolist() == [[200.0, 200.0]]
     finally:
         batcher.close()
     for x, result in zip(arrays, results):
@@ -135,18 +145,10 @@ def test_one_bad_request_fails_only_itself():
     gate = threading.Event()
     model = Model(gate)
     batcher = Batcher(BatchingParameters(max_batch_size=16, num_batch_threads=1), model)
+    arrays = [np.array([[float(i), 1.0]]) for i in range(6)]
+    arrays[3] = np.array([[-1.0, 1.0]])
     try:
-        blocker = batcher.submit("servable", "serving_default", {"x": np.zeros((1, 2))})
-        wait_until(lambda: model.batches, "the blocking request to start")  # before the six can join its batch
-        arrays = [np.array([[float(i), 1.0]]) for i in range(6)]
-        arrays[3] = np.array([[-1.0, 1.0]])
-        results: list = []
-        runner = threading.Thread(target=lambda: results.extend(submit_all(batcher, arrays)))
-        runner.start()
-        wait_until(lambda: queued(batcher) == len(arrays), "the six requests queued")
-        gate.set()
-        runner.join(30)
-        blocker.result(30)
+        _, results = behind_a_busy_thread(batcher, model, gate, np.zeros((1, 2)), arrays)
     finally:
         batcher.close()
     assert model.batches[:2] == [1, 6]  # the six were run together first, then one by one
