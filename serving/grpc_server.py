@@ -76,7 +76,7 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     def Predict(self, request: Any, context: grpc.ServicerContext) -> Any:
         spec = request.model_spec
         with _status(context):
-            servable = self.core.servable(spec.name, _version(spec), spec.version_label or None)
+            servable = self.core.servable(*_selects(spec))
             signature = spec.signature_name or rest.DEFAULT_SIGNATURE
             arrays = inputs_from_protos(request.inputs, servable.inputs_of(signature))
             outputs = self.core.submit(servable, signature, arrays).result()
@@ -99,7 +99,7 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             for name in request.metadata_field:
                 if name != SIGNATURE_DEF:
                     raise rest.invalid(f"Metadata field {name} is not supported")
-            servable = self.core.servable(spec.name, _version(spec), spec.version_label or None)
+            servable = self.core.servable(*_selects(spec))
             signature_defs = json_format.ParseDict(
                 {"signature_def": servable.signature_defs}, get_model_metadata_pb2.SignatureDefMap()
             )
@@ -118,12 +118,13 @@ class _ModelService(model_service_pb2_grpc.ModelServiceServicer):
     def GetModelStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
         spec = request.model_spec
         with _status(context):
-            doc = self.core.status(spec.name, _version(spec), spec.version_label or None)
+            doc = self.core.status(*_selects(spec))
             return json_format.ParseDict(doc, get_model_status_pb2.GetModelStatusResponse())
 
 
-def _version(spec: Any) -> int | None:
-    return spec.version.value if spec.HasField("version") else None
+def _selects(spec: Any) -> tuple[str, int | None, str | None]:
+    """A ``ModelSpec``'s (model name, version or None, label or None), as ``ServingCore`` takes them."""
+    return spec.name, spec.version.value if spec.HasField("version") else None, spec.version_label or None
 
 
 def _fill_spec(model_spec: Any, name: str, version: int, signature: str) -> None:
