@@ -74,35 +74,18 @@ class Timed:
         return _Proxy()
 
 
-class _Mark:
-    """Records ``perf_counter`` at one batch hook: first in the list at batch 1's start, last at the last batch's end."""
-
-    def __new__(cls, times: list[float], hook: str, batch: int) -> Any:
-        import keras
-
-        class Mark(keras.callbacks.Callback):
-            pass
-
-        def record(self: Any, b: int, logs: Any = None) -> None:
-            if b == batch:
-                times.append(time.perf_counter())
-
-        setattr(Mark, hook, record)
-        return Mark()
-
-
-def _candidates(hvd: Any, model: Any, epochs: int) -> dict[str, Any]:
-    """name -> a factory of the callback for ``model`` (the elastic ones need a state of that model)."""
+def _candidates(hvd: Any, epochs: int) -> dict[str, Any]:
+    """name -> a factory of the callback for a model (the elastic ones need a state of that model)."""
     return {
-        "BroadcastGlobalVariablesCallback": lambda: hvd.callbacks.BroadcastGlobalVariablesCallback(0),
-        "MetricAverageCallback": lambda: hvd.callbacks.MetricAverageCallback(),
-        "LearningRateWarmupCallback (during warm-up)": lambda: hvd.callbacks.LearningRateWarmupCallback(
+        "BroadcastGlobalVariablesCallback": lambda model: hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+        "MetricAverageCallback": lambda model: hvd.callbacks.MetricAverageCallback(),
+        "LearningRateWarmupCallback (during warm-up)": lambda model: hvd.callbacks.LearningRateWarmupCallback(
             0.01, warmup_epochs=epochs + 1),
-        "TrainingMetrics (Prometheus)": lambda: hvd.TrainingMetrics(port=0),
-        "ProgressBar (rank 0)": lambda: hvd.ProgressBar(file=open("/dev/null", "w")),  # noqa: SIM115
-        "elastic.UpdateBatchStateCallback": lambda: hvd.elastic.UpdateBatchStateCallback(
+        "TrainingMetrics (Prometheus)": lambda model: hvd.TrainingMetrics(port=0),
+        "ProgressBar (rank 0)": lambda model: hvd.ProgressBar(file=open("/dev/null", "w")),  # noqa: SIM115
+        "elastic.UpdateBatchStateCallback": lambda model: hvd.elastic.UpdateBatchStateCallback(
             hvd.elastic.KerasState(model, epoch=0, batch=0)),
-        "elastic.CommitStateCallback(batches_per_commit=1)": lambda: hvd.elastic.CommitStateCallback(
+        "elastic.CommitStateCallback(batches_per_commit=1)": lambda model: hvd.elastic.CommitStateCallback(
             hvd.elastic.KerasState(model, epoch=0, batch=0)),
     }
 
@@ -123,10 +106,25 @@ def measure(steps: int, rounds: int, batch: int) -> dict[str, Any]:
                       "sparse_categorical_crossentropy", metrics=["accuracy"])
         return model
 
+    class Mark(keras.callbacks.Callback):
+        """``perf_counter`` at batch 1's start (``start``, first in the list) or the last batch's end (last in it)."""
+
+        def __init__(self, times: list[float], start: bool) -> None:
+            super().__init__()
+            self.times, self.start = times, start
+
+        def on_train_batch_begin(self, b: int, logs: Any = None) -> None:
+            if self.start and b == 1:
+                self.times.append(time.perf_counter())
+
+        def on_train_batch_end(self, b: int, logs: Any = None) -> None:
+            if not self.start and b == steps - 1:
+                self.times.append(time.perf_counter())
+
     variants: dict[str, tuple[keras.Model, Timed | None]] = {BASELINE: (compiled(), None), CONTROL: (compiled(), None)}
-    for name in _candidates(hvd, None, rounds):  # names only
+    for name, make in _candidates(hvd, rounds).items():
         model = compiled()
-        variants[name] = (model, Timed(_candidates(hvd, model, rounds)[name]()))
+        variants[name] = (model, Timed(make(model)))
     step_ms: dict[str, list[float]] = {name: [] for name in variants}
     hook_s = {name: 0.0 for name in variants}
     for timed_round in range(rounds + 1):  # round 0: tracing, untimed
@@ -137,9 +135,9 @@ def measure(steps: int, rounds: int, batch: int) -> dict[str, Any]:
             before = timer.seconds if timer else 0.0
             marks: list[float] = []
             model.fit(x[:n], y[:n], batch_size=batch, epochs=timed_round + 1, initial_epoch=timed_round, verbose=0,
-                      shuffle=False, callbacks=[_Mark(marks, "on_train_batch_begin", 1),
+                      shuffle=False, callbacks=[Mark(marks, start=True),
                                                 *([timer.wrap()] if timer else []),
-                                                _Mark(marks, "on_train_batch_end", steps - 1)])
+                                                Mark(marks, start=False)])
             if timed_round:
                 step_ms[name].append((marks[1] - marks[0]) / (steps - 1) * 1e3)
                 hook_s[name] += (timer.seconds - before) if timer else 0.0

@@ -43,11 +43,11 @@ class _MomentumCorrection:
     While any rate callback that corrects momentum is in its epoch range
     (``set_active``, called per epoch, not per batch), each step first scales
     SGD's momentum buffers by this step's rate over the last step's (Goyal et
-    al. 2017). Horovod changes the momentum
-    hyperparameter for that one step instead; Keras 3 compiles ``momentum``
-    into the step as a constant, and for SGD without Nesterov both give the
-    same update. Doing it in the step leaves a rate callback one variable
-    assignment per batch. A plain object, like ``_Accumulators``.
+    al. 2017). Horovod changes the momentum hyperparameter for that one step
+    instead; Keras 3 compiles ``momentum`` into the step as a constant, and for
+    SGD without Nesterov both give the same update. Doing it in the step
+    leaves a rate callback one variable assignment per batch. A plain object,
+    like ``_Accumulators``.
     """
 
     def __init__(self, optimizer: keras.optimizers.Optimizer) -> None:
@@ -55,14 +55,14 @@ class _MomentumCorrection:
             lr = optimizer.learning_rate
             self.active = tf.Variable(False, trainable=False)
             self.last_lr = tf.Variable(tf.convert_to_tensor(lr), trainable=False)
-        self._owners: set[int] = set()
+        self._owners: set[object] = set()
 
     def set_active(self, owner: object, active: bool) -> None:
         """``owner`` (a rate callback) corrects in this epoch or not; the step corrects while any does."""
         if active:
-            self._owners.add(id(owner))
+            self._owners.add(owner)
         else:
-            self._owners.discard(id(owner))
+            self._owners.discard(owner)
         self.active.assign(bool(self._owners))
 
     def scale(self, optimizer: keras.optimizers.Optimizer) -> None:
