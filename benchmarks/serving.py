@@ -202,6 +202,11 @@ def _soak(served: Any, settings: Settings) -> dict[str, Any]:
             "malformed_kinds": list(MALFORMED_BODIES), "rss_mb": samples}
 
 
+def _answers(soak: dict[str, Any]) -> dict[str, int]:
+    """The soak's answers by status ("ok" or the HTTP code), to set beside its ``expected``."""
+    return {"ok": soak["ok"], **soak["errors_by_status"]}
+
+
 def rss_growth_pct(samples: list[list[float]], duration_s: float) -> float | None:
     """Median RSS over the soak's last fifth relative to its second fifth (the first is warm-up), in percent."""
     fifth = duration_s / 5
@@ -247,7 +252,7 @@ def checks(results: dict[str, Any]) -> list[dict[str, Any]]:
         add(f"batching_on_vs_off_{api}", f"MobileNetV2, {api}, c={c_max}: batching on / off images/s",
             on and off and on["images_per_second"] / off["images_per_second"], TARGETS["batching_on_vs_off"])
     soak = results["soak"]
-    got = {"ok": soak["ok"], **soak["errors_by_status"]}
+    got = _answers(soak)
     add("soak_unexpected", f"soak, {soak['duration_s']:.0f} s of good and malformed REST requests: answers other "
         "than the expected 200/400, at most", sum(abs(got.get(k, 0) - soak["expected"].get(k, 0))
                                                   for k in {*got, *soak["expected"]}) / 2,
@@ -301,7 +306,7 @@ def markdown(results: dict[str, Any], plot_name: str) -> str:
             ),
         ]
     soak = results["soak"]
-    got = {"ok": soak["ok"], **soak["errors_by_status"]}
+    got = _answers(soak)
     rss = [mb for _, mb in soak["rss_mb"]]
     lines += [
         "",
