@@ -50,6 +50,9 @@ MAX_TENSOR_DEPTH = 64
 """Deepest list nesting accepted for one input (TensorFlow allows rank <= 254; images need 4)."""
 MAX_NUMBER_CHARS = 400
 """Longest number literal accepted; longer integers cannot be doubles anyway (~309 digits)."""
+MAX_JSON_DEPTH = 2 * MAX_TENSOR_DEPTH
+"""Deepest nesting of arrays and objects in a request document (room for a tensor and the request's own levels)."""
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 
 
 class ServingError(Exception):
@@ -233,20 +236,38 @@ def _parse_json(body: bytes) -> dict[str, Any]:
 
     Integers beyond 64 bits become doubles and a number beyond double range
     is a parse error, where Python would give a huge int or ``inf``. A
-    document nested deeper than Python's parser allows (about 1,000 levels)
-    is refused, not answered with a server error.
+    document nested deeper than ``MAX_JSON_DEPTH`` is refused before parsing.
     """
     if not body:
         raise invalid("JSON Parse error: The document is empty")
+    _check_depth(body)
     try:
         doc = json.loads(body, parse_int=_json_int, parse_float=_json_float)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise invalid(f"JSON Parse error: {err}") from None
-    except RecursionError:
-        raise invalid("JSON Parse error: the document is nested too deeply") from None
     if not isinstance(doc, dict):
         raise invalid(f"JSON Value: {_short(doc)} Is not object")
     return doc
+
+
+def _check_depth(body: bytes) -> None:
+    """Refuse a document nested deeper than ``MAX_JSON_DEPTH`` before parsing it.
+
+    The scan stops at the first level too many, so a deep document costs
+    neither a parse nor the parser's recursion; brackets inside strings do
+    not count. Documents with few brackets skip it.
+    """
+    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:  # cannot be too deep: skip the scan
+        return
+    depth = 0
+    for token in _JSON_TOKEN.finditer(body):
+        bracket = token[0]
+        if bracket in (b"[", b"{"):
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise invalid(f"JSON Parse error: the document is nested deeper than {MAX_JSON_DEPTH} levels")
+        elif bracket in (b"]", b"}"):
+            depth -= 1
 
 
 def _json_int(text: str) -> int | float:

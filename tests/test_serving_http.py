@@ -61,7 +61,7 @@ ROWS = [
      b'{"signature_name": "predict_tensor", "instances": [[[[1e400]]]]}', 400, "Number too big to be stored in double"),
     ("400-digit-int", "POST", PREDICT, b'{"instances": [' + b"9" * 400 + b"]}", 400, "Number too big"),
     ("100000-deep", "POST", PREDICT, b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400,
-     "nested too deeply"),
+     "nested deeper than 128 levels"),
     ("huge-body", "POST", PREDICT, b'{"instances": ["' + b"A" * (LIMIT + 10) + b'"]}', 413,
      f"exceeds the limit of {LIMIT} bytes"),
     ("not-json", "POST", PREDICT, b"instances = [1, 2]", 400, "JSON Parse error"),

@@ -135,8 +135,9 @@ def test_invalid_bodies_are_invalid_argument(doc, specs, message):
         (b'{"instances": [[-1e400]]}', "JSON Parse error: Number too big to be stored in double"),
         (b'{"instances": [[' + b"9" * 400 + b"]]}", "JSON Parse error: Number too big to be stored in double"),
         (b'{"instances": [[' + b"9" * 5000 + b"]]}", "Number too big"),  # refused before any conversion
-        (b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "JSON Parse error: the document is nested"),
-        (b'{"instances": ' + b"[" * 200 + b"1.5" + b"]" * 200 + b"}", "lists nested deeper than 64 levels"),
+        (b'{"instances": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "the document is nested deeper than 128 levels"),
+        (b'{"instances": ' + b"[" * 128 + b"]" * 128 + b"}", "the document is nested deeper than 128 levels"),
+        (b'{"instances": ' + b"[" * 100 + b"1.5" + b"]" * 100 + b"}", "lists nested deeper than 64 levels"),
     ],
 )
 def test_unparseable_json_and_numbers_beyond_limits(raw, message):
@@ -144,6 +145,12 @@ def test_unparseable_json_and_numbers_beyond_limits(raw, message):
     with pytest.raises(ServingError) as err:
         rest.parse_predict_body(raw, lambda _: specs)
     assert err.value.http_status == 400 and message in err.value.message
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting():
+    text = "[" * 200 + '\\"{' * 100 + "]"
+    _, arrays, _ = rest.parse_predict_body(body({"instances": [text, "x"]}), specs_for(IMAGE))
+    assert arrays["image_bytes"].tolist() == [text.encode(), b"x"]
 
 
 def test_json_numbers_read_as_tf_serving_reads_them():
