@@ -113,7 +113,15 @@ async def _handle(core: ServingCore, request: Request, body: bytes) -> dict:
         servable = core.servable(route.model, route.version, route.label)
         raise rest.classify_regress_error(route.kind, signature, servable.signature_defs)
     parse = functools.partial(_parse_predict, core, route, body)
-    servable, signature, arrays, row = parse() if len(body) <= INLINE_BYTES else await run_in_threadpool(parse)
+    if len(body) <= INLINE_BYTES:
+        servable, signature, arrays, row = parse()
+    else:
+        parsed = await run_in_threadpool(_error_returned, parse)
+        if isinstance(parsed, rest.ServingError):
+            # a new error: re-raising the worker's, held by this frame's local, would form a reference
+            # cycle that keeps the body alive until the garbage collector runs (RSS grows under load)
+            raise rest.ServingError(parsed.code, parsed.message, parsed.http_status)
+        servable, signature, arrays, row = parsed
     outputs = await asyncio.wrap_future(core.submit(servable, signature, arrays))
     return rest.predict_response(outputs, row)
 
@@ -129,6 +137,19 @@ def _parse_predict(core: ServingCore, route: rest.Route, body: bytes) -> tuple:
 
     signature, arrays, row = rest.parse_predict_body(body, inputs_of)
     return servable, signature, arrays, row
+
+
+def _error_returned(call: Callable[[], tuple]) -> tuple | rest.ServingError:
+    """``call()``, or the ``ServingError`` it raised as the value.
+
+    An exception raised in a worker thread and re-raised by the awaiting
+    coroutine sits in a reference cycle with that coroutine's frames (which
+    hold the request body) until the cyclic garbage collector runs.
+    """
+    try:
+        return call()
+    except rest.ServingError as err:
+        return err
 
 
 def serve(
