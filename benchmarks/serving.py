@@ -8,7 +8,7 @@ here, several times cheaper per image at batch 32, so batching matters. For each
 runs as a child process with batching on (the default) and off, and
 ``hvdk8s loadtest`` drives it over REST and gRPC at each concurrency with
 single-image requests, after an untimed warm-up load. In the same run: the SavedModel's ``serving_default``
-called in this process at batch 1 and 32 (the ceiling), and the model
+called directly at batch 1 and 32 (the ceiling, see ``_inprocess``), and the model
 status endpoint (``GET /v1/models/NAME``) on the same server under the same
 load generator (the server stack without the model: the HTTP/JSON cost).
 Last, a soak: the digits server under a mixed REST load of good and
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -132,20 +133,42 @@ def _export_models(root: Path, settings: Settings) -> dict[str, tuple[Path, str]
     }
 
 
-def _inprocess(base: Path, settings: Settings) -> dict[str, float]:
-    """Images/s of ``serving_default`` called directly at batch 1 and 32 (warm, best of the timed window)."""
+def _inprocess(base: Path, settings: Settings) -> dict[str, Any]:
+    """Images/s of ``serving_default`` called directly at batch 1 and 32: the ceiling the server is held to.
+
+    Measured in a fresh process for each intra-op thread setting, TensorFlow's
+    own (0) and the one the server picks (``core.tensorflow_threads``), since
+    the setting is fixed when TensorFlow starts; each rate is the faster of
+    the two, and both are kept.
+    """
+    import multiprocessing
+
+    from hvdk8s.serving.batching import BatchingParameters
+    from hvdk8s.serving.core import tensorflow_threads
+
+    by_setting = {}
+    for intra in sorted({0, tensorflow_threads(BatchingParameters())}):
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            by_setting[str(intra)] = pool.apply(_inprocess_rates, (str(base), intra, settings.inprocess_s))
+    best = {key: max(rates[key] for rates in by_setting.values()) for key in next(iter(by_setting.values()))}
+    return {**best, "by_intra_op_threads": by_setting}
+
+
+def _inprocess_rates(base: str, intra_op_threads: int, seconds: float) -> dict[str, float]:
+    """(In a child process.) Warm rates at batch 1 and 32 with this many intra-op threads (0: TensorFlow picks)."""
     import tensorflow as tf
 
     from hvdk8s.serving import loadtest
 
-    signature = tf.saved_model.load(str(base / "1")).signatures["serving_default"]
+    tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
+    signature = tf.saved_model.load(os.path.join(base, "1")).signatures["serving_default"]
     images = loadtest.digits_png(32)
     rates = {}
     for batch in (1, 32):
         x = tf.constant(images[:batch])
         signature(image_bytes=x)  # trace and warm up
         calls, start = 0, time.perf_counter()
-        while time.perf_counter() - start < settings.inprocess_s:
+        while time.perf_counter() - start < seconds:
             signature(image_bytes=x)
             calls += 1
         rates[f"batch{batch}_images_per_s"] = calls * batch / (time.perf_counter() - start)
@@ -296,7 +319,7 @@ def markdown(results: dict[str, Any], plot_name: str) -> str:
             f"## {name}: {model['description']}",
             "",
             f"In process (`serving_default` called directly): batch 1 {report.num(inproc['batch1_images_per_s'])} "
-            f"images/s, batch 32 {report.num(inproc['batch32_images_per_s'])} images/s.",
+            f"images/s, batch 32 {report.num(inproc['batch32_images_per_s'])} images/s{_by_threads(inproc)}.",
             "",
             report.table(
                 ["API", "batching", "concurrency", "requests/s", "p50 ms", "p99 ms", "errors"],
@@ -327,6 +350,17 @@ def markdown(results: dict[str, Any], plot_name: str) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _by_threads(inproc: dict[str, Any]) -> str:
+    """Each rate's source: the faster of TensorFlow's own intra-op threads (0) and the server's setting."""
+    settings = inproc.get("by_intra_op_threads")
+    if not settings:
+        return ""
+    shown = "; ".join(f"{'TensorFlow default' if k == '0' else f'{k} intra-op thread(s)'}: "
+                      f"{report.num(r['batch1_images_per_s'])} / {report.num(r['batch32_images_per_s'])}"
+                      for k, r in settings.items())
+    return f" (the faster of each, batch 1 / batch 32, {shown})"
 
 
 def plot(results: dict[str, Any], path: Path) -> None:

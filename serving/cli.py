@@ -71,6 +71,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--batching_parameters_file", type=Path, metavar="FILE",
         help="TF Serving's BatchingParameters text proto, e.g. 'max_batch_size { value: 64 }'",
     )
+    threads = serve.add_argument_group("TensorFlow threads (TF Serving's flags)")
+    threads.add_argument(
+        "--tensorflow_intra_op_parallelism", type=_positive(int, zero=True), metavar="N",
+        help="threads within one op (0: TensorFlow picks; default with batching: the cores divided among the "
+        "batch threads, so concurrent batches do not contend for every core; without batching: 0)",
+    )
+    threads.add_argument(
+        "--tensorflow_inter_op_parallelism", type=_positive(int, zero=True), default=0, metavar="N",
+        help="threads running independent ops (default 0: TensorFlow picks)",
+    )
     serve.set_defaults(handler=_serve)
 
     predict = sub.add_parser(
@@ -129,11 +139,11 @@ def _export_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _positive(kind: type) -> Callable[[str], Any]:
+def _positive(kind: type, zero: bool = False) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         value = kind(text)
-        if value <= 0:
-            raise argparse.ArgumentTypeError(f"{text}: must be positive")
+        if value < 0 or (value == 0 and not zero):
+            raise argparse.ArgumentTypeError(f"{text}: must be {'0 or more' if zero else 'positive'}")
         return value
 
     parse.__name__ = kind.__name__  # argparse names the type in "invalid int value" messages
@@ -223,6 +233,8 @@ def _serve(args: argparse.Namespace) -> int:
             poll_seconds=args.poll_seconds,
             num_versions=args.num_versions,
             batching=params,
+            intra_op_threads=args.tensorflow_intra_op_parallelism,
+            inter_op_threads=args.tensorflow_inter_op_parallelism,
         )
     except (ValueError, FileNotFoundError) as err:
         raise UserError(str(err)) from None

@@ -7,6 +7,7 @@ a gRPC request can share a batch and both see the same errors.
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from concurrent.futures import Future
 
@@ -40,6 +41,23 @@ class ServingCore:
 
     def close(self) -> None:
         self.executor.close()
+
+
+def tensorflow_threads(batching: BatchingParameters | None, intra_op: int | None = None) -> int:
+    """TensorFlow's intra-op thread count for a server (TF Serving's ``--tensorflow_intra_op_parallelism``).
+
+    ``intra_op`` given (0: TensorFlow picks) is used as is. Otherwise, with
+    batching, each batch thread gets an equal share of the cores (one core
+    each with the default ``num_batch_threads``, the core count): batches
+    then run side by side instead of every op's threads contending for all
+    cores with the other batch threads' ops. Without batching: TensorFlow's
+    own choice.
+    """
+    if intra_op is not None:
+        return intra_op
+    if batching is None:
+        return 0
+    return max(1, (os.cpu_count() or 1) // batching.num_batch_threads)
 
 
 def _run(servable: Servable, signature: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

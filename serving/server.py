@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from hvdk8s.serving import rest
 from hvdk8s.serving.batching import BatchingParameters
-from hvdk8s.serving.core import ServingCore
+from hvdk8s.serving.core import ServingCore, tensorflow_threads
 from hvdk8s.serving.repository import ModelRepository
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
@@ -163,13 +163,19 @@ def serve(
     poll_seconds: float = 1.0,
     num_versions: int = 1,
     batching: BatchingParameters | None = BatchingParameters(),
+    intra_op_threads: int | None = None,
+    inter_op_threads: int = 0,
 ) -> None:
     """Serve the model in ``base_path`` over REST and gRPC until interrupted (port 0: any free port).
 
     Prints one line with both addresses once the newest version is loaded;
     the sockets are bound first, so it carries the real ports.
-    ``batching=None`` runs every request on its own.
+    ``batching=None`` runs every request on its own. The thread counts are
+    TF Serving's ``--tensorflow_intra_op_parallelism`` and
+    ``--tensorflow_inter_op_parallelism`` (0: TensorFlow picks; intra-op
+    defaults to ``core.tensorflow_threads``).
     """
+    import tensorflow as tf
     import uvicorn
 
     from hvdk8s.serving import grpc_server
@@ -179,6 +185,13 @@ def serve(
         raise FileNotFoundError(f"model base path {root}: no such directory")
     name = name or root.resolve().name
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # before the first model loads: TensorFlow fixes its thread pools when its runtime starts
+    tf.config.threading.set_intra_op_parallelism_threads(tensorflow_threads(batching, intra_op_threads))
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads)
+    log.info("TensorFlow threads (0: TensorFlow picks): intra-op %d, inter-op %d",
+             tf.config.threading.get_intra_op_parallelism_threads(),
+             tf.config.threading.get_inter_op_parallelism_threads())
+
     sock = listen(host, port)
     core = ServingCore(ModelRepository(root, name, num_versions=num_versions), batching)
     try:
