@@ -248,7 +248,7 @@ class Batcher:
         self.tasks += len(batch)
         first = batch[0]
         if len(batch) == 1 and first.alone:
-            _settle(first, lambda: self._run(first.servable, first.signature, first.inputs))
+            self._settle(first)
             return
         try:
             merged, rows = self._merge(batch)
@@ -261,10 +261,22 @@ class Batcher:
             return
         if parts is None:  # the batch failed, or its outputs cannot be split: one call each
             for task in batch:
-                _settle(task, lambda t=task: self._run(t.servable, t.signature, t.inputs))
+                self._settle(task)
             return
         for task, part in zip(batch, parts):
             task.future.set_result(part)
+
+    def _settle(self, task: _Task) -> None:
+        """Run one request alone and settle its future."""
+        try:
+            task.future.set_result(self._run(task.servable, task.signature, task.inputs))
+        except rest.ServingError as err:
+            # an answer, not a bug: its traceback and the TensorFlow error it replaced reach this frame
+            # (and through it the task and its future), a reference cycle only the garbage collector frees
+            err.__context__ = None
+            task.future.set_exception(err.with_traceback(None))
+        except Exception as err:  # noqa: BLE001  (a bug: it goes to this caller, traceback and all, for the log)
+            task.future.set_exception(err)
 
     def _merge(self, batch: Sequence[_Task]) -> tuple[dict[str, np.ndarray], int]:
         """The batch's inputs concatenated (and padded), and the number of rows they have."""
@@ -296,11 +308,6 @@ class Unbatched:
         self._pool.shutdown(wait=True)
 
 
-def _settle(task: _Task, call: Callable[[], Outputs]) -> None:
-    try:
-        task.future.set_result(call())
-    except Exception as err:  # noqa: BLE001  (ServingError or not, it belongs to this caller)
-        task.future.set_exception(err)
 
 
 def _split(outputs: Mapping[str, np.ndarray], sizes: list[int], rows: int) -> list[Outputs] | None:
