@@ -95,7 +95,7 @@ def create_app(
 
 async def _handle(core: ServingCore, request: Request, body: bytes) -> dict:
     """One request's response document (or a ``rest.ServingError``), in TF Serving's order of checks."""
-    path = request.url.path
+    path = request.scope["path"]  # the decoded path; request.url would build a whole URL object per request
     if not path.lower().startswith("/v1/"):
         raise rest.ServingError("NOT_FOUND", f"Not found: {path} (TensorFlow Serving's API is under /v1/)")
     if request.method == "OPTIONS":  # CORS preflight, as TF Serving answers it
