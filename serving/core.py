@@ -37,6 +37,7 @@ class ServingCore:
 
     def submit(self, servable: Servable, signature: str, inputs: Mapping[str, np.ndarray]) -> Future:
         """The future outputs of one predict call (batched with others when batching is on)."""
+        servable.check(signature, inputs)  # refused here, the request never joins a batch
         return self.executor.submit(servable, signature, inputs)
 
     def close(self) -> None:

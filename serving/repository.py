@@ -21,6 +21,8 @@ import numpy as np
 from hvdk8s.serving import rest, savedmodel
 
 log = logging.getLogger("hvdk8s.serving")
+IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF8", b"BM")
+"""The starts of the files ``tf.io.decode_image`` recognises (TensorFlow 2.18): JPEG, PNG, GIF, BMP."""
 
 
 @dataclass
@@ -33,11 +35,30 @@ class Servable:
     inputs: dict[str, dict[str, rest.InputSpec]]
     signature_defs: dict[str, Any]
     loaded: Any = field(repr=False)  # keeps the variables the signatures use alive
+    image_inputs: dict[str, str] = field(default_factory=dict)  # signature -> its image-bytes input (hvdk8s exports)
 
     def inputs_of(self, signature: str) -> dict[str, rest.InputSpec]:
         if signature not in self.inputs:
             raise rest.invalid(f'Serving signature name: "{signature}" not found in signature def')
         return self.inputs[signature]
+
+    def check(self, signature: str, arrays: Mapping[str, np.ndarray]) -> None:
+        """Refuse image bytes that ``tf.io.decode_image`` would refuse, in its words, before TensorFlow runs.
+
+        TensorFlow 2.18 leaks about 1 KB per op call that fails (its eager
+        execute error path: a ``tf.function`` that only decodes an image
+        shows it), so undecodable images, everyday input from broken
+        clients, would grow the server's memory without bound. Only for
+        hvdk8s's own image signature, whose input is known to go to
+        ``decode_image``; images that pass this check but are corrupt still
+        fail inside TensorFlow.
+        """
+        name = self.image_inputs.get(signature)
+        for data in arrays[name].ravel() if name in arrays else ():
+            if not data:
+                raise rest.invalid("Input is empty.")
+            if not data.startswith(IMAGE_MAGIC):
+                raise rest.invalid("Unknown image file format. One of JPEG, PNG, GIF, BMP required.")
 
     def run(self, signature: str, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Call a signature; TensorFlow errors become ``ServingError`` with the same status code."""
@@ -69,7 +90,10 @@ def load_servable(version: int, path: Path) -> Servable:
         }
         for name, fn in signatures.items()
     }
-    return Servable(version, path, signatures, inputs, signature_defs(path), loaded)
+    exported = savedmodel.read_metadata(path) if (path / savedmodel.METADATA_FILE).is_file() else {}
+    image = exported.get("signatures", {}).get(savedmodel.SERVING_SIGNATURE) == savedmodel.IMAGE_INPUT
+    image_inputs = {savedmodel.SERVING_SIGNATURE: savedmodel.IMAGE_INPUT} if image else {}
+    return Servable(version, path, signatures, inputs, signature_defs(path), loaded, image_inputs)
 
 
 def signature_defs(path: Path) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import gc
 import json
 import os
 
+import numpy as np
 import pytest
 
 from hvdk8s.benchmarks.serving import MALFORMED_BODIES
@@ -14,7 +15,8 @@ from hvdk8s.serving.batching import BatchingParameters
 from hvdk8s.serving.core import ServingCore, tensorflow_threads
 from hvdk8s.serving.process import running
 from hvdk8s.serving.client import request_body
-from hvdk8s.serving.repository import ModelRepository
+from hvdk8s.serving.repository import ModelRepository, load_servable
+from hvdk8s.serving.rest import ServingError
 from serving_models import export_untrained
 
 
@@ -127,3 +129,19 @@ def test_serve_runs_tensorflow_with_the_thread_counts_given(base_path, tmp_path)
     with running(base_path, log, "--tensorflow_intra_op_parallelism", "3", "--tensorflow_inter_op_parallelism", "2"):
         pass
     assert "TensorFlow threads (0: TensorFlow picks): intra-op 3, inter-op 2" in log.read_text()
+
+
+@pytest.mark.parametrize("data", [b"not an image", b"RIFF\0\0\0\0WEBPVP8 ", b"", b"\x89PNG\r\n\x1a\nxx", b"GIF8xx"])
+def test_image_bytes_refused_before_tensorflow_in_tensorflows_own_words(base_path, data):
+    """What the check refuses, the signature refuses with the same message; what it lets through goes on to it."""
+    servable = load_servable(1, base_path / "1")
+    arrays = {"image_bytes": np.array([data], dtype=object)}
+    with pytest.raises(ServingError) as by_tensorflow:
+        servable.run("serving_default", arrays)
+    try:
+        servable.check("serving_default", arrays)
+    except ServingError as by_check:
+        assert (by_check.code, by_check.message) == (by_tensorflow.value.code, by_tensorflow.value.message)
+    else:
+        assert data.startswith((b"\x89PNG", b"GIF8"))  # a known format: only decoding tells it is broken
+    servable.check("predict_tensor", {"images": np.zeros((1, 28, 28, 1), "float32")})  # other signatures: unchecked
