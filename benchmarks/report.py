@@ -92,7 +92,7 @@ def label(strategy: str) -> str:
     return STRATEGY_LABELS.get(strategy, strategy)
 
 
-COLORS = dict(zip(STRATEGY_LABELS, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
+COLORS = dict(zip(STRATEGY_LABELS, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:cyan")))
 
 
 # --- plots -------------------------------------------------------------------------------------
@@ -554,7 +554,8 @@ def _emulated_section(emu: dict[str, Any]) -> str:
         if r["training"]:
             out += [
                 f"Training on the {r['rate']} links (same models, batches, warm-up and windows as section 1, one launch each; "
-                "fp32 gradients everywhere):",
+                + ("fp32 gradients everywhere but the fp16-compression row, which is not a like-for-like comparison):"
+                   if any(t["strategy"] == "hvdk8s_fp16" for t in r["training"]) else "fp32 gradients everywhere):"),
                 "",
                 table(
                     ["workload", "strategy", "N", "examples/s median [min–max]", "/ hvdk8s"],

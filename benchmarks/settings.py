@@ -13,16 +13,19 @@ from typing import Any
 from .knobs import names as knob_names
 from .netns import parse_rate
 
-STRATEGIES = ("single", "hvdk8s", "horovod", "tf_mwms", "tf_ps")
+STRATEGIES = ("single", "hvdk8s", "horovod", "tf_mwms", "tf_ps", "hvdk8s_fp16")
 STRATEGY_LABELS = {
     "single": "single process (Keras fit)",
     "hvdk8s": "hvdk8s (Keras fit on Horovod)",
     "horovod": "raw horovod.tensorflow loop",
     "tf_mwms": "TF MultiWorkerMirrored (RING)",
     "tf_ps": "TF ParameterServer (async)",
+    "hvdk8s_fp16": "hvdk8s, fp16 gradient compression (lower precision: its own row)",
 }
 # Strategies launched by mpirun; the TF ones are TF_CONFIG clusters.
-HOROVOD_STRATEGIES = ("hvdk8s", "horovod")
+HOROVOD_STRATEGIES = ("hvdk8s", "horovod", "hvdk8s_fp16")
+ONE_PROCESS_ONLY = ("single",)
+MANY_PROCESSES_ONLY = ("hvdk8s_fp16",)  # one rank does no allreduce, so there is nothing to compress
 WORKLOADS = ("cnn", "mlp")
 
 
@@ -76,7 +79,7 @@ class Settings:
     emulated_sizes: tuple[int, ...] = (4 << 10, 256 << 10, 4 << 20, 16 << 20)
     emulated_comm_steps: int = 3
     emulated_train_rates: tuple[str, ...] = ("1gbit", "10gbit")  # each must be one of emulated_rates
-    emulated_train_strategies: tuple[str, ...] = ("hvdk8s", "tf_mwms", "tf_ps")
+    emulated_train_strategies: tuple[str, ...] = ("hvdk8s", "tf_mwms", "tf_ps", "hvdk8s_fp16")
     emulated_train_workers: int = 2
     emulated_train_steps: int = 10  # per window; warm-up and windows as in the main training section
     # per-phase breakdown of one N=2 step (hvdk8s and the raw loop) and a Horovod timeline of it

@@ -19,7 +19,7 @@ from typing import Any
 
 from . import analysis, envinfo, knobs, memcopy, netns
 from .launch import JobFailed, Launcher, base_env, module_argv
-from .settings import HOROVOD_STRATEGIES, STRATEGY_LABELS, Settings
+from .settings import HOROVOD_STRATEGIES, MANY_PROCESSES_ONLY, ONE_PROCESS_ONLY, STRATEGY_LABELS, Settings
 from .util import write_json_atomic
 
 SCHEMA = "hvdk8s-bench/2"
@@ -50,13 +50,13 @@ class Progress:
 
 
 def training_configs(s: Settings) -> list[tuple[int, str, int]]:
-    """(round, strategy, N), interleaved by round; the single process only at N=1."""
+    """(round, strategy, N), interleaved by round; the single process only at N=1, fp16 compression only above."""
     return [
         (r, strategy, n)
         for r in range(s.rounds)
         for n in s.ranks
         for strategy in s.strategies
-        if not (strategy == "single" and n != 1)
+        if not (strategy in ONE_PROCESS_ONLY and n != 1) and not (strategy in MANY_PROCESSES_ONLY and n == 1)
     ]
 
 

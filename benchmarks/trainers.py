@@ -128,14 +128,17 @@ class _EpochClock(keras.callbacks.Callback):
 
 
 class KerasFitTrainer(Trainer):
-    """``model.fit``: a plain single process, or hvdk8s's DistributedOptimizer and callbacks.
+    """``model.fit``: a plain single process, or hvdk8s's DistributedOptimizer (``fp16``: with Horovod's
+    fp16 gradient compression) and callbacks.
 
     Windows are timed by a callback inside one ``fit`` call, so fit's own
     set-up is not charged to the steps; hvdk8s's callbacks run before it.
     Time to accuracy is one ``fit`` call over all epochs, as users train.
     """
 
-    def __init__(self, model_fn: ModelFn, dataset_fn: DatasetFn, lr: float, *, use_hvdk8s: bool) -> None:
+    def __init__(
+        self, model_fn: ModelFn, dataset_fn: DatasetFn, lr: float, *, use_hvdk8s: bool, fp16: bool = False
+    ) -> None:
         self.model = model_fn()
         self.callbacks: list[keras.callbacks.Callback] = []
         opt = workloads.optimizer(lr)
@@ -144,7 +147,9 @@ class KerasFitTrainer(Trainer):
             import hvdk8s
 
             rank, size = hvdk8s.rank(), hvdk8s.size()
-            opt = hvdk8s.DistributedOptimizer(opt)
+            opt = hvdk8s.DistributedOptimizer(
+                opt, compression=hvdk8s.Compression.fp16 if fp16 else hvdk8s.Compression.none
+            )
             self.callbacks = hvdk8s.default_callbacks()
         self.workers = size
         self.model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", jit_compile=False)

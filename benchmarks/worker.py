@@ -53,7 +53,7 @@ class Runtime:
         self.strategy: Any = None
         self.coordinator: Any = None
         self.workers, self.chief = 1, True
-        if strategy == "hvdk8s":
+        if strategy in ("hvdk8s", "hvdk8s_fp16"):
             import hvdk8s
 
             hvdk8s.init(threads_per_rank=threads)
@@ -89,8 +89,9 @@ class Runtime:
         from . import trainers
 
         name = name or self.name
-        if name in ("single", "hvdk8s"):
-            return trainers.KerasFitTrainer(model_fn, dataset_fn, lr, use_hvdk8s=name == "hvdk8s")
+        if name in ("single", "hvdk8s", "hvdk8s_fp16"):
+            return trainers.KerasFitTrainer(model_fn, dataset_fn, lr, use_hvdk8s=name != "single",
+                                            fp16=name == "hvdk8s_fp16")
         if name == "horovod":
             return trainers.HorovodLoopTrainer(model_fn, dataset_fn, lr)
         if name == "tf_mwms":

@@ -25,7 +25,7 @@ from hvdk8s.benchmarks import analysis, netns, report
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
-    "--quick", "--strategies", "single,hvdk8s,tf_ps", "--workloads", "cnn,mlp", "--ranks", "1,2", "--rounds", "1",
+    "--quick", "--strategies", "single,hvdk8s,tf_ps,hvdk8s_fp16", "--workloads", "cnn,mlp", "--ranks", "1,2", "--rounds", "1",
     "--mlp-width", "64", "--warmup", "1", "--steps", "3", "--windows", "2", "--tta-max-epochs", "1",
     "--profile", "--profile-steps", "2",
     "--sizes", "4K,64K", "--repeats", "2", "--allreduce-min-seconds", "0.02", "--fusion-tensors", "4", "--fusion-bytes", "4K",
@@ -114,7 +114,8 @@ def test_every_summary_recomputes_from_the_raw_timings(run: dict[str, Any]) -> N
     results = run["results"]
     assert analysis.derive(results["raw"]) == results["derived"]
     training = results["raw"]["training"]
-    assert {(r["strategy"], r["workers"]) for r in training} == {("single", 1), ("hvdk8s", 1), ("hvdk8s", 2), ("tf_ps", 1), ("tf_ps", 2)}
+    assert {(r["strategy"], r["workers"]) for r in training} == {("single", 1), ("hvdk8s", 1), ("hvdk8s", 2), ("tf_ps", 1), ("tf_ps", 2),
+                                                                    ("hvdk8s_fp16", 2)}
     for r in training:  # the timings came from processes that really ran that long
         timed = sum(sum(w["window_seconds"]) for w in r["result"]["throughput"])
         assert 0 < timed < r["job"]["wall_seconds"]

@@ -196,10 +196,11 @@ def test_tf_cluster_plan_places_roles_on_hosts() -> None:
     assert all(a.startswith("127.0.0.1:") for a in spec["worker"])
 
 
-def test_training_configs_interleave_rounds_and_run_single_only_at_one() -> None:
-    s = preset("quick", strategies=("single", "hvdk8s"), ranks=(1, 2), rounds=2)
+def test_training_configs_interleave_rounds_single_only_at_one_fp16_only_above() -> None:
+    s = preset("quick", strategies=("single", "hvdk8s", "hvdk8s_fp16"), ranks=(1, 2), rounds=2)
     assert suite.training_configs(s) == [
-        (0, "single", 1), (0, "hvdk8s", 1), (0, "hvdk8s", 2), (1, "single", 1), (1, "hvdk8s", 1), (1, "hvdk8s", 2)
+        (0, "single", 1), (0, "hvdk8s", 1), (0, "hvdk8s", 2), (0, "hvdk8s_fp16", 2),
+        (1, "single", 1), (1, "hvdk8s", 1), (1, "hvdk8s", 2), (1, "hvdk8s_fp16", 2),
     ]
 
 
