@@ -371,6 +371,16 @@ def _ratio_section(d: dict[str, Any]) -> str:
                   [[p["workload"], label(p["strategy"]), num(p["workers"]), iqr(p["ratio"])] for p in r["rounds"]]),
             "",
         ]
+    if r.get("time_to_accuracy_paired"):
+        out += [
+            "**Alternating epochs** (time to accuracy): every hvdk8s launch also trains the raw loop on the same ranks and "
+            "data, one epoch after each of its own (after its evaluation), for as many epochs; the ratio is the raw loop's "
+            "training seconds over hvdk8s's.",
+            "",
+            table(["N", "hvdk8s / raw loop, time to accuracy, alternating epochs: median [IQR] (launches)"],
+                  [[num(p["workers"]), iqr(p["ratio"])] for p in r["time_to_accuracy_paired"]]),
+            "",
+        ]
     if r["time_to_accuracy"]:
         out += [
             table(["strategy", "N", "time-to-accuracy examples/s / raw loop's: median [IQR] (rounds)"],

@@ -58,14 +58,21 @@ class Trainer:
                 between()
         return out
 
-    def to_accuracy(self, steps: int, max_epochs: int, evaluate: Evaluate) -> None:
-        """Train epochs of ``steps`` steps until ``evaluate`` says the target is reached."""
+    def to_accuracy(self, steps: int, max_epochs: int, evaluate: Evaluate, between: Between | None = None) -> None:
+        """Train epochs of ``steps`` steps until ``evaluate`` says the target is reached.
+
+        ``between`` runs, untimed, after every epoch's evaluation: a paired
+        trainer's epoch, so both alternate under the same machine load.
+        """
         elapsed = 0.0
         for epoch in range(1, max_epochs + 1):
             start = time.perf_counter()
             self.run(steps)
             elapsed += time.perf_counter() - start
-            if evaluate(epoch, elapsed):
+            done = evaluate(epoch, elapsed)
+            if between:
+                between()
+            if done:
                 return
 
     def accuracy(self, x: Any, y: Any) -> float:
@@ -73,12 +80,13 @@ class Trainer:
 
 
 class Alternate:
-    """A reference trainer's warm-up, then its timed windows, one per call: the ``between`` of ``timed``."""
+    """A reference trainer's warm-up (none if ``warmup`` is 0), then its timed windows, one per call:
+    the ``between`` of ``timed`` and ``to_accuracy``."""
 
     def __init__(self, trainer: Trainer, warmup: int, steps: int) -> None:
         self.trainer, self.warmup, self.steps = trainer, warmup, steps
         self.windows: list[float] = []
-        self._warm = False
+        self._warm = warmup == 0
 
     def __call__(self) -> None:
         if not self._warm:
@@ -111,11 +119,12 @@ class _WindowClock(keras.callbacks.Callback):
 
 
 class _EpochClock(keras.callbacks.Callback):
-    """Training seconds per epoch, stopping ``fit`` once ``evaluate`` reports the target (eval not timed)."""
+    """Training seconds per epoch, stopping ``fit`` once ``evaluate`` reports the target (eval not timed);
+    ``between`` (a paired trainer's epoch) runs, untimed, after each evaluation."""
 
-    def __init__(self, evaluate: Evaluate) -> None:
+    def __init__(self, evaluate: Evaluate, between: Between | None) -> None:
         super().__init__()
-        self.evaluate = evaluate
+        self.evaluate, self.between = evaluate, between
         self.elapsed = 0.0
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
@@ -125,6 +134,8 @@ class _EpochClock(keras.callbacks.Callback):
         self.elapsed += time.perf_counter() - self._start
         if self.evaluate(epoch + 1, self.elapsed):
             self.model.stop_training = True
+        if self.between:
+            self.between()
 
 
 class KerasFitTrainer(Trainer):
@@ -165,8 +176,8 @@ class KerasFitTrainer(Trainer):
         self._fit(warmup + steps * windows, clock)
         return clock.windows
 
-    def to_accuracy(self, steps: int, max_epochs: int, evaluate: Evaluate) -> None:
-        self._fit(steps, _EpochClock(evaluate), epochs=max_epochs)
+    def to_accuracy(self, steps: int, max_epochs: int, evaluate: Evaluate, between: Between | None = None) -> None:
+        self._fit(steps, _EpochClock(evaluate, between), epochs=max_epochs)
 
 
 class LoopTrainer(Trainer):

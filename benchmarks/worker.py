@@ -151,9 +151,12 @@ def time_to_accuracy(rt: Runtime, s: Settings, seed: int) -> dict[str, Any]:
 
     Synchronous strategies scale the learning rate with the global batch
     (lr × N, Goyal et al. 2017); asynchronous PS workers each apply their own
-    batch's gradient, so they keep the single-worker rate.
+    batch's gradient, so they keep the single-worker rate. An hvdk8s run also
+    trains the raw Horovod loop on the same ranks and data, one epoch after
+    each of its own: the epoch times of the two, side by side under the same
+    load (``paired_raw_epoch_seconds``).
     """
-    from . import workloads
+    from . import trainers, workloads
 
     wl = s.workload("cnn")
     (x_train, y_train), (x_test, y_test) = workloads.digits()
@@ -162,13 +165,19 @@ def time_to_accuracy(rt: Runtime, s: Settings, seed: int) -> dict[str, Any]:
     keras.utils.set_random_seed(seed)
     workers = rt.workers
     lr = s.tta_lr * workers if rt.synchronous else s.tta_lr
-    trainer = rt.trainer(
-        lambda: workloads.build_model(wl, seed),
-        lambda rank, size, sd: workloads.digits_dataset(x_train, y_train, s.tta_batch, rank, size, sd),
-        lr,
-        s.tta_batch,
-    )
+
+    def make(name: str | None = None) -> Any:
+        return rt.trainer(
+            lambda: workloads.build_model(wl, seed),
+            lambda rank, size, sd: workloads.digits_dataset(x_train, y_train, s.tta_batch, rank, size, sd),
+            lr,
+            s.tta_batch,
+            name=name,
+        )
+
+    trainer = make()
     steps = len(x_train) // (s.tta_batch * workers)  # per worker, so one epoch is one pass in all
+    paired = trainers.Alternate(make("horovod"), 0, steps) if rt.name == "hvdk8s" else None
     curve: list[dict[str, Any]] = []
 
     def evaluate(epoch: int, elapsed: float) -> bool:
@@ -176,9 +185,10 @@ def time_to_accuracy(rt: Runtime, s: Settings, seed: int) -> dict[str, Any]:
         curve.append({"epoch": epoch, "train_seconds": elapsed, "test_accuracy": acc})
         return acc >= s.tta_target
 
-    trainer.to_accuracy(steps, s.tta_max_epochs, evaluate)
+    trainer.to_accuracy(steps, s.tta_max_epochs, evaluate, paired)
     reached = curve[-1]["epoch"] if curve[-1]["test_accuracy"] >= s.tta_target else None
     return {
+        **({"paired_raw_epoch_seconds": paired.windows} if paired else {}),
         "target": s.tta_target,
         "lr": lr,
         "batch_per_rank": s.tta_batch,

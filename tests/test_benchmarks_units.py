@@ -129,6 +129,21 @@ def test_ratios_to_the_raw_loop_per_launch_then_median_and_iqr() -> None:
     assert rounds == {("hvdk8s", 2): pytest.approx(0.75), ("tf_mwms", 1): 0.25}  # mwms only where its round has a raw launch
 
 
+def test_time_to_accuracy_paired_ratio_is_the_raw_loops_epoch_seconds_over_hvdk8s() -> None:
+    def with_tta(run: dict, train_seconds: float, paired: list[float] | None) -> dict:
+        tta = {"curve": [{"epoch": 1, "train_seconds": train_seconds / 2}, {"epoch": 2, "train_seconds": train_seconds}],
+               "steps_per_epoch_per_worker": 1, "batch_per_rank": 4, "workers": 2}
+        run["result"]["time_to_accuracy"] = {**tta, **({"paired_raw_epoch_seconds": paired} if paired else {})}
+        return run
+
+    raw = [with_tta(_run("horovod", 2, [1.0], 100, r), 2.0, None) for r in (0, 1)]
+    raw += [with_tta(_run("hvdk8s", 2, [1.0], 100, 0), 2.0, [0.5, 1.3]),  # raw loop 1.8 s for hvdk8s's 2.0 s
+            with_tta(_run("hvdk8s", 2, [1.0], 100, 1), 1.0, [0.6, 0.6])]
+    (paired,) = analysis.ratios(raw)["time_to_accuracy_paired"]
+    assert paired["workers"] == 2 and paired["ratio"]["min"] == pytest.approx(0.9) and paired["ratio"]["max"] == 1.2
+    assert "time_to_accuracy_paired" not in analysis.ratios(raw[:2])  # older results derive as before
+
+
 def test_training_efficiency_against_single_and_own_baseline() -> None:
     raw = [_run("single", 1, [1.0, 1.0, 1.0], 100), _run("hvdk8s", 1, [1.25, 1.25], 100), _run("hvdk8s", 2, [1.0, 2.0, 1.0], 200)]
     rows = {(r["strategy"], r["workers"]): r for r in analysis.training(raw)["throughput"]}
