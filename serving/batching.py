@@ -308,8 +308,6 @@ class Unbatched:
         self._pool.shutdown(wait=True)
 
 
-
-
 def _split(outputs: Mapping[str, np.ndarray], sizes: list[int], rows: int) -> list[Outputs] | None:
     """Each task's rows of every output; None if an output's first dimension is not the batch."""
     if any(np.ndim(v) == 0 or np.shape(v)[0] != rows for v in outputs.values()):
