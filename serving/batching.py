@@ -270,11 +270,8 @@ class Batcher:
         """Run one request alone and settle its future."""
         try:
             task.future.set_result(self._run(task.servable, task.signature, task.inputs))
-        except rest.ServingError as err:
-            # an answer, not a bug: its traceback and the TensorFlow error it replaced reach this frame
-            # (and through it the task and its future), a reference cycle only the garbage collector frees
-            err.__context__ = None
-            task.future.set_exception(err.with_traceback(None))
+        except rest.ServingError as err:  # an answer, not a bug: its traceback reaches this frame's task and future
+            task.future.set_exception(err.detached())
         except Exception as err:  # noqa: BLE001  (a bug: it goes to this caller, traceback and all, for the log)
             task.future.set_exception(err)
 

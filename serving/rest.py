@@ -64,6 +64,15 @@ class ServingError(Exception):
         self.message = message
         self.http_status = http_status or HTTP_STATUS.get(code, 500)
 
+    def detached(self) -> ServingError:
+        """The same answer as a new error, without this one's traceback or the error it replaced.
+
+        Those reach the frames the error passed through; handed to another
+        thread or coroutine that holds it there, it would close a reference
+        cycle keeping the request alive until the cyclic garbage collector runs.
+        """
+        return ServingError(self.code, self.message, self.http_status)
+
 
 def invalid(message: str) -> ServingError:
     return ServingError("INVALID_ARGUMENT", message)

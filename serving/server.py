@@ -118,9 +118,7 @@ async def _handle(core: ServingCore, request: Request, body: bytes) -> dict:
     else:
         parsed = await run_in_threadpool(_error_returned, parse)
         if isinstance(parsed, rest.ServingError):
-            # a new error: re-raising the worker's, held by this frame's local, would form a reference
-            # cycle that keeps the body alive until the garbage collector runs (RSS grows under load)
-            raise rest.ServingError(parsed.code, parsed.message, parsed.http_status)
+            raise parsed.detached()  # the worker's own error is held by this frame's local: a cycle if raised
         servable, signature, arrays, row = parsed
     outputs = await asyncio.wrap_future(core.submit(servable, signature, arrays))
     return rest.predict_response(outputs, row)
@@ -144,7 +142,8 @@ def _error_returned(call: Callable[[], tuple]) -> tuple | rest.ServingError:
 
     An exception raised in a worker thread and re-raised by the awaiting
     coroutine sits in a reference cycle with that coroutine's frames (which
-    hold the request body) until the cyclic garbage collector runs.
+    hold the request body) until the cyclic garbage collector runs; the
+    caller raises its ``detached`` copy instead.
     """
     try:
         return call()
