@@ -12,6 +12,12 @@ tensor's first value, as TF Serving does), run once, and the outputs are
 split back. If a batch fails, each of its requests is run again on its own,
 so one bad request fails only itself.
 
+Callers on an event loop (the REST server) use ``submit_async``: the
+requests one pass of the loop produces join the queue together, under one
+lock and one wake-up of the batch threads, and a batch's answers return to
+the loop in one callback; per request, a thread-safe future and its
+hand-off to the loop would cost each a lock and a wake-up.
+
 ``--batching_parameters_file`` is TF Serving's text-format
 ``BatchingParameters`` proto, parsed by protobuf's ``text_format`` against
 that message (rebuilt here from session_bundle_config.proto, which
@@ -19,12 +25,15 @@ that message (rebuilt here from session_bundle_config.proto, which
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import math
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -38,6 +47,7 @@ log = logging.getLogger("hvdk8s.serving")
 Outputs = dict[str, np.ndarray]
 Run = Callable[[Any, str, Mapping[str, np.ndarray]], Outputs]
 """(servable, signature name, named inputs) -> named outputs; raises ``rest.ServingError``."""
+Outcome = Outputs | BaseException
 
 
 @dataclass(frozen=True)
@@ -141,7 +151,8 @@ class _Task:
     inputs: Mapping[str, np.ndarray]
     size: int
     alone: bool  # runs as a batch of its own
-    future: Future = field(default_factory=Future)
+    future: Future | asyncio.Future
+    loop: asyncio.AbstractEventLoop | None = None  # the loop that owns an asyncio future
     enqueued: float = field(default_factory=time.monotonic)
 
 
@@ -153,6 +164,7 @@ class Batcher:
         self._run = run
         self._cv = threading.Condition()
         self._queues: dict[tuple, deque[_Task]] = {}
+        self._pending: dict[asyncio.AbstractEventLoop, list[_Task]] = {}  # submit_async's, until the loop's pass ends
         self._closed = False
         self.batches = 0  # batches run and the requests in them (logged at close: the mean batch size)
         self.tasks = 0
@@ -164,7 +176,29 @@ class Batcher:
             thread.start()
 
     def submit(self, servable: Any, signature: str, inputs: Mapping[str, np.ndarray]) -> Future:
-        """The future of one request's outputs (or its ``rest.ServingError``)."""
+        """The future of one request's outputs (or its ``rest.ServingError``), for a caller on any thread."""
+        task = self._task(servable, signature, inputs, Future())
+        with self._cv:
+            self._enqueue(task)
+            self._cv.notify()
+        return task.future
+
+    def submit_async(self, servable: Any, signature: str, inputs: Mapping[str, np.ndarray]) -> asyncio.Future:
+        """``submit`` for a caller on the running event loop; the request is queued when this pass of the loop ends.
+
+        Errors found before queueing (an oversized request) are raised;
+        those of queueing (a full queue, shutdown) come as the future's.
+        """
+        loop = asyncio.get_running_loop()
+        task = self._task(servable, signature, inputs, loop.create_future(), loop)
+        pending = self._pending.setdefault(loop, [])  # touched only by its own loop's thread
+        if not pending:
+            loop.call_soon(self._flush, loop)
+        pending.append(task)
+        return task.future
+
+    def _task(self, servable: Any, signature: str, inputs: Mapping[str, np.ndarray],
+              future: Future | asyncio.Future, loop: asyncio.AbstractEventLoop | None = None) -> _Task:
         sizes = {a.shape[0] if a.ndim else -1 for a in inputs.values()}
         size = sizes.pop() if len(sizes) == 1 else -1
         alone = size < 1  # no common batch dimension, or an empty batch: nothing to merge
@@ -173,20 +207,34 @@ class Batcher:
                 raise rest.invalid(f"Task size {size} is larger than maximum input batch size "
                                    f"{self.params.max_batch_size}")
             alone = True
-        task = _Task(servable, signature, inputs, max(size, 1), alone)
-        key = (id(servable), signature, self._shape_key(inputs))
+        return _Task(servable, signature, inputs, max(size, 1), alone, future, loop)
+
+    def _enqueue(self, task: _Task) -> None:
+        """Queue ``task`` (holding the lock) or raise why not."""
+        if self._closed:
+            raise rest.ServingError("UNAVAILABLE", "the server is shutting down")
+        key = (id(task.servable), task.signature, self._shape_key(task.inputs))
+        queue = self._queues.setdefault(key, deque())
+        waiting = sum(t.size for t in queue)
+        if waiting + task.size > self.params.max_enqueued_batches * self.params.max_batch_size:
+            raise rest.ServingError(
+                "UNAVAILABLE", "The batch scheduling queue to which this task was submitted is full"
+            )
+        queue.append(task)
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Queue what ``submit_async`` collected in one pass of ``loop``, waking as many threads as it fills batches."""
+        tasks = self._pending.pop(loop)
+        queued = 0
         with self._cv:
-            if self._closed:
-                raise rest.ServingError("UNAVAILABLE", "the server is shutting down")
-            queue = self._queues.setdefault(key, deque())
-            waiting = sum(t.size for t in queue)
-            if waiting + task.size > self.params.max_enqueued_batches * self.params.max_batch_size:
-                raise rest.ServingError(
-                    "UNAVAILABLE", "The batch scheduling queue to which this task was submitted is full"
-                )
-            queue.append(task)
-            self._cv.notify()
-        return task.future
+            for task in tasks:
+                try:
+                    self._enqueue(task)
+                    queued += task.size
+                except rest.ServingError as err:  # its traceback holds this frame, and with it the futures
+                    task.future.set_exception(err.detached())
+            if queued:
+                self._cv.notify(math.ceil(queued / self.params.max_batch_size))
 
     def close(self) -> None:
         """Run what is queued, then stop the threads."""
@@ -246,34 +294,32 @@ class Batcher:
     def _execute(self, batch: list[_Task]) -> None:
         self.batches += 1
         self.tasks += len(batch)
+        _finish(zip(batch, self._outcomes(batch)))
+
+    def _outcomes(self, batch: list[_Task]) -> list[Outcome]:
+        """Each task's outputs or exception: the batch run once, or each task alone if the batch failed."""
         first = batch[0]
         if len(batch) == 1 and first.alone:
-            self._settle(first)
-            return
+            return [self._alone(first)]
         try:
             merged, rows = self._merge(batch)
             parts = _split(self._run(first.servable, first.signature, merged), [t.size for t in batch], rows)
         except rest.ServingError:
             parts = None
         except Exception as err:  # noqa: BLE001  (an unexpected failure goes to every caller)
-            for task in batch:
-                task.future.set_exception(err)
-            return
+            return [err] * len(batch)
         if parts is None:  # the batch failed, or its outputs cannot be split: one call each
-            for task in batch:
-                self._settle(task)
-            return
-        for task, part in zip(batch, parts):
-            task.future.set_result(part)
+            return [self._alone(task) for task in batch]
+        return list(parts)
 
-    def _settle(self, task: _Task) -> None:
-        """Run one request alone and settle its future."""
+    def _alone(self, task: _Task) -> Outcome:
+        """One request run on its own."""
         try:
-            task.future.set_result(self._run(task.servable, task.signature, task.inputs))
+            return self._run(task.servable, task.signature, task.inputs)
         except rest.ServingError as err:  # an answer, not a bug: its traceback reaches this frame's task and future
-            task.future.set_exception(err.detached())
+            return err.detached()
         except Exception as err:  # noqa: BLE001  (a bug: it goes to this caller, traceback and all, for the log)
-            task.future.set_exception(err)
+            return err
 
     def _merge(self, batch: Sequence[_Task]) -> tuple[dict[str, np.ndarray], int]:
         """The batch's inputs concatenated (and padded), and the number of rows they have."""
@@ -301,8 +347,38 @@ class Unbatched:
     def submit(self, servable: Any, signature: str, inputs: Mapping[str, np.ndarray]) -> Future:
         return self._pool.submit(self._run, servable, signature, inputs)
 
+    def submit_async(self, servable: Any, signature: str, inputs: Mapping[str, np.ndarray]) -> asyncio.Future:
+        return asyncio.wrap_future(self.submit(servable, signature, inputs))
+
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def _finish(settled: Iterable[tuple[_Task, Outcome]]) -> None:
+    """Settle the tasks' futures: a thread caller's at once, each event loop's in one callback."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Outcome]]] = {}
+    for task, outcome in settled:
+        if task.loop is None:
+            _settle(task.future, outcome)
+        else:
+            by_loop.setdefault(task.loop, []).append((task.future, outcome))
+    for loop, items in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits for these answers
+            loop.call_soon_threadsafe(_settle_all, items)
+
+
+def _settle_all(items: list[tuple[asyncio.Future, Outcome]]) -> None:
+    for future, outcome in items:
+        _settle(future, outcome)
+
+
+def _settle(future: Future | asyncio.Future, outcome: Outcome) -> None:
+    if future.done():  # cancelled: an event loop cancels a request's future when its client goes away
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
 
 
 def _split(outputs: Mapping[str, np.ndarray], sizes: list[int], rows: int) -> list[Outputs] | None:

@@ -7,6 +7,7 @@ a gRPC request can share a batch and both see the same errors.
 """
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -39,6 +40,11 @@ class ServingCore:
         """The future outputs of one predict call (batched with others when batching is on)."""
         servable.check(signature, inputs)  # refused here, the request never joins a batch
         return self.executor.submit(servable, signature, inputs)
+
+    def submit_async(self, servable: Servable, signature: str, inputs: Mapping[str, np.ndarray]) -> asyncio.Future:
+        """``submit`` for a caller on the running event loop (the REST server)."""
+        servable.check(signature, inputs)
+        return self.executor.submit_async(servable, signature, inputs)
 
     def close(self) -> None:
         self.executor.close()

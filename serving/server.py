@@ -16,7 +16,6 @@ delayed ACK (~40 ms each).
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
@@ -120,7 +119,7 @@ async def _handle(core: ServingCore, request: Request, body: bytes) -> dict:
         if isinstance(parsed, rest.ServingError):
             raise parsed.detached()  # the worker's own error is held by this frame's local: a cycle if raised
         servable, signature, arrays, row = parsed
-    outputs = await asyncio.wrap_future(core.submit(servable, signature, arrays))
+    outputs = await core.submit_async(servable, signature, arrays)
     return rest.predict_response(outputs, row)
 
 

@@ -5,6 +5,7 @@ tests see exactly what was merged, padded and split.
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -223,3 +224,48 @@ def test_serve_refuses_a_bad_parameter_file_before_starting(tmp_path, capsys):
     assert hvdk8s.cli.main(["serve", str(tmp_path), "--enable_batching=false", "--batching_parameters_file",
                             str(bad)]) == 2
     assert "--batching_parameters_file needs --enable_batching=true" in capsys.readouterr().err
+
+
+def test_requests_from_one_pass_of_an_event_loop_form_one_batch_and_answer_on_the_loop():
+    model = Model()
+    batcher = Batcher(BatchingParameters(max_batch_size=8, num_batch_threads=1), model)
+    arrays = [np.full((1, 2), float(i)) for i in range(6)] + [np.array([[-1.0, 0.0]])]
+
+    async def main():
+        futures = [batcher.submit_async("servable", "serving_default", {"x": x}) for x in arrays]
+        assert not model.batches  # queued only when this pass of the loop ends
+        return await asyncio.gather(*futures, return_exceptions=True)
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        batcher.close()
+    assert model.batches[0] == 7  # all together, then each again alone since the malformed one failed the batch
+    assert sorted(model.batches[1:]) == [1] * 7
+    for x, result in zip(arrays[:-1], results):
+        np.testing.assert_array_equal(result["y"], 2 * x)
+    assert isinstance(results[-1], rest.ServingError) and results[-1].message == "malformed input"
+
+
+def test_event_loop_requests_refused_by_a_full_queue_get_the_error_as_their_answer():
+    gate = threading.Event()
+    model = Model(gate)
+    batcher = Batcher(BatchingParameters(max_batch_size=2, num_batch_threads=1, max_enqueued_batches=1), model)
+
+    async def main():
+        running = batcher.submit("servable", "serving_default", {"x": np.zeros((1, 1))})
+        await asyncio.to_thread(wait_until, lambda: model.batches, "the running request to start")
+        futures = [batcher.submit_async("servable", "serving_default", {"x": np.ones((1, 1))}) for _ in range(3)]
+        await asyncio.sleep(0)  # the pass ends: two fit the queue, the third does not
+        refused = await asyncio.gather(futures[2], return_exceptions=True)
+        gate.set()
+        return running.result(30), await asyncio.gather(*futures[:2]), refused[0]
+
+    try:
+        first, queued_ok, refused = asyncio.run(main())
+    finally:
+        gate.set()
+        batcher.close()
+    assert first["y"].shape == (1, 1) and [r["y"].tolist() for r in queued_ok] == [[[2.0]], [[2.0]]]
+    assert (refused.code, refused.http_status) == ("UNAVAILABLE", 503)
+    assert refused.message == "The batch scheduling queue to which this task was submitted is full"
