@@ -3,6 +3,9 @@ on Kubernetes (MPI Operator MPIJobs, kubeflow.org/v2beta1, or Kubeflow Trainer T
 from __future__ import annotations
 
 import argparse
+import typing
+
+from hvdk8s.launcher.mpirun import AllreduceAlgorithm
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,6 +19,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("-H", "--hosts", help="Open MPI host list, e.g. host1:2,host2:2 (default: localhost)")
     run.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="set and forward a variable")
     run.add_argument("--timeline", metavar="FILE", help="write a Horovod timeline (Chrome trace) to FILE")
+    run.add_argument("--allreduce-algorithm", choices=typing.get_args(AllreduceAlgorithm), default="auto",
+                     help="Open MPI's allreduce algorithm (default auto: Open MPI decides by size; recursive_doubling "
+                          "was faster for two hosts on a 1 Gbit/s link, slower on 10 Gbit/s: README, Benchmarks)")
     elastic = run.add_argument_group(
         "elastic (horovodrun over Gloo; the script must use hvdk8s.elastic)",
         "Given --host-discovery-script, the job keeps between --min-np and --max-np ranks as hosts come and go.",
@@ -49,7 +55,8 @@ def _run(args: argparse.Namespace) -> int:
         )
     elif args.min_np or args.max_np:
         raise UserError("--min-np/--max-np: elastic runs need --host-discovery-script")
-    return local.run(args.np, args.command, hosts=args.hosts, env=args.env, timeline=args.timeline, elastic=elastic)
+    return local.run(args.np, args.command, hosts=args.hosts, env=args.env, timeline=args.timeline, elastic=elastic,
+                     allreduce_algorithm=args.allreduce_algorithm)
 
 
 def _cluster_flags(parser: argparse.ArgumentParser) -> None:

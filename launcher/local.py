@@ -75,6 +75,7 @@ def run(
     env: Sequence[str] = (),
     timeline: str | None = None,
     elastic: ElasticOptions | None = None,
+    allreduce_algorithm: mpirun.AllreduceAlgorithm = "auto",
     out: TextIO = sys.stdout,
 ) -> int:
     """Run ``command`` on ``np`` ranks (elastic: with horovodrun); return the job's exit status."""
@@ -98,7 +99,10 @@ def run(
             hosts=hosts,
             env_names=mpirun.forwarded_env(environ),
             allow_run_as_root=os.geteuid() == 0,
+            mca=mpirun.transport_mca(allreduce_algorithm),
         )
+    elif allreduce_algorithm != "auto":
+        raise UserError("--allreduce-algorithm: elastic runs use horovodrun over Gloo, not Open MPI's allreduce")
     else:
         argv = elastic_argv(np, script_command(command), elastic)
     tail: deque[str] = deque(maxlen=60)  # mpirun's own closing report, for failure_summary

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Literal
 
 # Variables worth forwarding to remote ranks (mpirun -x): process basics plus
 # every knob of the libraries involved.
@@ -21,6 +22,48 @@ BASE_FLAGS = ("-bind-to", "none", "-map-by", "slot", "--tag-output", "-mca", "pm
 # Ranks yield the core while they wait in MPI instead of busy-polling it (Open MPI's default): the
 # clearest of the transport settings measured in benchmarks/reports/knobs (polling ran at 0.3-0.6 of the rate).
 DEFAULT_MCA: Mapping[str, str] = {"mpi_yield_when_idle": "1"}
+# Open MPI's allreduce algorithms (coll_tuned_allreduce_algorithm, names as ``ompi_info`` lists them);
+# auto leaves the choice to Open MPI's size-based decision rules.
+AllreduceAlgorithm = Literal[
+    "auto", "basic_linear", "nonoverlapping", "recursive_doubling", "ring", "segmented_ring", "rabenseifner"
+]
+# Parameters the launcher's argv sets itself, and why a job spec's openMpi.mca may not.
+OWNED_MCA = {
+    "pml": "hvdk8s launches over ob1 (TCP), the transport every container network has",
+    "btl": "hvdk8s launches over ob1 (TCP), the transport every container network has",
+    "coll_tuned_use_dynamic_rules": "set it with openMpi.allreduceAlgorithm",
+    "coll_tuned_allreduce_algorithm": "set it with openMpi.allreduceAlgorithm",
+    "mpi_yield_when_idle": "set it with openMpi.yieldWhenIdle",
+}
+MCA_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def transport_mca(
+    allreduce_algorithm: AllreduceAlgorithm = "auto", yield_when_idle: bool = True,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """Open MPI parameters (``-mca``) for a job's transport settings; ``extra`` holds any others.
+
+    A fixed algorithm needs Open MPI's dynamic rules on, or the tuned
+    component ignores it.
+    """
+    mca = dict(extra or {})
+    if allreduce_algorithm != "auto":
+        mca |= {"coll_tuned_use_dynamic_rules": "1", "coll_tuned_allreduce_algorithm": allreduce_algorithm}
+    return mca | {"mpi_yield_when_idle": "1" if yield_when_idle else "0"}
+
+
+def mca_problems(extra: Mapping[str, str]) -> dict[str, str]:
+    """What is wrong with each refused name of ``extra`` (a job spec's own Open MPI parameters)."""
+    problems = {}
+    for name, value in extra.items():
+        if not MCA_NAME.match(name):
+            problems[name] = "not an Open MPI parameter name (lowercase letters, digits and _)"
+        elif name in OWNED_MCA:
+            problems[name] = OWNED_MCA[name]
+        elif not str(value).strip():
+            problems[name] = "empty value"
+    return problems
 
 
 def forwarded_env(environ: Mapping[str, str], extra: Iterable[str] = ()) -> list[str]:

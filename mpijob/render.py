@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from hvdk8s.k8s import QUEUE_LABEL
-from hvdk8s.launcher.mpirun import forwarded_env, horovodrun_argv, mpirun_argv
+from hvdk8s.launcher.mpirun import forwarded_env, horovodrun_argv, mpirun_argv, transport_mca
 from hvdk8s.mpijob.spec import (
     DISCOVER_HOSTS,
     GPU_RESOURCE,
@@ -90,7 +90,9 @@ def launcher_command(spec: JobSpec) -> list[str]:
             discovery_script=" ".join([*HOSTS_MODULE, "ready", "--port", port, "--", DISCOVER_HOSTS]),
         )
     names = forwarded_env(pod_env(spec), extra=(*IMAGE_ENV, *spec.env))
-    argv = mpirun_argv(spec.np, spec.command, env_names=names, allow_run_as_root=spec.user is None)
+    ompi = spec.open_mpi
+    argv = mpirun_argv(spec.np, spec.command, env_names=names, allow_run_as_root=spec.user is None,
+                       mca=transport_mca(ompi.allreduce_algorithm, ompi.yield_when_idle, ompi.mca))
     if spec.launcher_creation_policy == "AtStartup" and spec.workers:
         # Started with its workers, not after them: wait for their sshd first.
         return [*HOSTS_MODULE, "wait", "--port", port, "--hostfile", f"{MPI_CONFIG_DIR}/hostfile", "--", *argv]

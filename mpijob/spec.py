@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
+from hvdk8s.launcher.mpirun import AllreduceAlgorithm
+
 # Where the MPI Operator mounts the hostfile and discover_hosts.sh (its
 # ConfigMap), and the Open MPI flavour hvdk8s's mpirun flags are written for.
 MPI_CONFIG_DIR = "/etc/mpi"
@@ -177,6 +179,17 @@ class Horovod:
 
 
 @dataclass(frozen=True)
+class OpenMpi:
+    """Open MPI's settings for the launcher's ``mpirun`` (``-mca``); README, "Benchmarks", has their measured effects."""
+
+    # recursive_doubling: each rank sends its whole buffer at once; faster for two hosts on a
+    # slow link, slower on fast ones and with more ranks (it sends more than a ring).
+    allreduce_algorithm: AllreduceAlgorithm = "auto"
+    yield_when_idle: bool = True  # busy-polling ranks (Open MPI's default) trained at 0.3-0.6 of the rate here
+    mca: dict[str, str] = field(default_factory=dict)  # any other parameter, e.g. btl_tcp_if_include: eth0
+
+
+@dataclass(frozen=True)
 class Nccl:
     debug: NcclDebug = "WARN"
 
@@ -231,6 +244,7 @@ class JobSpec:
     elastic: Elastic | None = None
     metrics: Metrics = Metrics()
     horovod: Horovod = Horovod()
+    open_mpi: OpenMpi = OpenMpi()
     nccl: Nccl = Nccl()
 
     @property

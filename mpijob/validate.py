@@ -19,6 +19,7 @@ from typing import Any
 
 from hvdk8s import k8s
 from hvdk8s.k8s import MULTIKUEUE, FieldError, at_least, forbidden, invalid, one_of, quantity, required
+from hvdk8s.launcher.mpirun import mca_problems
 from hvdk8s.mpijob.render import API_VERSION, GENERATED_ENV, KIND, LAUNCHER_COMMANDS
 from hvdk8s.mpijob.spec import (
     DEFAULT_POD_ANNOTATIONS,
@@ -29,6 +30,7 @@ from hvdk8s.mpijob.spec import (
     LauncherCreationPolicy,
     ManagedBy,
     MPIImplementation,
+    OpenMpi,
     RestartPolicyName,
     SchedulingPolicy,
     Toleration,
@@ -293,6 +295,9 @@ def _check_mpi(spec: JobSpec) -> list[FieldError]:
         if not USER_NAME.match(spec.user.name):
             errors.append(invalid("user.name", f"{spec.user.name!r} is not a user name"))
     errors += _absolute("sshAuthMountPath", spec.ssh_auth_mount_path or "")
+    errors += [invalid(f"openMpi.mca.{name}", problem) for name, problem in mca_problems(spec.open_mpi.mca).items()]
+    if spec.elastic and spec.open_mpi != OpenMpi():
+        errors.append(forbidden("openMpi", "not with elastic: elastic jobs run horovodrun over Gloo, not mpirun"))
     return errors
 
 

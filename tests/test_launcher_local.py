@@ -1,6 +1,8 @@
 """``hvdk8s run``: real mpirun, rank-prefixed output, failures named by rank."""
 from __future__ import annotations
 
+import sys
+
 from hvdk8s.launcher import mpirun
 
 from conftest import hvdk8s_cli, run_ranks
@@ -26,6 +28,20 @@ def test_hosts_with_a_discovery_script_is_refused() -> None:
     proc = hvdk8s_cli("run", "-np", "2", "-H", "a:2", "--host-discovery-script", "/bin/true", "train.py", check=False, timeout=30)
     assert proc.returncode == 2
     assert "-H/--hosts: elastic runs take their hosts from --host-discovery-script" in proc.stderr
+
+
+def test_allreduce_algorithm_reaches_open_mpi_and_elastic_runs_refuse_it() -> None:
+    probe = ("import os; from mpi4py import MPI; c = MPI.COMM_WORLD; "
+             "print('sum', c.allreduce(c.rank + 1), os.environ.get('OMPI_MCA_coll_tuned_allreduce_algorithm'))")
+    proc = hvdk8s_cli("run", "-np", "2", "--allreduce-algorithm", "recursive_doubling", sys.executable, "-c", probe,
+                      timeout=120)
+    assert sorted(line for line in proc.stdout.splitlines() if "sum" in line) == [
+        "[0] sum 3 recursive_doubling", "[1] sum 3 recursive_doubling"
+    ]
+    proc = hvdk8s_cli("run", "-np", "2", "--allreduce-algorithm", "ring", "--host-discovery-script", "/bin/true",
+                      "train.py", check=False, timeout=30)
+    assert proc.returncode == 2
+    assert "--allreduce-algorithm: elastic runs use horovodrun over Gloo" in proc.stderr
 
 
 def test_mpirun_argv_exact() -> None:

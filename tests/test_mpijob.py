@@ -25,6 +25,7 @@ from hvdk8s.mpijob import (
     render,
     to_yaml,
 )
+from hvdk8s.mpijob.spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "mpijob" / "examples"
@@ -508,18 +509,60 @@ def test_launcher_command_runs_against_an_operator_style_hostfile(tmp_path: Path
     probe = "import os, sys; sys.stdout.write(f\"rank-env {os.environ['HVDK8S_JOB_NAME']} {os.environ['DATA_DIR']}\\n\")"
     spec = load_spec(BASE | {"workers": 1, "slotsPerWorker": 2, "command": [sys.executable, "-c", probe],
                              "env": {"DATA_DIR": "/shared/data"}})  # fmt: skip
+    assert sorted(line for line in run_launcher(spec, tmp_path) if "rank-env" in line[1]) == [
+        (0, "rank-env digits /shared/data"),
+        (1, "rank-env digits /shared/data"),
+    ]
+
+
+def run_launcher(spec: JobSpec, tmp_path: Path) -> list[tuple[int | None, str]]:
+    """Run the rendered launcher command against the hostfile the operator writes for one worker; its ranks' lines."""
     container = launcher(render(spec))
     hostfile = tmp_path / "hostfile"
-    hostfile.write_text("localhost slots=2\n")  # what the operator writes for 1 worker x 2 slots
+    hostfile.write_text(f"localhost slots={spec.slots_per_worker}\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "HVDK8S_"))}
     env |= {e["name"]: e["value"] for e in container["env"]}
     env |= {"OMPI_MCA_orte_default_hostfile": str(hostfile), "OMPI_MCA_orte_keep_fqdn_hostnames": "true"}
     proc = subprocess.run(container["command"], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert sorted(line for line in rank_lines(proc.stdout.splitlines()) if "rank-env" in line[1]) == [
-        (0, "rank-env digits /shared/data"),
-        (1, "rank-env digits /shared/data"),
+    return list(rank_lines(proc.stdout.splitlines()))
+
+
+def test_open_mpi_settings_become_mpiruns_parameters_and_are_checked():
+    spec = load_spec({**BASE, "openMpi": {"allreduceAlgorithm": "recursive_doubling", "yieldWhenIdle": False,
+                                          "mca": {"btl_tcp_if_include": "eth0"}}})  # fmt: skip
+    argv = launcher(render(spec))["command"]
+    start = argv.index("^openib") + 1
+    assert argv[start:argv.index("-x")] == [
+        "-mca", "btl_tcp_if_include", "eth0", "-mca", "coll_tuned_allreduce_algorithm", "recursive_doubling",
+        "-mca", "coll_tuned_use_dynamic_rules", "1", "-mca", "mpi_yield_when_idle", "0",
+    ]  # fmt: skip
+    assert errors_of({**BASE, "openMpi": {"mca": {"pml": "ucx", "Bad-Name": "x", "btl_tcp_links": " ",
+                                                  "coll_tuned_allreduce_algorithm": "4"}}}) == [  # fmt: skip
+        "openMpi.mca.pml: hvdk8s launches over ob1 (TCP), the transport every container network has",
+        "openMpi.mca.Bad-Name: not an Open MPI parameter name (lowercase letters, digits and _)",
+        "openMpi.mca.btl_tcp_links: empty value",
+        "openMpi.mca.coll_tuned_allreduce_algorithm: set it with openMpi.allreduceAlgorithm",
     ]
+    assert errors_of({**BASE, "elastic": {"minWorkers": 1, "maxWorkers": 2}, "openMpi": {"allreduceAlgorithm": "ring"}}) == [
+        "openMpi: not with elastic: elastic jobs run horovodrun over Gloo, not mpirun"
+    ]
+    with pytest.raises(UserError, match="openMpi.allreduceAlgorithm: 'tree' is not one of auto, basic_linear"):
+        load_spec({**BASE, "openMpi": {"allreduceAlgorithm": "tree"}})
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI not installed")
+def test_open_mpi_runs_the_allreduce_algorithm_the_spec_names(tmp_path: Path):
+    """Open MPI accepts every algorithm name the spec allows, and the ranks' allreduce runs with it."""
+    probe = ("import os, sys; from mpi4py import MPI; total = MPI.COMM_WORLD.allreduce(MPI.COMM_WORLD.rank + 1); "
+             "sys.stdout.write(f\"allreduce {total} {os.environ.get('OMPI_MCA_coll_tuned_allreduce_algorithm')}\\n\")")
+    for algorithm in ("recursive_doubling", "ring"):
+        spec = load_spec(BASE | {"workers": 1, "slotsPerWorker": 2, "command": [sys.executable, "-c", probe],
+                                 "openMpi": {"allreduceAlgorithm": algorithm}})  # fmt: skip
+        assert sorted(line for line in run_launcher(spec, tmp_path) if "allreduce" in line[1]) == [
+            (0, f"allreduce 3 {algorithm}"),
+            (1, f"allreduce 3 {algorithm}"),
+        ]
 
 
 def test_names_ending_in_a_newline_are_rejected():
