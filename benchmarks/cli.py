@@ -42,7 +42,7 @@ def _knobs(text: str) -> tuple[str, ...]:
 
 # flag -> (settings field, parser, help)
 OVERRIDES: dict[str, tuple[str, Callable[[str], Any], str]] = {
-    "--strategies": ("strategies", _list(str.strip, "--strategies"), "comma list of single,hvdk8s,horovod,tf_mwms,tf_ps,hvdk8s_fp16"),
+    "--strategies": ("strategies", _list(str.strip, "--strategies"), "comma list of single,hvdk8s,horovod,tf_mwms,tf_ps,hvdk8s_fp16,hvdk8s_rd (default: all but hvdk8s_rd)"),
     "--workloads": ("workloads", _list(str.strip, "--workloads"), "comma list of cnn,mlp"),
     "--ranks": ("ranks", _list(int, "--ranks"), "worker counts N, must include 1 (default 1,2)"),
     "--threads-per-rank": ("threads_per_rank", int, "TensorFlow intra-op threads per process (default 1)"),

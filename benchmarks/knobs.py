@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hvdk8s.launcher.mpirun import transport_mca
+
 
 @dataclass(frozen=True)
 class Knob:
@@ -29,8 +31,11 @@ KNOBS: dict[str, Knob] = {
     "cache_off": Knob({"HOROVOD_CACHE_CAPACITY": "0"}, what="response cache off: every tensor is negotiated every step"),
     "autotune": Knob({"HOROVOD_AUTOTUNE": "1"}, what="Horovod's Bayesian autotuner (cycle time, fusion size, cache) during the run"),
     "ompi_ring": Knob(
-        mca={"coll_tuned_use_dynamic_rules": "1", "coll_tuned_allreduce_algorithm": "4"},
-        what="Open MPI's ring allreduce forced (the suite forced it before this study)",
+        mca=transport_mca("ring"), what="Open MPI's ring allreduce forced (the suite forced it before this study)"
+    ),
+    "ompi_recursive_doubling": Knob(
+        mca=transport_mca("recursive_doubling"),
+        what="Open MPI's recursive-doubling allreduce (openMpi.allreduceAlgorithm: recursive_doubling)",
     ),
     "ompi_spin": Knob(mca={"mpi_yield_when_idle": "0"}, what="ranks busy-poll while waiting (Open MPI's default)"),
 }

@@ -92,7 +92,8 @@ def label(strategy: str) -> str:
     return STRATEGY_LABELS.get(strategy, strategy)
 
 
-COLORS = dict(zip(STRATEGY_LABELS, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:cyan")))
+COLORS = dict(zip(STRATEGY_LABELS, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:cyan",
+                                     "tab:olive")))
 
 
 # --- plots -------------------------------------------------------------------------------------

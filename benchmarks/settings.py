@@ -10,10 +10,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from hvdk8s.launcher.mpirun import transport_mca
+
 from .knobs import names as knob_names
 from .netns import parse_rate
 
-STRATEGIES = ("single", "hvdk8s", "horovod", "tf_mwms", "tf_ps", "hvdk8s_fp16")
+STRATEGIES = ("single", "hvdk8s", "horovod", "tf_mwms", "tf_ps", "hvdk8s_fp16", "hvdk8s_rd")
 STRATEGY_LABELS = {
     "single": "single process (Keras fit)",
     "hvdk8s": "hvdk8s (Keras fit on Horovod)",
@@ -21,11 +23,19 @@ STRATEGY_LABELS = {
     "tf_mwms": "TF MultiWorkerMirrored (RING)",
     "tf_ps": "TF ParameterServer (async)",
     "hvdk8s_fp16": "hvdk8s, fp16 gradient compression (lower precision: its own row)",
+    "hvdk8s_rd": "hvdk8s, Open MPI recursive-doubling allreduce (openMpi.allreduceAlgorithm)",
 }
 # Strategies launched by mpirun; the TF ones are TF_CONFIG clusters.
-HOROVOD_STRATEGIES = ("hvdk8s", "horovod", "hvdk8s_fp16")
+HOROVOD_STRATEGIES = ("hvdk8s", "horovod", "hvdk8s_fp16", "hvdk8s_rd")
+# hvdk8s under Keras fit, and the variants that differ from it only in settings
+HVDK8S_STRATEGIES = ("hvdk8s", "hvdk8s_fp16", "hvdk8s_rd")
+# Open MPI parameters of a strategy's launches (over the knob's): the job spec's transport settings.
+STRATEGY_MCA = {"hvdk8s_rd": transport_mca("recursive_doubling")}
 ONE_PROCESS_ONLY = ("single",)
-MANY_PROCESSES_ONLY = ("hvdk8s_fp16",)  # one rank does no allreduce, so there is nothing to compress
+# One rank does no allreduce: nothing to compress, no algorithm to choose.
+MANY_PROCESSES_ONLY = ("hvdk8s_fp16", "hvdk8s_rd")
+# Main training section's default: the rest are measured where they matter, on emulated links.
+DEFAULT_STRATEGIES = ("single", "hvdk8s", "horovod", "tf_mwms", "tf_ps", "hvdk8s_fp16")
 WORKLOADS = ("cnn", "mlp")
 
 
@@ -48,7 +58,7 @@ class Settings:
     """All knobs of one run; ``preset`` names where the defaults came from."""
 
     preset: str
-    strategies: tuple[str, ...] = STRATEGIES
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     workloads: tuple[str, ...] = WORKLOADS
     ranks: tuple[int, ...] = (1, 2)
     threads_per_rank: int = 1
@@ -79,7 +89,7 @@ class Settings:
     emulated_sizes: tuple[int, ...] = (4 << 10, 256 << 10, 4 << 20, 16 << 20)
     emulated_comm_steps: int = 3
     emulated_train_rates: tuple[str, ...] = ("1gbit", "10gbit")  # each must be one of emulated_rates
-    emulated_train_strategies: tuple[str, ...] = ("hvdk8s", "tf_mwms", "tf_ps", "hvdk8s_fp16")
+    emulated_train_strategies: tuple[str, ...] = ("hvdk8s", "tf_mwms", "tf_ps", "hvdk8s_fp16", "hvdk8s_rd")
     emulated_train_workers: int = 2
     emulated_train_steps: int = 10  # per window; warm-up and windows as in the main training section
     # per-phase breakdown of one N=2 step (hvdk8s and the raw loop) and a Horovod timeline of it

@@ -19,7 +19,7 @@ from typing import Any
 
 from . import analysis, envinfo, knobs, memcopy, netns
 from .launch import JobFailed, Launcher, base_env, module_argv
-from .settings import HOROVOD_STRATEGIES, MANY_PROCESSES_ONLY, ONE_PROCESS_ONLY, STRATEGY_LABELS, Settings
+from .settings import HOROVOD_STRATEGIES, MANY_PROCESSES_ONLY, ONE_PROCESS_ONLY, STRATEGY_LABELS, STRATEGY_MCA, Settings
 from .util import write_json_atomic
 
 SCHEMA = "hvdk8s-bench/2"
@@ -133,7 +133,8 @@ class Suite:
         args = ["--strategy", strategy, "--job", str(job), "--out", str(out), *(["--profile"] if profile else [])]
         if strategy in HOROVOD_STRATEGIES:
             knob = knob or knobs.KNOBS[knobs.BASELINE]
-            stats = self.launcher.mpi(name, n, module_argv("worker", *args), env=knob.env, mca=knob.mca, cluster=cluster)
+            mca = knob.mca | STRATEGY_MCA.get(strategy, {})
+            stats = self.launcher.mpi(name, n, module_argv("worker", *args), env=knob.env, mca=mca, cluster=cluster)
         elif strategy == "tf_mwms":
             stats = self.launcher.tf_cluster(name, {"worker": n}, module_argv("worker", *args), [], mains="worker", cluster=cluster)
         elif strategy == "tf_ps":

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .settings import Settings
+from .settings import HVDK8S_STRATEGIES, Settings
 from .util import write_json_atomic
 
 
@@ -53,7 +53,7 @@ class Runtime:
         self.strategy: Any = None
         self.coordinator: Any = None
         self.workers, self.chief = 1, True
-        if strategy in ("hvdk8s", "hvdk8s_fp16"):
+        if strategy in HVDK8S_STRATEGIES:
             import hvdk8s
 
             hvdk8s.init(threads_per_rank=threads)
@@ -89,7 +89,7 @@ class Runtime:
         from . import trainers
 
         name = name or self.name
-        if name in ("single", "hvdk8s", "hvdk8s_fp16"):
+        if name == "single" or name in HVDK8S_STRATEGIES:
             return trainers.KerasFitTrainer(model_fn, dataset_fn, lr, use_hvdk8s=name != "single",
                                             fp16=name == "hvdk8s_fp16")
         if name == "horovod":
@@ -213,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     rt = Runtime(args.strategy, settings.threads_per_rank)
     seed = int(job.get("seed", 0))
     result: dict[str, Any] = {"strategy": args.strategy, "pid": os.getpid(), "throughput": []}
+    if "OMPI_COMM_WORLD_RANK" in os.environ:  # started by mpirun, which hands its -mca parameters to the ranks
+        result["allreduce_algorithm"] = os.environ.get("OMPI_MCA_coll_tuned_allreduce_algorithm", "auto")
     if args.profile:
         from . import profiling
 
