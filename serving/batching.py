@@ -209,8 +209,8 @@ class Batcher:
             alone = True
         return _Task(servable, signature, inputs, max(size, 1), alone, future, loop)
 
-    def _enqueue(self, task: _Task) -> None:
-        """Queue ``task`` (holding the lock) or raise why not."""
+    def _enqueue(self, task: _Task) -> tuple:
+        """Queue ``task`` (holding the lock) and return its queue's key, or raise why not."""
         if self._closed:
             raise rest.ServingError("UNAVAILABLE", "the server is shutting down")
         key = (id(task.servable), task.signature, self._shape_key(task.inputs))
@@ -221,20 +221,27 @@ class Batcher:
                 "UNAVAILABLE", "The batch scheduling queue to which this task was submitted is full"
             )
         queue.append(task)
+        return key
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         """Queue what ``submit_async`` collected in one pass of ``loop``, waking as many threads as it fills batches."""
         tasks = self._pending.pop(loop)
-        queued = 0
+        examples: dict[tuple, int] = {}  # queued per queue
+        batches = 0  # those that will run: one per task that runs alone, and each queue's share
         with self._cv:
             for task in tasks:
                 try:
-                    self._enqueue(task)
-                    queued += task.size
+                    key = self._enqueue(task)
                 except rest.ServingError as err:  # its traceback holds this frame, and with it the futures
                     task.future.set_exception(err.detached())
-            if queued:
-                self._cv.notify(math.ceil(queued / self.params.max_batch_size))
+                    continue
+                if task.alone:
+                    batches += 1
+                else:
+                    examples[key] = examples.get(key, 0) + task.size
+            batches += sum(math.ceil(n / self.params.max_batch_size) for n in examples.values())
+            if batches:
+                self._cv.notify(batches)
 
     def close(self) -> None:
         """Run what is queued, then stop the threads."""

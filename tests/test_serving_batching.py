@@ -269,3 +269,24 @@ def test_event_loop_requests_refused_by_a_full_queue_get_the_error_as_their_answ
     assert first["y"].shape == (1, 1) and [r["y"].tolist() for r in queued_ok] == [[[2.0]], [[2.0]]]
     assert (refused.code, refused.http_status) == ("UNAVAILABLE", 503)
     assert refused.message == "The batch scheduling queue to which this task was submitted is full"
+
+
+def test_one_pass_of_the_loop_wakes_a_batch_thread_for_each_batch_it_fills():
+    """Requests of two shapes in one pass make two batches: both threads must wake, or the first waits alone."""
+    barrier = threading.Barrier(2, timeout=10)
+
+    def both_at_once(servable, signature, inputs):
+        barrier.wait()  # raises BrokenBarrierError unless the other batch runs at the same time
+        return {"y": 2 * inputs["x"]}
+
+    batcher = Batcher(BatchingParameters(max_batch_size=8, num_batch_threads=2), both_at_once)
+
+    async def main():
+        futures = [batcher.submit_async("servable", "serving_default", {"x": np.ones((1, width))}) for width in (2, 3)]
+        return await asyncio.gather(*futures)
+
+    try:
+        first, second = asyncio.run(main())
+    finally:
+        batcher.close()
+    assert first["y"].shape == (1, 2) and second["y"].shape == (1, 3)
