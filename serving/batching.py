@@ -13,10 +13,10 @@ split back. If a batch fails, each of its requests is run again on its own,
 so one bad request fails only itself.
 
 Callers on an event loop (the REST server) use ``submit_async``: the
-requests one pass of the loop produces join the queue together, under one
-lock and one wake-up of the batch threads, and a batch's answers return to
-the loop in one callback; per request, a thread-safe future and its
-hand-off to the loop would cost each a lock and a wake-up.
+requests one pass of the loop produces join the queue together under one
+lock, waking a batch thread per batch they fill, and a batch's answers
+return to the loop in one callback; per request, a thread-safe future and
+its hand-off to the loop would cost each a lock and a wake-up.
 
 ``--batching_parameters_file`` is TF Serving's text-format
 ``BatchingParameters`` proto, parsed by protobuf's ``text_format`` against
@@ -34,7 +34,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -224,16 +224,20 @@ class Batcher:
         return key
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Queue what ``submit_async`` collected in one pass of ``loop``, waking as many threads as it fills batches."""
-        tasks = self._pending.pop(loop)
-        examples: dict[tuple, int] = {}  # queued per queue
-        batches = 0  # those that will run: one per task that runs alone, and each queue's share
+        """Queue what ``submit_async`` collected in one pass of ``loop``.
+
+        Wakes a batch thread for every ``max_batch_size`` examples (or part)
+        it adds to a queue, and for every request that runs alone.
+        """
+        tasks = [t for t in self._pending.pop(loop) if not t.future.done()]  # not those cancelled meanwhile
+        examples: dict[tuple, int] = {}  # added to each queue
+        batches = 0
         with self._cv:
             for task in tasks:
                 try:
                     key = self._enqueue(task)
                 except rest.ServingError as err:  # its traceback holds this frame, and with it the futures
-                    task.future.set_exception(err.detached())
+                    _settle(task.future, err.detached())
                     continue
                 if task.alone:
                     batches += 1
@@ -380,12 +384,15 @@ def _settle_all(items: list[tuple[asyncio.Future, Outcome]]) -> None:
 
 
 def _settle(future: Future | asyncio.Future, outcome: Outcome) -> None:
-    if future.done():  # cancelled: an event loop cancels a request's future when its client goes away
-        return
-    if isinstance(outcome, BaseException):
-        future.set_exception(outcome)
-    else:
-        future.set_result(outcome)
+    """Settle ``future`` unless it was cancelled (a caller's choice, or its event loop shutting down)."""
+    try:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    except (asyncio.InvalidStateError, InvalidStateError):
+        if not future.cancelled():
+            raise
 
 
 def _split(outputs: Mapping[str, np.ndarray], sizes: list[int], rows: int) -> list[Outputs] | None:

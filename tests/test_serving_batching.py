@@ -290,3 +290,31 @@ def test_one_pass_of_the_loop_wakes_a_batch_thread_for_each_batch_it_fills():
     finally:
         batcher.close()
     assert first["y"].shape == (1, 2) and second["y"].shape == (1, 3)
+
+
+def test_a_request_cancelled_before_its_pass_ends_neither_runs_nor_stalls_the_others():
+    gate = threading.Event()
+    model = Model(gate)
+    batcher = Batcher(BatchingParameters(max_batch_size=1, num_batch_threads=1, max_enqueued_batches=1), model)
+
+    def later(width: int) -> asyncio.Future:
+        return batcher.submit_async("servable", "serving_default", {"x": np.ones((1, width))})
+
+    async def main():
+        running = batcher.submit("servable", "serving_default", {"x": np.zeros((1, 1))})
+        await asyncio.to_thread(wait_until, lambda: model.batches, "the running request to start")
+        queued = later(1)
+        await asyncio.sleep(0)  # its pass ends: the queue for (1, 1) inputs is full
+        cancelled, other = later(1), later(2)  # the first would be refused, the second has a queue of its own
+        cancelled.cancel()
+        await asyncio.sleep(0)
+        gate.set()
+        return running.result(30), await asyncio.wait_for(asyncio.gather(queued, other), 10)
+
+    try:
+        first, (queued, other) = asyncio.run(main())
+    finally:
+        gate.set()
+        batcher.close()
+    assert queued["y"].tolist() == [[2.0]] and other["y"].tolist() == [[2.0, 2.0]]
+    assert model.batches == [1, 1, 1]  # the cancelled request never ran
