@@ -10,6 +10,9 @@ from typing import Any
 
 from hvdk8s.errors import UserError
 
+from .knobs import names as knob_names
+from .settings import DEFAULT_STRATEGIES, STRATEGIES
+
 _SIZE = re.compile(r"^(\d+)\s*([kmg]?)(i?b)?$", re.I)
 _SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
@@ -35,14 +38,12 @@ def _list(item: Callable[[str], Any], flag: str) -> Callable[[str], tuple[Any, .
 
 
 def _knobs(text: str) -> tuple[str, ...]:
-    from .knobs import names
-
-    return names() if text.strip() == "all" else _list(str.strip, "--knobs")(text)
+    return knob_names() if text.strip() == "all" else _list(str.strip, "--knobs")(text)
 
 
 # flag -> (settings field, parser, help)
 OVERRIDES: dict[str, tuple[str, Callable[[str], Any], str]] = {
-    "--strategies": ("strategies", _list(str.strip, "--strategies"), "comma list of single,hvdk8s,horovod,tf_mwms,tf_ps,hvdk8s_fp16,hvdk8s_rd (default: all but hvdk8s_rd)"),
+    "--strategies": ("strategies", _list(str.strip, "--strategies"), f"comma list of {','.join(STRATEGIES)} (default: {','.join(DEFAULT_STRATEGIES)})"),
     "--workloads": ("workloads", _list(str.strip, "--workloads"), "comma list of cnn,mlp"),
     "--ranks": ("ranks", _list(int, "--ranks"), "worker counts N, must include 1 (default 1,2)"),
     "--threads-per-rank": ("threads_per_rank", int, "TensorFlow intra-op threads per process (default 1)"),
@@ -68,7 +69,7 @@ OVERRIDES: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "--comm-steps": ("emulated_comm_steps", int, "parameter-server rounds per repeat"),
     "--profile-steps": ("profile_steps", int, "steps per timed window of each phase in --profile"),
     "--knobs": ("knobs", _knobs, "Horovod/Open MPI knobs to measure against the defaults, comma list or 'all' "
-                "(cycle_0.1ms,cycle_5ms,fusion_4MiB,fusion_off,cache_off,autotune,ompi_ring,ompi_spin)"),
+                f"({','.join(knob_names())})"),
     "--knob-rounds": ("knob_rounds", int, "interleaved rounds of the knob study"),
     "--timeout": ("launch_timeout_s", float, "seconds before a job is killed"),
 }

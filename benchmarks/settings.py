@@ -183,6 +183,8 @@ def validate(s: Settings) -> None:
     bad = [x for x in s.emulated_train_strategies if x not in STRATEGIES or x == "single"]
     if bad:
         raise ValueError(f"emulated_train_strategies: unsupported {bad}")
+    if s.emulated_train_workers < 2 and (bad := [x for x in s.emulated_train_strategies if x in MANY_PROCESSES_ONLY]):
+        raise ValueError(f"emulated_train_strategies {bad}: need emulated_train_workers >= 2")
     for rate in s.emulated_rates:
         parse_rate(rate)  # a typo fails here, not after minutes of training
     if s.emulated_train_strategies and s.emulated_rates:

@@ -50,7 +50,7 @@ class Progress:
 
 
 def training_configs(s: Settings) -> list[tuple[int, str, int]]:
-    """(round, strategy, N), interleaved by round; the single process only at N=1, fp16 compression only above."""
+    """(round, strategy, N), interleaved by round; the single process only at N=1, the MANY_PROCESSES_ONLY ones above."""
     return [
         (r, strategy, n)
         for r in range(s.rounds)

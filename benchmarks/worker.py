@@ -214,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = int(job.get("seed", 0))
     result: dict[str, Any] = {"strategy": args.strategy, "pid": os.getpid(), "throughput": []}
     if "OMPI_COMM_WORLD_RANK" in os.environ:  # started by mpirun, which hands its -mca parameters to the ranks
+        # the allreduce algorithm asked of Open MPI (auto: none, Open MPI decides)
         result["allreduce_algorithm"] = os.environ.get("OMPI_MCA_coll_tuned_allreduce_algorithm", "auto")
     if args.profile:
         from . import profiling

@@ -20,8 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="set and forward a variable")
     run.add_argument("--timeline", metavar="FILE", help="write a Horovod timeline (Chrome trace) to FILE")
     run.add_argument("--allreduce-algorithm", choices=typing.get_args(AllreduceAlgorithm), default="auto",
-                     help="Open MPI's allreduce algorithm (default auto: Open MPI decides by size; recursive_doubling "
-                          "was faster for two hosts on a 1 Gbit/s link, slower on 10 Gbit/s: README, Benchmarks)")
+                     help="Open MPI's allreduce algorithm for Horovod's CPU tensors (default auto: Open MPI decides by "
+                          "size; recursive_doubling: two hosts on a slow link, see README, Benchmarks)")
     elastic = run.add_argument_group(
         "elastic (horovodrun over Gloo; the script must use hvdk8s.elastic)",
         "Given --host-discovery-script, the job keeps between --min-np and --max-np ranks as hosts come and go.",

@@ -27,13 +27,17 @@ DEFAULT_MCA: Mapping[str, str] = {"mpi_yield_when_idle": "1"}
 AllreduceAlgorithm = Literal[
     "auto", "basic_linear", "nonoverlapping", "recursive_doubling", "ring", "segmented_ring", "rabenseifner"
 ]
-# Parameters the launcher's argv sets itself, and why a job spec's openMpi.mca may not.
+# Parameters set for the launcher by hvdk8s's argv or by the MPI Operator, and why a job may not set them too
+# (an mpirun -mca flag wins over the OMPI_MCA_* variable of the same name).
 OWNED_MCA = {
     "pml": "hvdk8s launches over ob1 (TCP), the transport every container network has",
     "btl": "hvdk8s launches over ob1 (TCP), the transport every container network has",
-    "coll_tuned_use_dynamic_rules": "set it with openMpi.allreduceAlgorithm",
+    "coll_tuned_use_dynamic_rules": "set by hvdk8s whenever a coll_tuned_* parameter is given",
     "coll_tuned_allreduce_algorithm": "set it with openMpi.allreduceAlgorithm",
     "mpi_yield_when_idle": "set it with openMpi.yieldWhenIdle",
+    "orte_default_hostfile": "set by the MPI Operator (its hostfile of the job's pods)",
+    "orte_keep_fqdn_hostnames": "set by the MPI Operator (its hostfile of the job's pods)",
+    "plm_rsh_args": "set by the MPI Operator (how the launcher reaches the workers' sshd)",
 }
 MCA_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -42,15 +46,19 @@ def transport_mca(
     allreduce_algorithm: AllreduceAlgorithm = "auto", yield_when_idle: bool = True,
     extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """Open MPI parameters (``-mca``) for a job's transport settings; ``extra`` holds any others.
+    """Open MPI parameters (``-mca``, over ``DEFAULT_MCA``) for a job's transport settings; ``extra`` holds others.
 
-    A fixed algorithm needs Open MPI's dynamic rules on, or the tuned
-    component ignores it.
+    Open MPI's tuned collectives read a fixed algorithm, or any other
+    ``coll_tuned_*`` choice, only with their dynamic rules on.
     """
     mca = dict(extra or {})
     if allreduce_algorithm != "auto":
-        mca |= {"coll_tuned_use_dynamic_rules": "1", "coll_tuned_allreduce_algorithm": allreduce_algorithm}
-    return mca | {"mpi_yield_when_idle": "1" if yield_when_idle else "0"}
+        mca["coll_tuned_allreduce_algorithm"] = allreduce_algorithm
+    if any(name.startswith("coll_tuned_") for name in mca):
+        mca["coll_tuned_use_dynamic_rules"] = "1"
+    if not yield_when_idle:
+        mca["mpi_yield_when_idle"] = "0"
+    return mca
 
 
 def mca_problems(extra: Mapping[str, str]) -> dict[str, str]:

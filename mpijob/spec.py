@@ -182,6 +182,7 @@ class Horovod:
 class OpenMpi:
     """Open MPI's settings for the launcher's ``mpirun`` (``-mca``); README, "Benchmarks", has their measured effects."""
 
+    # Open MPI's allreduce reduces Horovod's CPU tensors; GPU tensors go through NCCL (Dockerfile.gpu).
     # recursive_doubling: each rank sends its whole buffer at once; faster for two hosts on a
     # slow link, slower on fast ones and with more ranks (it sends more than a ring).
     allreduce_algorithm: AllreduceAlgorithm = "auto"

@@ -19,7 +19,7 @@ from typing import Any
 
 from hvdk8s import k8s
 from hvdk8s.k8s import MULTIKUEUE, FieldError, at_least, forbidden, invalid, one_of, quantity, required
-from hvdk8s.launcher.mpirun import mca_problems
+from hvdk8s.launcher.mpirun import OWNED_MCA, mca_problems
 from hvdk8s.mpijob.render import API_VERSION, GENERATED_ENV, KIND, LAUNCHER_COMMANDS
 from hvdk8s.mpijob.spec import (
     DEFAULT_POD_ANNOTATIONS,
@@ -37,6 +37,7 @@ from hvdk8s.mpijob.spec import (
     allowed,
 )
 
+MCA_ENV = "OMPI_MCA_"  # Open MPI reads its parameters from these variables too
 USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
 CAPABILITY = re.compile(r"^[A-Z][A-Z_]*\Z")
 AFFINITY_KINDS = ("nodeAffinity", "podAffinity", "podAntiAffinity")
@@ -183,6 +184,8 @@ def _check_env(spec: JobSpec) -> list[FieldError]:
             errors.append(invalid(f"env.{name}", "not a valid environment variable name"))
         elif name in GENERATED_ENV:
             errors.append(forbidden(f"env.{name}", f"set by hvdk8s from {GENERATED_ENV[name]}; set it there"))
+        elif name.startswith(MCA_ENV) and name[len(MCA_ENV):] in OWNED_MCA:
+            errors.append(forbidden(f"env.{name}", OWNED_MCA[name[len(MCA_ENV):]]))
     return errors
 
 

@@ -116,7 +116,7 @@ def test_every_summary_recomputes_from_the_raw_timings(run: dict[str, Any]) -> N
     training = results["raw"]["training"]
     assert {(r["strategy"], r["workers"]) for r in training} == {("single", 1), ("hvdk8s", 1), ("hvdk8s", 2), ("tf_ps", 1), ("tf_ps", 2),
                                                                     ("hvdk8s_fp16", 2), ("hvdk8s_rd", 2)}
-    # the job spec's transport setting reached Open MPI in that strategy's ranks only
+    # the recursive-doubling strategy's algorithm reached its ranks' Open MPI parameters, and no other's
     assert {(r["strategy"], r["result"].get("allreduce_algorithm")) for r in training} == {
         ("single", None), ("tf_ps", None), ("hvdk8s", "auto"), ("hvdk8s_fp16", "auto"), ("hvdk8s_rd", "recursive_doubling")
     }

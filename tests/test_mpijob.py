@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 import yaml
 
 from hvdk8s.errors import UserError
-from hvdk8s.launcher.mpirun import mpirun_argv, rank_lines
+from hvdk8s.launcher.mpirun import AllreduceAlgorithm, mpirun_argv, rank_lines
 from hvdk8s.mpijob import (
     SpecError,
     check_manifest,
@@ -509,14 +510,18 @@ def test_launcher_command_runs_against_an_operator_style_hostfile(tmp_path: Path
     probe = "import os, sys; sys.stdout.write(f\"rank-env {os.environ['HVDK8S_JOB_NAME']} {os.environ['DATA_DIR']}\\n\")"
     spec = load_spec(BASE | {"workers": 1, "slotsPerWorker": 2, "command": [sys.executable, "-c", probe],
                              "env": {"DATA_DIR": "/shared/data"}})  # fmt: skip
-    assert sorted(line for line in run_launcher(spec, tmp_path) if "rank-env" in line[1]) == [
+    lines, _ = run_launcher(spec, tmp_path)
+    assert sorted(line for line in lines if "rank-env" in line[1]) == [
         (0, "rank-env digits /shared/data"),
         (1, "rank-env digits /shared/data"),
     ]
 
 
-def run_launcher(spec: JobSpec, tmp_path: Path) -> list[tuple[int | None, str]]:
-    """Run the rendered launcher command against the hostfile the operator writes for one worker; its ranks' lines."""
+def run_launcher(spec: JobSpec, tmp_path: Path) -> tuple[list[tuple[int | None, str]], str]:
+    """Run the rendered launcher command against the hostfile the operator writes for one worker.
+
+    Returns its ranks' lines and mpirun's standard error.
+    """
     container = launcher(render(spec))
     hostfile = tmp_path / "hostfile"
     hostfile.write_text(f"localhost slots={spec.slots_per_worker}\n")
@@ -525,7 +530,7 @@ def run_launcher(spec: JobSpec, tmp_path: Path) -> list[tuple[int | None, str]]:
     env |= {"OMPI_MCA_orte_default_hostfile": str(hostfile), "OMPI_MCA_orte_keep_fqdn_hostnames": "true"}
     proc = subprocess.run(container["command"], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return list(rank_lines(proc.stdout.splitlines()))
+    return list(rank_lines(proc.stdout.splitlines())), proc.stderr
 
 
 def test_open_mpi_settings_become_mpiruns_parameters_and_are_checked():
@@ -537,12 +542,19 @@ def test_open_mpi_settings_become_mpiruns_parameters_and_are_checked():
         "-mca", "btl_tcp_if_include", "eth0", "-mca", "coll_tuned_allreduce_algorithm", "recursive_doubling",
         "-mca", "coll_tuned_use_dynamic_rules", "1", "-mca", "mpi_yield_when_idle", "0",
     ]  # fmt: skip
+    argv = launcher(render(load_spec({**BASE, "openMpi": {"mca": {"coll_tuned_bcast_algorithm": "6"}}})))["command"]
+    assert argv[argv.index("coll_tuned_use_dynamic_rules") + 1] == "1"  # or Open MPI ignores the bcast choice
     assert errors_of({**BASE, "openMpi": {"mca": {"pml": "ucx", "Bad-Name": "x", "btl_tcp_links": " ",
                                                   "coll_tuned_allreduce_algorithm": "4"}}}) == [  # fmt: skip
         "openMpi.mca.pml: hvdk8s launches over ob1 (TCP), the transport every container network has",
         "openMpi.mca.Bad-Name: not an Open MPI parameter name (lowercase letters, digits and _)",
         "openMpi.mca.btl_tcp_links: empty value",
         "openMpi.mca.coll_tuned_allreduce_algorithm: set it with openMpi.allreduceAlgorithm",
+    ]
+    assert errors_of({**BASE, "env": {"OMPI_MCA_mpi_yield_when_idle": "0", "OMPI_MCA_plm_rsh_args": "-p 22",
+                                      "OMPI_MCA_btl_tcp_links": "2"}}) == [  # fmt: skip
+        "env.OMPI_MCA_mpi_yield_when_idle: set it with openMpi.yieldWhenIdle",
+        "env.OMPI_MCA_plm_rsh_args: set by the MPI Operator (how the launcher reaches the workers' sshd)",
     ]
     assert errors_of({**BASE, "elastic": {"minWorkers": 1, "maxWorkers": 2}, "openMpi": {"allreduceAlgorithm": "ring"}}) == [
         "openMpi: not with elastic: elastic jobs run horovodrun over Gloo, not mpirun"
@@ -551,18 +563,32 @@ def test_open_mpi_settings_become_mpiruns_parameters_and_are_checked():
         load_spec({**BASE, "openMpi": {"allreduceAlgorithm": "tree"}})
 
 
+@pytest.mark.skipif(shutil.which("ompi_info") is None, reason="Open MPI not installed")
+def test_open_mpi_takes_every_allreduce_algorithm_name_the_spec_allows():
+    """Open MPI reads an unknown name as a warning and its default: each name must come back as set."""
+    for algorithm in typing.get_args(AllreduceAlgorithm)[1:]:  # all but auto, which sets nothing
+        env = os.environ | {"OMPI_MCA_coll_tuned_allreduce_algorithm": algorithm}
+        shown = subprocess.run(["ompi_info", "--param", "coll", "tuned", "--level", "9"], env=env,
+                               capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+        assert f'"coll_tuned_allreduce_algorithm" (current value: "{algorithm}"' in shown.stdout, algorithm
+        assert "invalid value" not in shown.stdout + shown.stderr
+
+
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI not installed")
-def test_open_mpi_runs_the_allreduce_algorithm_the_spec_names(tmp_path: Path):
-    """Open MPI accepts every algorithm name the spec allows, and the ranks' allreduce runs with it."""
-    probe = ("import os, sys; from mpi4py import MPI; total = MPI.COMM_WORLD.allreduce(MPI.COMM_WORLD.rank + 1); "
-             "sys.stdout.write(f\"allreduce {total} {os.environ.get('OMPI_MCA_coll_tuned_allreduce_algorithm')}\\n\")")
+def test_ranks_allreduce_with_the_algorithm_the_spec_names(tmp_path: Path):
+    """The rendered launcher's ranks get the algorithm, Open MPI accepts it, and MPI_Allreduce sums correctly."""
+    probe = ("import os, sys, numpy as np; from mpi4py import MPI; c = MPI.COMM_WORLD; out = np.zeros(4); "
+             "c.Allreduce(np.arange(4.0) + c.rank, out); "
+             "print('allreduce', out.tolist(), os.environ['OMPI_MCA_coll_tuned_allreduce_algorithm'])")
     for algorithm in ("recursive_doubling", "ring"):
         spec = load_spec(BASE | {"workers": 1, "slotsPerWorker": 2, "command": [sys.executable, "-c", probe],
                                  "openMpi": {"allreduceAlgorithm": algorithm}})  # fmt: skip
-        assert sorted(line for line in run_launcher(spec, tmp_path) if "allreduce" in line[1]) == [
-            (0, f"allreduce 3 {algorithm}"),
-            (1, f"allreduce 3 {algorithm}"),
+        lines, stderr = run_launcher(spec, tmp_path)
+        assert sorted(line for line in lines if "allreduce" in line[1]) == [
+            (0, f"allreduce [1.0, 3.0, 5.0, 7.0] {algorithm}"),
+            (1, f"allreduce [1.0, 3.0, 5.0, 7.0] {algorithm}"),
         ]
+        assert "invalid value" not in stderr  # Open MPI warns, and falls back, on a name it does not know
 
 
 def test_names_ending_in_a_newline_are_rejected():
