@@ -29,9 +29,12 @@ def single_2b(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[np.nd
     return load(out, 0)
 
 
-@pytest.mark.parametrize("mode", ["fit", "tape"])
-def test_two_ranks_batch_b_equal_one_process_batch_2b(mode: str, single_2b, tmp_path: Path) -> None:
-    run_ranks(2, "train_equivalence.py", "--batch", "8", "--steps", "6", "--mode", mode, "--out", str(tmp_path))
+@pytest.mark.parametrize("mode, steps_per_execution", [("fit", 1), ("tape", 1), ("fit", 4)])
+def test_two_ranks_batch_b_equal_one_process_batch_2b(mode: str, steps_per_execution: int, single_2b,
+                                                      tmp_path: Path) -> None:
+    """Also with Keras running 4 steps per compiled call (6 steps: one call of 4, one of the last 2)."""
+    run_ranks(2, "train_equivalence.py", "--batch", "8", "--steps", "6", "--mode", mode,
+              "--steps-per-execution", str(steps_per_execution), "--out", str(tmp_path))
     iterations, weights = load(tmp_path, 0)
     ref_iterations, ref_weights = single_2b
     assert iterations == ref_iterations == 6

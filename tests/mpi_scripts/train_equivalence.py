@@ -21,6 +21,7 @@ p.add_argument("--batch", type=int, required=True)
 p.add_argument("--steps", type=int, default=6)
 p.add_argument("--passes", type=int, default=1, help="backward_passes_per_step")
 p.add_argument("--mode", choices=["fit", "tape"], default="fit")
+p.add_argument("--steps-per-execution", type=int, default=1, help="Keras compile(steps_per_execution=...)")
 p.add_argument("--seed-per-rank", action="store_true", help="different initial weights on each rank")
 p.add_argument("--out", type=Path, required=True)
 args = p.parse_args()
@@ -45,7 +46,7 @@ if args.mode == "fit":
     opt = hvdk8s.DistributedOptimizer(
         keras.optimizers.SGD(0.5), backward_passes_per_step=args.passes, average_aggregated_gradients=True
     )
-    model.compile(optimizer=opt, loss=loss_fn)
+    model.compile(optimizer=opt, loss=loss_fn, steps_per_execution=args.steps_per_execution)
     model.fit(data, epochs=1, callbacks=hvdk8s.default_callbacks(), verbose=0)
     iterations = int(opt.iterations.numpy())
 else:
