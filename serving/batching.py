@@ -367,10 +367,10 @@ class Unbatched:
 
 def _finish(settled: Iterable[tuple[_Task, Outcome]]) -> None:
     """Settle the tasks' futures: a thread caller's at once, each event loop's in one callback."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Outcome]]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Future | asyncio.Future, Outcome]]] = {}
     for task, outcome in settled:
         if task.loop is None:
-            _settle(task.future, outcome)
+            _settle_all([(task.future, outcome)])
         else:
             by_loop.setdefault(task.loop, []).append((task.future, outcome))
     for loop, items in by_loop.items():
@@ -378,9 +378,20 @@ def _finish(settled: Iterable[tuple[_Task, Outcome]]) -> None:
             loop.call_soon_threadsafe(_settle_all, items)
 
 
-def _settle_all(items: list[tuple[asyncio.Future, Outcome]]) -> None:
+def _settle_all(items: list[tuple[Future | asyncio.Future, Outcome]]) -> None:
+    """Settle each future; one that refuses its outcome gets an error instead, and the others still settle.
+
+    (An asyncio future refuses ``StopIteration``, for one; raised on a batch
+    thread, the refusal would also end the thread.)
+    """
     for future, outcome in items:
-        _settle(future, outcome)
+        try:
+            _settle(future, outcome)
+        except Exception as err:  # noqa: BLE001  (logged, and the caller gets it rather than waiting forever)
+            log.exception("batching: a request's %s could not be handed back", type(outcome).__name__)
+            with contextlib.suppress(Exception):
+                future.set_exception(RuntimeError(f"the request's outcome ({outcome!r:.200}) could not be handed "
+                                                  f"back: {err}"))
 
 
 def _settle(future: Future | asyncio.Future, outcome: Outcome) -> None:

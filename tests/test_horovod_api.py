@@ -152,6 +152,8 @@ def test_model_built_during_fit_is_broadcast_and_load_model_restores_a_distribut
         assert len(r["plain_load_warning"]) == 1 and "hvdk8s.load_model" in r["plain_load_warning"][0]
 
 
+# Earlier tests in this process have started TensorFlow, so init() cannot pin threads; it says so, as it should.
+@pytest.mark.filterwarnings("ignore:.*device and thread pinning skipped:UserWarning")
 def test_elastic_commit_callback_commits_every_n_batches_and_tracks_batch_and_epoch() -> None:
     import keras
 

@@ -318,3 +318,21 @@ def test_a_request_cancelled_before_its_pass_ends_neither_runs_nor_stalls_the_ot
         batcher.close()
     assert queued["y"].tolist() == [[2.0]] and other["y"].tolist() == [[2.0, 2.0]]
     assert model.batches == [1, 1, 1]  # the cancelled request never ran
+
+
+def test_an_outcome_a_future_refuses_becomes_an_error_instead_of_a_request_that_never_returns():
+    def stops(servable, signature, inputs):
+        raise StopIteration  # a model's bug; an asyncio future refuses it as an exception
+
+    batcher = Batcher(BatchingParameters(max_batch_size=4, num_batch_threads=1), stops)
+
+    async def main():
+        futures = [batcher.submit_async("servable", "serving_default", {"x": np.ones((1, 1))}) for _ in range(2)]
+        return await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 10)
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        batcher.close()
+    assert [type(r) for r in results] == [RuntimeError, RuntimeError]
+    assert "StopIteration" in str(results[0]) and "could not be handed back" in str(results[0])
