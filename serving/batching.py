@@ -366,14 +366,14 @@ class Unbatched:
 
 
 def _finish(settled: Iterable[tuple[_Task, Outcome]]) -> None:
-    """Settle the tasks' futures: a thread caller's at once, each event loop's in one callback."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Future | asyncio.Future, Outcome]]] = {}
+    """Settle the tasks' futures: thread callers' at once, each event loop's in one callback."""
+    by_loop: dict[asyncio.AbstractEventLoop | None, list[tuple[Future | asyncio.Future, Outcome]]] = {}
     for task, outcome in settled:
-        if task.loop is None:
-            _settle_all([(task.future, outcome)])
-        else:
-            by_loop.setdefault(task.loop, []).append((task.future, outcome))
+        by_loop.setdefault(task.loop, []).append((task.future, outcome))
     for loop, items in by_loop.items():
+        if loop is None:
+            _settle_all(items)
+            continue
         with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits for these answers
             loop.call_soon_threadsafe(_settle_all, items)
 
