@@ -10,12 +10,16 @@ measured). Phases, per step:
 * optimizer: applying a fixed set of gradients with the same optimizer;
 * allreduce alone: one grouped allreduce of all gradients with nothing else
   running, i.e. what communication costs when nothing hides it;
-* compiled step: the raw loop's step function, or hvdk8s's Keras
-  ``train_function`` called directly (no callbacks, no fit loop);
+* compiled step: the raw loop's step function, or for hvdk8s the model's
+  public ``train_step`` in one ``tf.function``, as the raw loop's step is;
 * allreduce wait = compiled step - (input + forward+backward + optimizer):
   the communication that compute did not hide, plus any glue in the step
   (Keras's loss tracker for hvdk8s);
-* callbacks and fit loop = hvdk8s's ``fit`` window - its compiled step.
+* Keras's step wrapper = hvdk8s's Keras ``train_function`` called directly
+  (what ``fit`` calls per step) - that compiled ``train_step``: Keras's own
+  per-step machinery around ``train_step`` (an ``Optional`` of the logs and
+  two eager ops reading it), measured on the same model;
+* callbacks and fit loop = hvdk8s's ``fit`` window - its ``train_function``.
 
 All phases are timed round-robin between hvdk8s's ``fit`` windows, so drift
 in machine load hits them alike. Afterwards a few hvdk8s steps run under
@@ -82,12 +86,14 @@ def phases(s: Settings, workload_name: str, seed: int, timeline: Path | None) ->
     optimizer_only = tf.function(lambda: opt.apply(grads, model.trainable_variables))
     allreduce_only = tf.function(lambda: hvd.grouped_allreduce(grads, op=hvd.Average, name="profile.allreduce"))
     hv_it = iter(hv.data)
+    hv_train_step = tf.function(lambda: hv.model.train_step(next(hv_it)))
     fns: dict[str, Callable[[], Any]] = {
         "input": input_only,
         "forward_backward": lambda: forward_backward(x, y),
         "optimizer": optimizer_only,
         "allreduce_alone": allreduce_only,
         "raw_step": lambda: raw._step(raw._it),
+        "hvdk8s_train_step": hv_train_step,
         "hvdk8s_step": lambda: hv.model.train_function(hv_it),
     }
     times: dict[str, list[float]] = {k: [] for k in fns}
@@ -102,7 +108,7 @@ def phases(s: Settings, workload_name: str, seed: int, timeline: Path | None) ->
         warm[0] = True
 
     # train_function exists once fit has started: the first between() call comes after fit's warm-up
-    fit_windows = hv.timed(s.warmup_steps, s.profile_steps, s.windows, round_robin)
+    fit_windows = hv.timed(s.warmup_steps, s.profile_steps, s.windows * s.models, round_robin)
     times["hvdk8s_fit"] = [w / s.profile_steps for w in fit_windows]
     out: dict[str, Any] = {
         "workload": wl.name,

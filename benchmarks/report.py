@@ -290,7 +290,8 @@ def _header(results: dict[str, Any]) -> str:
         "",
         "Every worker gets the same per-rank batch, "
         f"{s['threads_per_rank']} TensorFlow intra-op thread(s), {s['warmup_steps']} warm-up steps and "
-        f"{s['windows']} timed windows of {s['steps']} steps per launch, {s['rounds']} launch(es) per configuration. "
+        f"{s['windows']} timed windows of {s['steps']} steps per model, {s.get('models', 1)} model(s) built one after "
+        f"another per launch (their windows pooled), {s['rounds']} launch(es) per configuration. "
         "N counts data-parallel workers (processes). "
         + (
             f"N goes up to {max(s['ranks'])} only: this machine has {env['cpu_count']} cores, and with "
@@ -355,8 +356,9 @@ def _ratio_section(d: dict[str, Any]) -> str:
         "",
         "One ratio per launch, then the median, interquartile range [q1–q3] and number of launches. "
         "**Alternating windows**: every hvdk8s launch also builds the raw `horovod.tensorflow` loop on the same ranks "
-        "and times its windows between hvdk8s's (warm-up, then hvdk8s window, raw window, ...), so both see the same "
-        "load; the ratio is hvdk8s's median window rate over the raw loop's. **Separate launches**: each strategy's median "
+        "and times its windows between hvdk8s's (warm-up, then hvdk8s window, raw window, ...; a fresh pair of models "
+        "for each model of the launch), so both see the same load; the ratio is hvdk8s's median window rate over the "
+        "raw loop's. **Separate launches**: each strategy's median "
         "rate over the raw loop's launch in the same round. Above 1 is faster than the raw loop.",
         "",
     ]
@@ -427,8 +429,9 @@ PHASES = (
     ("input", "input (next() in a compiled function)"),
     ("forward_backward", "forward + backward"),
     ("optimizer", "optimizer update"),
-    ("allreduce_wait", "allreduce wait (step − the three above)"),
-    ("callbacks", "callbacks and fit loop (fit − compiled step)"),
+    ("allreduce_wait", "allreduce wait (compiled step − the three above)"),
+    ("keras_wrapper", "Keras's step wrapper (train_function − compiled train_step)"),
+    ("callbacks", "callbacks and fit loop (fit − train_function)"),
     ("total", "total per step"),
 )
 
@@ -442,9 +445,11 @@ def _profile_section(p: dict[str, Any] | None) -> str:
         "A profiling-only build (`benchmarks/profiling.py`): each phase is its own compiled function on a copy of the model, "
         "timed alone, round-robin between hvdk8s's `fit` windows; brackets inside the real step would order its ops and "
         "hide the overlap being measured. Input, forward+backward and the optimizer are the same model and optimizer "
-        "for both; the allreduce wait is the compiled step (the raw loop's step function, hvdk8s's Keras "
-        "`train_function` called directly) minus those three, i.e. communication that compute did not hide plus glue in "
-        "the step; callbacks are hvdk8s's `fit` window minus its compiled step. Milliseconds per step (medians):",
+        "for both; the allreduce wait is the compiled step (the raw loop's step function; for hvdk8s the model's public "
+        "`train_step` in one `tf.function`, as the raw loop's is) minus those three, i.e. communication that compute did "
+        "not hide plus glue in the step; Keras's step wrapper is hvdk8s's Keras `train_function` (what `fit` calls per "
+        "step) minus that compiled `train_step`, on the same model: Keras's machinery around `train_step`, not hvdk8s's; "
+        "callbacks are hvdk8s's `fit` window minus its `train_function`. Milliseconds per step (medians):",
         "",
     ]
     rows = []

@@ -67,7 +67,8 @@ class Settings:
     mlp_width: int = 2048
     warmup_steps: int = 5
     steps: int = 20  # per timed window (per worker for tf_ps: N x steps in all)
-    windows: int = 3  # timed windows per launch
+    windows: int = 3  # timed windows per model
+    models: int = 1  # models built one after another per launch, their windows pooled
     rounds: int = 1  # launches per configuration, interleaved across strategies
     # time to accuracy on the real digits data
     tta: bool = True
@@ -122,7 +123,7 @@ class Settings:
 
 PRESETS: dict[str, Settings] = {
     # 13 minutes on an idle 2-core machine (36 at load average 5-12).
-    "quick": Settings(preset="quick", rounds=2),
+    "quick": Settings(preset="quick", rounds=2, models=2, windows=2),
     # Longer windows, three interleaved launches per configuration, bigger
     # messages and the 4096-wide MLP (134 MB of fp32 gradients).
     "full": Settings(
@@ -130,7 +131,8 @@ PRESETS: dict[str, Settings] = {
         mlp_width=4096,
         warmup_steps=10,
         steps=50,
-        windows=5,
+        windows=3,
+        models=2,
         rounds=3,
         tta_max_epochs=20,
         allreduce_sizes=tuple(4 ** k * 1024 for k in range(0, 10)) + (512 << 20,),
@@ -170,7 +172,7 @@ def validate(s: Settings) -> None:
         raise ValueError("warmup_steps: at least 1 (the first step traces the model and is never timed)")
     if not s.ranks or min(s.ranks) < 1 or 1 not in s.ranks:
         raise ValueError(f"ranks {list(s.ranks)}: must include 1 (the baseline of E(N)) and be >= 1")
-    for name in ("steps", "windows", "rounds", "threads_per_rank", "allreduce_repeats", "tta_max_epochs", "profile_steps",
+    for name in ("steps", "windows", "models", "rounds", "threads_per_rank", "allreduce_repeats", "tta_max_epochs", "profile_steps",
                  "knob_rounds", "emulated_train_steps"):
         if getattr(s, name) < 1:
             raise ValueError(f"{name}={getattr(s, name)}: too small")

@@ -26,7 +26,7 @@ from hvdk8s.benchmarks import analysis, netns, report
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
     "--quick", "--strategies", "single,hvdk8s,tf_ps,hvdk8s_fp16,hvdk8s_rd", "--workloads", "cnn,mlp", "--ranks", "1,2", "--rounds", "1",
-    "--mlp-width", "64", "--warmup", "1", "--steps", "3", "--windows", "2", "--tta-max-epochs", "1",
+    "--mlp-width", "64", "--warmup", "1", "--steps", "3", "--windows", "1", "--models", "2", "--tta-max-epochs", "1",
     "--profile", "--profile-steps", "2",
     "--sizes", "4K,64K", "--repeats", "2", "--allreduce-min-seconds", "0.02", "--fusion-tensors", "4", "--fusion-bytes", "4K",
     "--memcopy-bytes", "4M", "--emulated-rates", "1gbit", "--emulated-workers", "2", "--emulated-sizes", "4K,256K",
@@ -123,11 +123,13 @@ def test_every_summary_recomputes_from_the_raw_timings(run: dict[str, Any]) -> N
     for r in training:  # the timings came from processes that really ran that long
         timed = sum(sum(w["window_seconds"]) for w in r["result"]["throughput"])
         assert 0 < timed < r["job"]["wall_seconds"]
-        assert all(len(w["window_seconds"]) == 2 and min(w["window_seconds"]) > 0 for w in r["result"]["throughput"])
+        # one window from each of two models built one after the other
+        assert all(w["models"] == 2 and len(w["window_seconds"]) == 2 and min(w["window_seconds"]) > 0
+                   for w in r["result"]["throughput"])
         assert (run["out"] / r["job"]["log"]).is_file()
     hv2 = next(r for r in training if r["strategy"] == "hvdk8s" and r["workers"] == 2)
     assert {w["workload"]: w["examples_per_window"] for w in hv2["result"]["throughput"]} == {"cnn": 3 * 32 * 2, "mlp": 3 * 8 * 2}
-    # the raw loop's windows alternated with hvdk8s's in the same launch, one per hvdk8s window
+    # the raw loop's windows alternated with hvdk8s's in the same launch, one per hvdk8s window, from a raw loop per model
     assert all(len(w["paired_raw_window_seconds"]) == 2 for w in hv2["result"]["throughput"])
     ratios = results["derived"]["ratios"]
     assert {(p["workload"], p["workers"]) for p in ratios["paired"]} == {("cnn", 1), ("cnn", 2), ("mlp", 1), ("mlp", 2)}
@@ -144,6 +146,8 @@ def test_profile_phases_and_timeline(run: dict[str, Any]) -> None:
     for w in prof:
         assert all(v > 0 for v in w["phases"].values()), w["phases"]
         assert w["hvdk8s"]["total"] == w["phases"]["hvdk8s_fit"] and w["raw"]["total"] == w["phases"]["raw_step"]
+        # Keras's wrapper: its train_function over the same model's train_step compiled alone
+        assert w["hvdk8s"]["keras_wrapper"] == w["phases"]["hvdk8s_step"] - w["phases"]["hvdk8s_train_step"]
         # every hvdk8s step of the timeline: its gradients were submitted, then reduced
         assert len(w["overlap"]) >= 2 and all(o["tensors"] >= 1 and o["last_reduce_end_s"] > 0 for o in w["overlap"])
     assert (run["out"] / "timeline.png").is_file()
