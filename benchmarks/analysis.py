@@ -79,14 +79,14 @@ def _median_rate(w: dict[str, Any], key: str = "window_seconds") -> float:
 def ratios(raw: list[dict[str, Any]]) -> dict[str, Any]:
     """Throughput relative to the raw Horovod loop, one ratio per launch, summarised over launches.
 
-    ``paired``: hvdk8s's windows over the raw loop's windows that alternated with
-    them in the same process (the precise one: same launch, same load). ``rounds``:
+    ``paired``: an hvdk8s strategy's windows over the raw loop's windows that alternated
+    with them in the same process (the precise one: same launch, same load). ``rounds``:
     each strategy's launch over the raw loop's launch of the same round.
     ``time_to_accuracy``: the same per-round ratio for the time-to-accuracy rate;
     ``time_to_accuracy_paired``: hvdk8s's over the raw loop's epochs that
     alternated with its own in the same launch (same epochs, same load).
     """
-    paired: dict[tuple[str, int], list[float]] = defaultdict(list)
+    paired: dict[tuple[str, str, int], list[float]] = defaultdict(list)
     tta_paired: dict[int, list[float]] = defaultdict(list)
     by_round: dict[tuple[str, str, int, int], float] = {}
     tta: dict[tuple[str, int, int], float] = {}
@@ -94,7 +94,7 @@ def ratios(raw: list[dict[str, Any]]) -> dict[str, Any]:
         n, strategy, r = run["workers"], run["strategy"], run["round"]
         for w in run["result"]["throughput"]:
             if w.get("paired_raw_window_seconds"):
-                paired[(w["workload"], n)].append(_median_rate(w) / _median_rate(w, "paired_raw_window_seconds"))
+                paired[(strategy, w["workload"], n)].append(_median_rate(w) / _median_rate(w, "paired_raw_window_seconds"))
             by_round[(w["workload"], strategy, n, r)] = _median_rate(w)
         if "time_to_accuracy" in run["result"]:
             t = run["result"]["time_to_accuracy"]
@@ -112,7 +112,8 @@ def ratios(raw: list[dict[str, Any]]) -> dict[str, Any]:
         if ref and strategy != REFERENCE:
             tta_rounds[(strategy, n)].append(rate / ref)
     return {
-        "paired": [{"workload": wl, "workers": n, "ratio": summary(v)} for (wl, n), v in sorted(paired.items())],
+        "paired": [{"strategy": st, "workload": wl, "workers": n, "ratio": summary(v)}
+                   for (st, wl, n), v in sorted(paired.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2]))],
         "rounds": [{"workload": wl, "strategy": st, "workers": n, "ratio": summary(v)} for (wl, st, n), v in sorted(rounds.items())],
         "time_to_accuracy": [{"strategy": st, "workers": n, "ratio": summary(v)} for (st, n), v in sorted(tta_rounds.items())],
         # only where measured: results from before the pairing derive as they did

@@ -93,7 +93,7 @@ def label(strategy: str) -> str:
 
 
 COLORS = dict(zip(STRATEGY_LABELS, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:cyan",
-                                     "tab:olive")))
+                                     "tab:olive", "tab:brown")))
 
 
 # --- plots -------------------------------------------------------------------------------------
@@ -355,7 +355,8 @@ def _ratio_section(d: dict[str, Any]) -> str:
         "## Summary: throughput relative to the raw Horovod loop (" + MEASURED + ")",
         "",
         "One ratio per launch, then the median, interquartile range [q1–q3] and number of launches. "
-        "**Alternating windows**: every hvdk8s launch also builds the raw `horovod.tensorflow` loop on the same ranks "
+        "**Alternating windows**: every launch of hvdk8s (and of its steps_per_execution row) also builds the raw "
+        "`horovod.tensorflow` loop on the same ranks "
         "and times its windows between hvdk8s's (warm-up, then hvdk8s window, raw window, ...; a fresh pair of models "
         "for each model of the launch), so both see the same load; the ratio is hvdk8s's median window rate over the "
         "raw loop's. **Separate launches**: each strategy's median "
@@ -364,8 +365,9 @@ def _ratio_section(d: dict[str, Any]) -> str:
     ]
     if r["paired"]:
         out += [
-            table(["workload", "N", "hvdk8s / raw loop, alternating windows: median [IQR] (launches)"],
-                  [[p["workload"], num(p["workers"]), iqr(p["ratio"])] for p in r["paired"]]),
+            table(["workload", "strategy", "N", "strategy / raw loop, alternating windows: median [IQR] (launches)"],
+                  [[p["workload"], label(p["strategy"]), num(p["workers"]), iqr(p["ratio"])]
+                   for p in r["paired"]]),
             "",
         ]
     if r["rounds"]:
@@ -579,8 +581,9 @@ def _emulated_section(emu: dict[str, Any]) -> str:
                      for t in r["training"]],
                 ),
                 "",
-                *([table(["workload", "N", "hvdk8s / raw loop, alternating windows"],
-                         [[x["workload"], num(x["workers"]), iqr(x["ratio"])] for x in r["training_paired"]]), ""]
+                *([table(["workload", "strategy", "N", "strategy / raw loop, alternating windows"],
+                         [[x["workload"], label(x["strategy"]), num(x["workers"]), iqr(x["ratio"])]
+                          for x in r["training_paired"]]), ""]
                   if r["training_paired"] else []),
             ]
     return "\n".join(out)

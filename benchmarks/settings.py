@@ -15,7 +15,7 @@ from hvdk8s.launcher.mpirun import transport_mca
 from .knobs import names as knob_names
 from .netns import parse_rate
 
-STRATEGIES = ("single", "hvdk8s", "horovod", "tf_mwms", "tf_ps", "hvdk8s_fp16", "hvdk8s_rd")
+STRATEGIES = ("single", "hvdk8s", "horovod", "tf_mwms", "tf_ps", "hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_spe")
 STRATEGY_LABELS = {
     "single": "single process (Keras fit)",
     "hvdk8s": "hvdk8s (Keras fit on Horovod)",
@@ -24,18 +24,26 @@ STRATEGY_LABELS = {
     "tf_ps": "TF ParameterServer (async)",
     "hvdk8s_fp16": "hvdk8s, fp16 gradient compression (lower precision: its own row)",
     "hvdk8s_rd": "hvdk8s, Open MPI recursive-doubling allreduce (openMpi.allreduceAlgorithm)",
+    "hvdk8s_spe": "hvdk8s, Keras steps_per_execution=5 (batch callbacks every 5 steps: its own row)",
 }
 # Strategies launched by mpirun; the TF ones are TF_CONFIG clusters.
-HOROVOD_STRATEGIES = ("hvdk8s", "horovod", "hvdk8s_fp16", "hvdk8s_rd")
+HOROVOD_STRATEGIES = ("hvdk8s", "horovod", "hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_spe")
 # hvdk8s under Keras fit, and the variants that differ from it only in settings
-HVDK8S_STRATEGIES = ("hvdk8s", "hvdk8s_fp16", "hvdk8s_rd")
+HVDK8S_STRATEGIES = ("hvdk8s", "hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_spe")
+# Keras compile(steps_per_execution=K): K steps per compiled call, so windows and warm-up are multiples of K.
+STEPS_PER_EXECUTION = {"hvdk8s_spe": 5}
+# Launches that also time the raw loop in alternating windows on the same ranks.
+PAIRED_STRATEGIES = ("hvdk8s", "hvdk8s_spe")
+# No time-to-accuracy run: Keras 3.8 runs a whole K-step call at the end of an epoch whose
+# length is not a multiple of K, so its epochs would not be the others' epochs.
+NO_TTA = ("hvdk8s_spe",)
 # Open MPI parameters of a strategy's launches (over the knob's): the job spec's transport settings.
 STRATEGY_MCA = {"hvdk8s_rd": transport_mca("recursive_doubling")}
 ONE_PROCESS_ONLY = ("single",)
 # One rank does no allreduce: nothing to compress, no algorithm to choose.
 MANY_PROCESSES_ONLY = ("hvdk8s_fp16", "hvdk8s_rd")
 # Main training section's default: the rest are measured where they matter, on emulated links.
-DEFAULT_STRATEGIES = ("single", "hvdk8s", "horovod", "tf_mwms", "tf_ps", "hvdk8s_fp16")
+DEFAULT_STRATEGIES = ("single", "hvdk8s", "horovod", "tf_mwms", "tf_ps", "hvdk8s_fp16", "hvdk8s_spe")
 WORKLOADS = ("cnn", "mlp")
 
 
@@ -187,6 +195,13 @@ def validate(s: Settings) -> None:
         raise ValueError(f"emulated_train_strategies: unsupported {bad}")
     if s.emulated_train_workers < 2 and (bad := [x for x in s.emulated_train_strategies if x in MANY_PROCESSES_ONLY]):
         raise ValueError(f"emulated_train_strategies {bad}: need emulated_train_workers >= 2")
+    for strategy, k in STEPS_PER_EXECUTION.items():
+        counts = {"warmup_steps": s.warmup_steps, "steps": s.steps}
+        if strategy in s.emulated_train_strategies:
+            counts["emulated_train_steps"] = s.emulated_train_steps
+        bad = [f"{name}={n}" for name, n in counts.items() if n % k]
+        if strategy in s.strategies + s.emulated_train_strategies and bad:
+            raise ValueError(f"{', '.join(bad)}: {strategy} runs {k} steps per compiled call, so these must be multiples of {k}")
     for rate in s.emulated_rates:
         parse_rate(rate)  # a typo fails here, not after minutes of training
     if s.emulated_train_strategies and s.emulated_rates:

@@ -19,7 +19,7 @@ from typing import Any
 
 from . import analysis, envinfo, knobs, memcopy, netns
 from .launch import JobFailed, Launcher, base_env, module_argv
-from .settings import HOROVOD_STRATEGIES, MANY_PROCESSES_ONLY, ONE_PROCESS_ONLY, STRATEGY_LABELS, STRATEGY_MCA, Settings
+from .settings import HOROVOD_STRATEGIES, MANY_PROCESSES_ONLY, NO_TTA, ONE_PROCESS_ONLY, STRATEGY_LABELS, STRATEGY_MCA, Settings
 from .util import write_json_atomic
 
 SCHEMA = "hvdk8s-bench/2"
@@ -151,7 +151,7 @@ class Suite:
             name = f"train-{strategy}-n{n}-r{r}"
             run = self._attempt(
                 f"training {strategy} N={n} round {r + 1}/{self.s.rounds}",
-                lambda: self._train_job(name, self.s, strategy, n, tta=self.s.tta, seed=r),
+                lambda: self._train_job(name, self.s, strategy, n, tta=self.s.tta and strategy not in NO_TTA, seed=r),
             )
             if run:
                 self.results["raw"]["training"].append({**run, "round": r})

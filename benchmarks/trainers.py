@@ -140,7 +140,7 @@ class _EpochClock(keras.callbacks.Callback):
 
 class KerasFitTrainer(Trainer):
     """``model.fit``: a plain single process, or hvdk8s's DistributedOptimizer (``fp16``: with Horovod's
-    fp16 gradient compression) and callbacks.
+    fp16 gradient compression) and callbacks; ``steps_per_execution`` as in Keras's ``compile``.
 
     Windows are timed by a callback inside one ``fit`` call, so fit's own
     set-up is not charged to the steps; hvdk8s's callbacks run before it.
@@ -148,9 +148,11 @@ class KerasFitTrainer(Trainer):
     """
 
     def __init__(
-        self, model_fn: ModelFn, dataset_fn: DatasetFn, lr: float, *, use_hvdk8s: bool, fp16: bool = False
+        self, model_fn: ModelFn, dataset_fn: DatasetFn, lr: float, *, use_hvdk8s: bool, fp16: bool = False,
+        steps_per_execution: int = 1,
     ) -> None:
         self.model = model_fn()
+        self.steps_per_execution = steps_per_execution
         self.callbacks: list[keras.callbacks.Callback] = []
         opt = workloads.optimizer(lr)
         rank, size = 0, 1
@@ -163,16 +165,20 @@ class KerasFitTrainer(Trainer):
             )
             self.callbacks = hvdk8s.default_callbacks()
         self.workers = size
-        self.model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", jit_compile=False)
+        self.model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", jit_compile=False,
+                           steps_per_execution=steps_per_execution)
         self.data = dataset_fn(rank, size, 0)
 
     def _fit(self, steps: int, clock: keras.callbacks.Callback, epochs: int = 1) -> None:
         self.model.fit(self.data, steps_per_epoch=steps, epochs=epochs, verbose=0, callbacks=[*self.callbacks, clock])
 
     def timed(self, warmup: int, steps: int, windows: int, between: Between | None = None) -> list[float]:
-        if warmup < 1:
-            raise ValueError("warmup: Keras fit timing needs at least one warm-up step")
-        clock = _WindowClock({warmup - 1 + k * steps for k in range(windows + 1)}, between)
+        k = self.steps_per_execution
+        if warmup < 1 or warmup % k or steps % k:
+            raise ValueError(f"warmup={warmup}, steps={steps}: Keras fit timing needs at least one warm-up step, "
+                             f"and both must be multiples of steps_per_execution={k}")
+        # fit calls the batch hooks once per compiled call, with the index of the call's first step
+        clock = _WindowClock({warmup - k + n * steps for n in range(windows + 1)}, between)
         self._fit(warmup + steps * windows, clock)
         return clock.windows
 

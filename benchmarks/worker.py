@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .settings import HVDK8S_STRATEGIES, Settings
+from .settings import HVDK8S_STRATEGIES, PAIRED_STRATEGIES, STEPS_PER_EXECUTION, Settings
 from .util import write_json_atomic
 
 
@@ -91,7 +91,7 @@ class Runtime:
         name = name or self.name
         if name == "single" or name in HVDK8S_STRATEGIES:
             return trainers.KerasFitTrainer(model_fn, dataset_fn, lr, use_hvdk8s=name != "single",
-                                            fp16=name == "hvdk8s_fp16")
+                                            fp16=name == "hvdk8s_fp16", steps_per_execution=STEPS_PER_EXECUTION.get(name, 1))
         if name == "horovod":
             return trainers.HorovodLoopTrainer(model_fn, dataset_fn, lr)
         if name == "tf_mwms":
@@ -136,7 +136,7 @@ def throughput(rt: Runtime, s: Settings, workload_name: str, seed: int) -> dict[
     raw_windows: list[float] = []
     for _ in range(s.models):
         trainer = make(rt.name)
-        paired = trainers.Alternate(make("horovod"), s.warmup_steps, s.steps) if rt.name == "hvdk8s" else None
+        paired = trainers.Alternate(make("horovod"), s.warmup_steps, s.steps) if rt.name in PAIRED_STRATEGIES else None
         windows += trainer.timed(s.warmup_steps, s.steps, s.windows, paired)
         raw_windows += paired.windows if paired else []
     params = int(sum(int(v.numpy().size) for v in trainer.model.trainable_variables))

@@ -132,7 +132,8 @@ def test_every_summary_recomputes_from_the_raw_timings(run: dict[str, Any]) -> N
     # the raw loop's windows alternated with hvdk8s's in the same launch, one per hvdk8s window, from a raw loop per model
     assert all(len(w["paired_raw_window_seconds"]) == 2 for w in hv2["result"]["throughput"])
     ratios = results["derived"]["ratios"]
-    assert {(p["workload"], p["workers"]) for p in ratios["paired"]} == {("cnn", 1), ("cnn", 2), ("mlp", 1), ("mlp", 2)}
+    assert {(p["strategy"], p["workload"], p["workers"]) for p in ratios["paired"]} == {
+        ("hvdk8s", "cnn", 1), ("hvdk8s", "cnn", 2), ("hvdk8s", "mlp", 1), ("hvdk8s", "mlp", 2)}
     assert ratios["rounds"] == [] and ratios["time_to_accuracy"] == []  # no separate raw-loop launch in this run
     assert all(0 < p["ratio"]["median"] < 20 and p["ratio"]["n"] == 1 for p in ratios["paired"])
     sweep = results["derived"]["allreduce"]["sweep"]

@@ -120,13 +120,16 @@ def test_ratios_to_the_raw_loop_per_launch_then_median_and_iqr() -> None:
     raw = [
         _run("horovod", 2, [1.0, 1.0], 100, 0), _run("hvdk8s", 2, [2.0, 2.0], 100, 0, paired=[1.0, 1.0]),
         _run("horovod", 2, [1.0, 1.0], 100, 1), _run("hvdk8s", 2, [1.0, 1.0], 100, 1, paired=[1.0, 3.0]),
-        _run("tf_mwms", 2, [4.0], 100, 1),
+        _run("tf_mwms", 2, [4.0], 100, 1), _run("hvdk8s_spe", 2, [1.0, 1.0], 100, 0, paired=[1.1, 1.1]),
     ]
     r = analysis.ratios(raw)
-    (paired,) = r["paired"]
+    paired, spe = r["paired"]  # one row per strategy that paired with the raw loop
+    assert paired["strategy"] == "hvdk8s" and spe["strategy"] == "hvdk8s_spe"
     assert paired["ratio"]["n"] == 2 and paired["ratio"]["min"] == 0.5 and paired["ratio"]["max"] == 2.0  # 1/2, then 2/1
+    assert spe["ratio"]["n"] == 1 and spe["ratio"]["median"] == pytest.approx(1.1)
     rounds = {(x["strategy"], x["ratio"]["n"]): x["ratio"]["median"] for x in r["rounds"]}
-    assert rounds == {("hvdk8s", 2): pytest.approx(0.75), ("tf_mwms", 1): 0.25}  # mwms only where its round has a raw launch
+    # mwms only where its round has a raw launch
+    assert rounds == {("hvdk8s", 2): pytest.approx(0.75), ("tf_mwms", 1): 0.25, ("hvdk8s_spe", 1): 1.0}
 
 
 def test_time_to_accuracy_paired_ratio_is_the_raw_loops_epoch_seconds_over_hvdk8s() -> None:
@@ -242,6 +245,9 @@ def test_cli_flags_override_the_preset() -> None:
         (("--emulated-rates", "1"), "link rate '1'"),
         (("--emulated-rates", "1gbit", "--emulated-train-rates", "10gbit"), "not among emulated_rates"),
         (("--knobs", "cycle_5ms,turbo"), "knobs: unknown"),
+        (("--steps", "12"), r"steps=12: hvdk8s_spe runs 5 steps per compiled call"),  # hvdk8s_spe is a default strategy
+        (("--strategies", "hvdk8s", "--emulated-train-strategies", "hvdk8s_spe", "--emulated-train-steps", "7"),
+         r"emulated_train_steps=7: hvdk8s_spe"),
     ],
 )
 def test_cli_rejects_bad_settings_naming_the_field(argv: tuple[str, ...], message: str) -> None:
