@@ -94,7 +94,7 @@ def ratios(raw: list[dict[str, Any]]) -> dict[str, Any]:
         n, strategy, r = run["workers"], run["strategy"], run["round"]
         for w in run["result"]["throughput"]:
             if w.get("paired_raw_window_seconds"):
-                paired[(strategy, w["workload"], n)].append(_median_rate(w) / _median_rate(w, "paired_raw_window_seconds"))
+                paired[(w["workload"], strategy, n)].append(_median_rate(w) / _median_rate(w, "paired_raw_window_seconds"))
             by_round[(w["workload"], strategy, n, r)] = _median_rate(w)
         if "time_to_accuracy" in run["result"]:
             t = run["result"]["time_to_accuracy"]
@@ -112,8 +112,7 @@ def ratios(raw: list[dict[str, Any]]) -> dict[str, Any]:
         if ref and strategy != REFERENCE:
             tta_rounds[(strategy, n)].append(rate / ref)
     return {
-        "paired": [{"strategy": st, "workload": wl, "workers": n, "ratio": summary(v)}
-                   for (st, wl, n), v in sorted(paired.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2]))],
+        "paired": [{"strategy": st, "workload": wl, "workers": n, "ratio": summary(v)} for (wl, st, n), v in sorted(paired.items())],
         "rounds": [{"workload": wl, "strategy": st, "workers": n, "ratio": summary(v)} for (wl, st, n), v in sorted(rounds.items())],
         "time_to_accuracy": [{"strategy": st, "workers": n, "ratio": summary(v)} for (st, n), v in sorted(tta_rounds.items())],
         # only where measured: results from before the pairing derive as they did
