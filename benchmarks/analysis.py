@@ -88,24 +88,18 @@ def ratios(raw: list[dict[str, Any]]) -> dict[str, Any]:
     """
     paired: dict[tuple[str, str, int], list[float]] = defaultdict(list)
     tta_paired: dict[int, list[float]] = defaultdict(list)
-    by_round: dict[tuple[str, str, int, int], float] = {}
     tta: dict[tuple[str, int, int], float] = {}
     for run in raw:
         n, strategy, r = run["workers"], run["strategy"], run["round"]
         for w in run["result"]["throughput"]:
             if w.get("paired_raw_window_seconds"):
                 paired[(w["workload"], strategy, n)].append(_median_rate(w) / _median_rate(w, "paired_raw_window_seconds"))
-            by_round[(w["workload"], strategy, n, r)] = _median_rate(w)
         if "time_to_accuracy" in run["result"]:
             t = run["result"]["time_to_accuracy"]
             tta[(strategy, n, r)] = tta_rate(t)
             if t.get("paired_raw_epoch_seconds"):
                 tta_paired[n].append(sum(t["paired_raw_epoch_seconds"]) / t["curve"][-1]["train_seconds"])
-    rounds: dict[tuple[str, str, int], list[float]] = defaultdict(list)
-    for (workload, strategy, n, r), rate in sorted(by_round.items()):
-        ref = by_round.get((workload, REFERENCE, n, r))
-        if ref and strategy != REFERENCE:
-            rounds[(workload, strategy, n)].append(rate / ref)
+    rounds = per_round_ratios(launch_rates(raw), REFERENCE)
     tta_rounds: dict[tuple[str, int], list[float]] = defaultdict(list)
     for (strategy, n, r), rate in sorted(tta.items()):
         ref = tta.get((REFERENCE, n, r))
@@ -208,11 +202,28 @@ def overlap(spans: list[dict[str, Any]]) -> list[dict[str, float]]:
     return out
 
 
-def with_ratio_to_hvdk8s(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each row's median rate over hvdk8s's on the same workload and N (None without an hvdk8s row)."""
-    ref = {(r["workload"], r["workers"]): r["examples_per_s"]["median"] for r in rows if r["strategy"] == "hvdk8s"}
-    return [{**r, "over_hvdk8s": r["examples_per_s"]["median"] / ref[k] if (k := (r["workload"], r["workers"])) in ref else None}
-            for r in rows]
+def launch_rates(raw: list[dict[str, Any]]) -> dict[tuple[str, str, int, int], float]:
+    """Each launch's median window rate, keyed (workload, strategy, N, round)."""
+    return {(w["workload"], run["strategy"], run["workers"], run["round"]): _median_rate(w)
+            for run in raw for w in run["result"]["throughput"]}
+
+
+def per_round_ratios(rates: dict[tuple[str, str, int, int], float], reference: str) -> dict[tuple[str, str, int], list[float]]:
+    """Each strategy's launch rate over ``reference``'s launch of the same round, workload and N, by (workload, strategy, N)."""
+    out: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    for (workload, strategy, n, r), rate in sorted(rates.items()):
+        ref = rates.get((workload, reference, n, r))
+        if ref and strategy != reference:
+            out[(workload, strategy, n)].append(rate / ref)
+    return out
+
+
+def with_ratio_to_hvdk8s(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Training rows with ``over_hvdk8s``: each launch's rate over hvdk8s's launch of the same round, summarised
+    over rounds (None for hvdk8s itself and without an hvdk8s launch)."""
+    over = per_round_ratios(launch_rates(raw), "hvdk8s")
+    return [{**r, "over_hvdk8s": summary(v) if (v := over.get((r["workload"], r["strategy"], r["workers"]))) else None}
+            for r in training(raw)["throughput"]]
 
 
 def allreduce(raw_runs: list[dict[str, Any]], memcopy: dict[str, Any] | None) -> dict[str, Any]:
@@ -277,7 +288,7 @@ def emulated(raw: dict[str, Any]) -> dict[str, Any]:
             "link": _link(r["link"], r["rate_bits_per_s"]),
             "ring": ring,
             "ps": ps,
-            "training": with_ratio_to_hvdk8s(training(r["training"])["throughput"]) if r.get("training") else [],
+            "training": with_ratio_to_hvdk8s(r["training"]) if r.get("training") else [],
             "training_paired": ratios(r["training"])["paired"] if r.get("training") else [],
         }
         if ring:

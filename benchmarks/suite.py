@@ -72,11 +72,16 @@ def knob_configs(s: Settings) -> list[tuple[int, str]]:
     return [(r, k) for r in range(s.knob_rounds) for k in (knobs.BASELINE, *s.knobs)]
 
 
+def emulated_train_configs(s: Settings) -> list[tuple[int, str]]:
+    """(round, strategy) on each emulated link: every strategy once per round, rounds one after another."""
+    return [(r, strategy) for r in range(s.rounds) for strategy in s.emulated_train_strategies]
+
+
 def job_count(s: Settings, emulated: bool) -> int:
     count = len(training_configs(s)) + 3 + int(s.profile) + len(knob_configs(s))  # + allreduce: default, fusion off, fast cycle
     if emulated:
         per_rate = 1 + 2 * len(s.emulated_workers)
-        count += per_rate * len(s.emulated_rates) + len(s.emulated_train_strategies) * len(s.emulated_train_rates)
+        count += per_rate * len(s.emulated_rates) + len(emulated_train_configs(s)) * len(s.emulated_train_rates)
     return count
 
 
@@ -248,13 +253,14 @@ class Suite:
                     if rate in self.s.emulated_train_rates:
                         n = self.s.emulated_train_workers
                         short = dataclasses.replace(self.s, steps=self.s.emulated_train_steps)
-                        for strategy in self.s.emulated_train_strategies:
+                        for r, strategy in emulated_train_configs(self.s):
                             run = self._attempt(
-                                f"emulated {rate}: training {strategy} N={n}",
-                                lambda: self._train_job(f"etrain-{strategy}-{rate}", short, strategy, n, tta=False, seed=0, cluster=cluster),
+                                f"emulated {rate}: training {strategy} N={n} round {r + 1}/{self.s.rounds}",
+                                lambda: self._train_job(f"etrain-{strategy}-{rate}-r{r}", short, strategy, n, tta=False, seed=r,
+                                                        cluster=cluster),
                             )
                             if run:
-                                entry["training"].append({**run, "round": 0})
+                                entry["training"].append({**run, "round": r})
             except RuntimeError as err:  # the namespaces could not be built
                 self.results["errors"].append({"job": f"emulated {rate}", "error": str(err)})
             if entry.get("link"):

@@ -132,6 +132,21 @@ def test_ratios_to_the_raw_loop_per_launch_then_median_and_iqr() -> None:
     assert rounds == {("hvdk8s", 2): pytest.approx(0.75), ("tf_mwms", 1): 0.25, ("hvdk8s_spe", 1): 1.0}
 
 
+def test_emulated_training_ratio_to_hvdk8s_per_round_then_median_and_iqr() -> None:
+    raw = [
+        _run("hvdk8s", 2, [1.0, 1.0], 100, 0), _run("tf_mwms", 2, [2.0, 2.0], 100, 0),
+        _run("hvdk8s", 2, [2.0, 2.0], 100, 1), _run("tf_mwms", 2, [1.0, 1.0], 100, 1),
+        _run("tf_ps", 2, [1.0], 100, 2),  # its round has no hvdk8s launch
+    ]
+    rows = {r["strategy"]: r for r in analysis.with_ratio_to_hvdk8s(raw)}
+    assert rows["hvdk8s"]["over_hvdk8s"] is None and rows["tf_ps"]["over_hvdk8s"] is None
+    mwms = rows["tf_mwms"]["over_hvdk8s"]  # 0.5 in round 0, 2 in round 1: not the ratio of pooled medians (1)
+    assert mwms["n"] == 2 and mwms["min"] == 0.5 and mwms["max"] == 2.0
+    assert rows["tf_mwms"]["examples_per_s"]["n"] == 4  # throughput still pools every window of every round
+    assert report._launches(list(rows.values())) == "2 launches each, one of every strategy per round"
+    assert report._launches([rows["hvdk8s"]]) == "one launch each"
+
+
 def test_time_to_accuracy_paired_ratio_is_the_raw_loops_epoch_seconds_over_hvdk8s() -> None:
     def with_tta(run: dict, train_seconds: float, paired: list[float] | None) -> dict:
         tta = {"curve": [{"epoch": 1, "train_seconds": train_seconds / 2}, {"epoch": 2, "train_seconds": train_seconds}],
@@ -220,6 +235,11 @@ def test_training_configs_interleave_rounds_single_only_at_one_fp16_only_above()
         (0, "single", 1), (0, "hvdk8s", 1), (0, "hvdk8s", 2), (0, "hvdk8s_fp16", 2),
         (1, "single", 1), (1, "hvdk8s", 1), (1, "hvdk8s", 2), (1, "hvdk8s_fp16", 2),
     ]
+
+
+def test_emulated_training_interleaves_rounds() -> None:
+    s = preset("quick", emulated_train_strategies=("hvdk8s", "tf_mwms"), rounds=2)
+    assert suite.emulated_train_configs(s) == [(0, "hvdk8s"), (0, "tf_mwms"), (1, "hvdk8s"), (1, "tf_mwms")]
 
 
 def _bench_args(*argv: str) -> argparse.Namespace:
