@@ -18,6 +18,7 @@ import tensorflow as tf
 from horovod.tensorflow.compression import Compression
 
 from hvdk8s import collectives
+from hvdk8s.fused import fused_bases
 from hvdk8s.collectives import Average, GradientReduction, global_process_set, variable_key
 
 
@@ -99,7 +100,8 @@ class _DistributedMixin:
     """Placed in front of the user's optimizer class in the MRO; settings live on the class.
 
     Class-level settings make ``from_config`` copies (which Keras and Horovod's
-    own tests create) reduce exactly like the original.
+    own tests create) reduce exactly like the original. Keras's own SGD gets
+    ``fused.FusedSGD`` between the two: the same update in one kernel per variable.
     """
 
     _hvdk8s_reduction: GradientReduction
@@ -245,7 +247,7 @@ def DistributedOptimizer(
     if backward_passes_per_step > 1 and not reduction.sparse_as_dense:
         # Horovod: IndexedSlices cannot be accumulated locally; densified here as Horovod's helper requires.
         reduction = dataclasses.replace(reduction, sparse_as_dense=True)
-    cls = type(base.__name__, (_DistributedMixin, base), {
+    cls = type(base.__name__, (_DistributedMixin, *fused_bases(base), base), {
         "__module__": base.__module__,
         "_hvdk8s_reduction": reduction,
         "_hvdk8s_passes": int(backward_passes_per_step),
