@@ -7,12 +7,15 @@ measured). Phases, per step:
 
 * input: a tf.function that only calls ``next`` on the dataset iterator;
 * forward+backward: loss and gradients of one batch, no communication;
-* optimizer: applying a fixed set of gradients with the same optimizer;
+* optimizer: applying a fixed set of gradients, each harness with its own
+  optimizer: Keras's SGD for the raw loop, hvdk8s's ``DistributedOptimizer``
+  (its fused SGD update) for hvdk8s, through Keras's ``apply`` so that its
+  gradient reduction is left out;
 * allreduce alone: one grouped allreduce of all gradients with nothing else
   running, i.e. what communication costs when nothing hides it;
 * compiled step: the raw loop's step function, or for hvdk8s the model's
   public ``train_step`` in one ``tf.function``, as the raw loop's step is;
-* allreduce wait = compiled step - (input + forward+backward + optimizer):
+* allreduce wait = compiled step - (input + forward+backward + its optimizer):
   the communication that compute did not hide, plus any glue in the step
   (Keras's loss tracker for hvdk8s);
 * Keras's step wrapper = hvdk8s's Keras ``train_function`` called directly
@@ -53,7 +56,10 @@ def _per_step(fn: Callable[[], Any], steps: int) -> float:
 
 def phases(s: Settings, workload_name: str, seed: int, timeline: Path | None) -> dict[str, Any]:
     import horovod.tensorflow as hvd
+    import keras
     import tensorflow as tf
+
+    import hvdk8s
 
     from . import trainers, workloads
 
@@ -82,8 +88,12 @@ def phases(s: Settings, workload_name: str, seed: int, timeline: Path | None) ->
         return tape.gradient(loss, model.trainable_variables)
 
     grads = forward_backward(x, y)
+    hv_opt = hvdk8s.DistributedOptimizer(workloads.optimizer(0.001))
+    hv_opt.build(model.trainable_variables)
     input_only = tf.function(lambda: next(it))
     optimizer_only = tf.function(lambda: opt.apply(grads, model.trainable_variables))
+    # Keras's apply on the distributed optimizer: its own update (fused for SGD) without the reduction
+    hv_optimizer_only = tf.function(lambda: keras.optimizers.Optimizer.apply(hv_opt, grads, model.trainable_variables))
     allreduce_only = tf.function(lambda: hvd.grouped_allreduce(grads, op=hvd.Average, name="profile.allreduce"))
     hv_it = iter(hv.data)
     hv_train_step = tf.function(lambda: hv.model.train_step(next(hv_it)))
@@ -91,6 +101,7 @@ def phases(s: Settings, workload_name: str, seed: int, timeline: Path | None) ->
         "input": input_only,
         "forward_backward": lambda: forward_backward(x, y),
         "optimizer": optimizer_only,
+        "hvdk8s_optimizer": hv_optimizer_only,
         "allreduce_alone": allreduce_only,
         "raw_step": lambda: raw._step(raw._it),
         "hvdk8s_train_step": hv_train_step,

@@ -147,6 +147,11 @@ def test_profile_phases_and_timeline(run: dict[str, Any]) -> None:
     for w in prof:
         assert all(v > 0 for v in w["phases"].values()), w["phases"]
         assert w["hvdk8s"]["total"] == w["phases"]["hvdk8s_fit"] and w["raw"]["total"] == w["phases"]["raw_step"]
+        # each harness's own update: Keras's SGD for the raw loop, the DistributedOptimizer's fused one for hvdk8s
+        ph = w["phases"]
+        assert (w["raw"]["optimizer"], w["hvdk8s"]["optimizer"]) == (ph["optimizer"], ph["hvdk8s_optimizer"])
+        assert w["hvdk8s"]["allreduce_wait"] == pytest.approx(
+            ph["hvdk8s_train_step"] - (ph["input"] + ph["forward_backward"] + ph["hvdk8s_optimizer"]))
         # Keras's wrapper: its train_function over the same model's train_step compiled alone
         assert w["hvdk8s"]["keras_wrapper"] == w["phases"]["hvdk8s_step"] - w["phases"]["hvdk8s_train_step"]
         # every hvdk8s step of the timeline: its gradients were submitted, then reduced
