@@ -82,7 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="benchmark hvdk8s against raw Horovod and TF strategies; write results.json, report.md, plots",
         description="Measure training throughput, scaling efficiency, time to accuracy, allreduce bandwidth and "
         "bandwidth-limited (network-namespace) clusters side by side, fit an alpha-beta cost model and "
-        "extrapolate it. --quick took 20 minutes with --profile on an idle 2-core machine, the full mode is about three times longer.",
+        "extrapolate it. --quick took 23 minutes with --profile on an idle 2-core machine, the full mode is about three times longer.",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="preset", action="store_const", const="quick", help="short run (default: full)")

@@ -130,7 +130,7 @@ class Settings:
 
 
 PRESETS: dict[str, Settings] = {
-    # 20 minutes with --profile on an idle 2-core machine (7c228f6).
+    # 23 minutes with --profile on an idle 2-core machine (bf9188c).
     "quick": Settings(preset="quick", rounds=2, models=2, windows=2),
     # Longer windows, three interleaved launches per configuration, bigger
     # messages and the 4096-wide MLP (134 MB of fp32 gradients).
