@@ -457,8 +457,9 @@ def _profile_section(p: dict[str, Any] | None) -> str:
         "timed alone, round-robin between hvdk8s's `fit` windows; brackets inside the real step would order its ops and "
         "hide the overlap being measured. " + _optimizer_phase(p) + " The allreduce wait is the compiled step (the raw "
         "loop's step function; for hvdk8s the model's public `train_step` in one `tf.function`, as the raw loop's is) minus "
-        "those three, i.e. communication that compute did not hide plus glue in the step; Keras's step wrapper is hvdk8s's Keras `train_function` (what `fit` calls per "
-        "step) minus that compiled `train_step`, on the same model: Keras's machinery around `train_step`, not hvdk8s's; "
+        "those three, i.e. communication that compute did not hide plus glue in the step; Keras's step wrapper is hvdk8s's "
+        "Keras `train_function` (what `fit` calls per step) minus that compiled `train_step`, on the same model: Keras's "
+        "machinery around `train_step`, not hvdk8s's; "
         "callbacks are hvdk8s's `fit` window minus its `train_function`. Milliseconds per step (medians):",
         "",
     ]

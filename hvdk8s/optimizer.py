@@ -18,8 +18,8 @@ import tensorflow as tf
 from horovod.tensorflow.compression import Compression
 
 from hvdk8s import collectives
-from hvdk8s.fused import fused_bases
 from hvdk8s.collectives import Average, GradientReduction, global_process_set, variable_key
+from hvdk8s.fused import fused_bases
 
 
 class _Accumulators:
