@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 SHAPES = ((30, 7), (7,))
+# In the test process TensorFlow may already run (earlier in-process tests), so init cannot pin threads.
+pytestmark = pytest.mark.filterwarnings("ignore:.*device and thread pinning skipped:UserWarning")
 
 
 def train(opt, dtype: str, steps: int = 4, sparse: bool = False) -> tuple[list[np.ndarray], Counter]:
