@@ -27,7 +27,8 @@ def default_callbacks(
     """The callbacks a data-parallel ``fit`` needs, in order; put user callbacks after them.
 
     State is broadcast from rank 0 before the ranks can diverge, epoch logs are
-    averaged before anything reads them, then (optional) Horovod's warm-up to
+    averaged before anything reads them (with the metrics callback's figures,
+    one allreduce per epoch), then (optional) Horovod's warm-up to
     ``initial_lr`` (the scaled rate, as in Horovod) over ``warmup_epochs``
     (with Horovod's ``momentum_correction``, on by default as in Horovod),
     rank-0 checkpoints, and observability: Prometheus metrics from every rank
@@ -37,7 +38,8 @@ def default_callbacks(
     needed only when a custom ``train_step`` bypasses Keras's loss tracker.
     Build the list the same way on every rank.
     """
-    out: list[keras.callbacks.Callback] = [BroadcastGlobalVariablesCallback(0), MetricAverageCallback()]
+    metric_average = MetricAverageCallback()
+    out: list[keras.callbacks.Callback] = [BroadcastGlobalVariablesCallback(0), metric_average]
     if warmup_epochs:
         if initial_lr is None:
             raise ValueError("default_callbacks(): warmup_epochs needs initial_lr (the rate after warm-up)")
@@ -46,6 +48,7 @@ def default_callbacks(
     if checkpoint_dir is not None:
         out.append(Checkpoint(checkpoint_dir, every_epochs=checkpoint_every, keep=keep_checkpoints))
     out += observability_callbacks(
-        metrics=metrics, progress=progress, tensorboard_dir=tensorboard_dir, port=metrics_port, batch_size=batch_size
+        metrics=metrics, progress=progress, tensorboard_dir=tensorboard_dir, port=metrics_port, batch_size=batch_size,
+        metric_average=metric_average,
     )
     return out

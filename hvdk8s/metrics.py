@@ -37,6 +37,7 @@ JOB_METRICS: Mapping[str, str] = {
     "loss": "Training loss of the last epoch, mean over ranks.",
     "ranks": "Number of ranks in the job.",
 }
+EPOCH_FIGURES = ("examples_per_second", "step_seconds", "allreduce_seconds")  # the job series from epoch logs
 
 
 def metrics_port(environ: Mapping[str, str], local_rank: int, port: int | None = None) -> int:
@@ -187,7 +188,9 @@ class TrainingMetrics(keras.callbacks.Callback):
     must be in every rank's list; the job figures also go into the epoch logs
     (``examples_per_second``, ``step_seconds``, ``allreduce_seconds``) for
     TensorBoard, the progress bar and History. Place it after
-    ``MetricAverageCallback`` so the loss it reports is the job's.
+    ``MetricAverageCallback`` so the loss it reports is the job's; handed to
+    its ``add_figures`` (``observability_callbacks(metric_average=...)``
+    does), the figures ride that callback's allreduce instead of a second one.
     """
 
     def __init__(
@@ -204,6 +207,7 @@ class TrainingMetrics(keras.callbacks.Callback):
         self._steps = 0
         self._sample = _Sample()
         self._allreduce_epoch = 0.0
+        self._figures_in_logs = False
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.exporter = exporter(self.port)
@@ -214,6 +218,7 @@ class TrainingMetrics(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.exporter.epoch.set(epoch + 1)
         self._epoch_start = None
+        self._figures_in_logs = False
         self._steps = 0
         self._allreduce_epoch = commtime.read()[0]
         self._sample = _Sample(allreduce=self._allreduce_epoch)
@@ -258,23 +263,38 @@ class TrainingMetrics(keras.callbacks.Callback):
         if logs and "loss" in logs:
             exp.loss.set(float(logs["loss"]))
 
-    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+    def epoch_figures(self) -> dict[str, float]:
+        """This rank's figures for the epoch that just ended, for an allreduce that averages them.
+
+        Examples/s is scaled by the job size, so the mean over ranks is the
+        job's sum. Empty before the epoch's first batch (no ranks trained).
+        When ``MetricAverageCallback`` calls it, ``on_epoch_end`` reads the
+        averaged figures from the logs instead of reducing them itself.
+        """
         if self._epoch_start is None:
-            return
-        self._take_sample(self._last_end, logs)
+            return {}
+        self._take_sample(self._last_end, None)
+        self._figures_in_logs = True
         seconds = self._last_end - self._epoch_start
         steps = max(self._steps, 1)
-        mine = {
-            "examples_per_second": self._sample.examples / seconds if seconds else 0.0,
+        return {
+            "examples_per_second": self._sample.examples / seconds * runtime.size() if seconds else 0.0,
             "step_seconds": seconds / steps,
             "allreduce_seconds": (self._sample.allreduce - self._allreduce_epoch) / steps,
         }
-        job = collectives.average_scalars(mine, name="hvdk8s.observability")
-        job["examples_per_second"] *= runtime.size()
-        if logs is not None:
-            logs.update(job)
-            if "loss" in logs:
-                job["loss"] = float(logs["loss"])
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._epoch_start is None:
+            return
+        if self._figures_in_logs:  # MetricAverageCallback averaged them with the logs
+            job = {k: float(logs[k]) for k in EPOCH_FIGURES}
+        else:
+            job = collectives.average_scalars(self.epoch_figures(), name="hvdk8s.observability")
+            if logs is not None:
+                logs.update(job)
+        if logs is not None and "loss" in logs:
+            job["loss"] = float(logs["loss"])
+            self.exporter.loss.set(job["loss"])
         self.exporter.set_job(job)
 
 

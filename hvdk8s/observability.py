@@ -1,8 +1,9 @@
 """The observability callbacks in the order they must run.
 
-``hvdk8s.default_callbacks()`` appends these after ``MetricAverageCallback``: the metrics
-callback publishes the job throughput into the (already rank-averaged) epoch
-logs, which the progress bar and TensorBoard after it then show.
+``hvdk8s.default_callbacks()`` appends these after ``MetricAverageCallback``, whose
+allreduce also averages the metrics callback's epoch figures: the job
+throughput lands in the rank-averaged epoch logs, which the progress bar and
+TensorBoard after it then show.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import keras
 
 from hvdk8s import runtime
+from hvdk8s.callbacks import MetricAverageCallback
 from hvdk8s.metrics import TrainingMetrics
 from hvdk8s.progress import ProgressBar
 
@@ -32,6 +34,7 @@ def observability_callbacks(
     tensorboard_dir: str | os.PathLike[str] | None = None,
     port: int | None = None,
     batch_size: int | None = None,
+    metric_average: MetricAverageCallback | None = None,
 ) -> list[keras.callbacks.Callback]:
     """Prometheus metrics (every rank), rank-0 progress bar and TensorBoard.
 
@@ -39,11 +42,16 @@ def observability_callbacks(
     ``HVDK8S_METRICS_PORT`` (default 9090), 0 picks a free port per rank.
     ``batch_size`` (per rank) is needed only by models whose custom
     ``train_step`` bypasses Keras's loss tracker. Call it identically on every
-    rank: the metrics callback joins an allreduce at each epoch end.
+    rank: the metrics callback joins an allreduce at each epoch end, the
+    ``metric_average`` callback's (placed before these) when one is given,
+    else one of its own.
     """
     out: list[keras.callbacks.Callback] = []
     if metrics:
-        out.append(TrainingMetrics(port=port, batch_size=batch_size))
+        training_metrics = TrainingMetrics(port=port, batch_size=batch_size)
+        if metric_average is not None:
+            metric_average.add_figures(training_metrics.epoch_figures)
+        out.append(training_metrics)
     if progress:
         out.append(ProgressBar(batch_size=batch_size))
     if tensorboard_dir is not None:

@@ -167,6 +167,49 @@ def test_allreduce_clock_counts_only_the_communication_left_after_the_last_gradi
     assert outputs[0].numpy().tolist() == [4.0, 8.0]
 
 
+# --------------------------------------------------------------------------- epoch-end collectives
+
+
+@pytest.mark.filterwarnings("ignore:.*device and thread pinning skipped:UserWarning")  # TF may already run here
+@pytest.mark.parametrize("linked", [True, False])
+def test_job_figures_ride_the_metric_average_allreduce_or_take_their_own(
+    monkeypatch: pytest.MonkeyPatch, linked: bool
+) -> None:
+    """One rank in-process: which allreduces an epoch end makes, and that the logs get the job figures either way."""
+    import keras
+    import numpy as np
+
+    import hvdk8s
+    from hvdk8s import collectives, metrics
+    from hvdk8s.observability import observability_callbacks
+
+    hvdk8s.init(quiet=True)
+    calls: list[tuple[str, list[str]]] = []
+    average = collectives.average_scalars
+
+    def spy(values: dict, name: str = "hvdk8s.metrics") -> dict:
+        calls.append((name, sorted(values)))
+        return average(values, name=name)
+
+    monkeypatch.setattr(collectives, "average_scalars", spy)
+    monkeypatch.setattr(metrics, "_exporter", Exporter(LABELS, chief=True))  # not served: no port, no NVML probe
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2, activation="softmax")])
+    model.compile(optimizer=hvdk8s.DistributedOptimizer(keras.optimizers.SGD(0.1)),
+                  loss="sparse_categorical_crossentropy")
+    metric_average = hvdk8s.callbacks.MetricAverageCallback()
+    callbacks = [metric_average, *observability_callbacks(
+        progress=False, metric_average=metric_average if linked else None)]
+    x, y = np.ones((32, 4), "float32"), np.zeros(32, "int32")
+    history = model.fit(x, y, batch_size=8, epochs=2, callbacks=callbacks, verbose=0).history
+
+    figures = ["allreduce_seconds", "examples_per_second", "step_seconds"]
+    per_epoch = [("hvdk8s.metrics", sorted(["loss", *figures]))] if linked else [
+        ("hvdk8s.metrics", ["loss"]), ("hvdk8s.observability", figures)]
+    assert calls == per_epoch * 2
+    assert sorted(history) == sorted(["loss", *figures])
+    assert all(rate > 0 for rate in history["examples_per_second"])
+
+
 # --------------------------------------------------------------------------- NVML
 
 
@@ -404,3 +447,16 @@ def test_horovod_timeline_is_chrome_trace_json_with_the_gradient_allreduce(job: 
     lanes = {e["args"]["name"] for e in trace if e.get("name") == "process_name" and "name" in e.get("args", {})}
     assert any("Distributed" in lane for lane in lanes), lanes  # DistributedOptimizer names its allreduces
     assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE"} <= {e.get("name") for e in trace if e["ph"] == "B"}
+
+
+def test_each_epoch_end_is_one_allreduce_of_the_logs_and_the_job_figures(job: dict) -> None:
+    # MetricAverageCallback's grouped allreduce carries the loss and TrainingMetrics's three figures:
+    # one 4-tensor group per epoch, not the logs' group plus a second one for the figures.
+    trace = json.loads((job["out"] / "timeline.json").read_text())
+    lanes = {e["pid"]: e["args"].get("name", "") for e in trace if e.get("name") == "process_name"}
+    grouped: dict[str, int] = {}
+    for event in trace:
+        name = lanes.get(event.get("pid"), "")
+        if event["ph"] == "B" and event.get("name") == "ALLREDUCE" and name.startswith("HorovodGroupedAllreduce"):
+            grouped[name] = grouped.get(name, 0) + 1
+    assert grouped == {f"HorovodGroupedAllreduce_{i}of4": EPOCHS for i in range(1, 5)}

@@ -41,10 +41,11 @@ def main() -> None:
     optimizer = hvdk8s.DistributedOptimizer(keras.optimizers.SGD(0.05))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
     # Spelled out rather than hvdk8s.default_callbacks() so the test does not depend on its defaults.
+    metric_average = hvdk8s.callbacks.MetricAverageCallback()
     callbacks = [
         hvdk8s.callbacks.BroadcastGlobalVariablesCallback(0),
-        hvdk8s.callbacks.MetricAverageCallback(),
-        *observability_callbacks(tensorboard_dir=args.tensorboard),
+        metric_average,
+        *observability_callbacks(tensorboard_dir=args.tensorboard, metric_average=metric_average),
     ]
     history = model.fit(hvdk8s.data.from_arrays(x, y, BATCH), epochs=args.epochs, callbacks=callbacks, verbose=0)
 
