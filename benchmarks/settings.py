@@ -10,12 +10,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from hvdk8s.launcher.mpirun import transport_mca
+from hvdk8s.launcher.mpirun import MIN_TCP_EAGER_LIMIT, transport_mca
 
 from .knobs import names as knob_names
 from .netns import parse_rate
 
-STRATEGIES = ("single", "hvdk8s", "horovod", "tf_mwms", "tf_ps", "hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_spe")
+STRATEGIES = (
+    "single", "hvdk8s", "horovod", "tf_mwms", "tf_ps", "hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_eager64k", "hvdk8s_spe"
+)
 STRATEGY_LABELS = {
     "single": "single process (Keras fit)",
     "hvdk8s": "hvdk8s (Keras fit on Horovod)",
@@ -24,12 +26,13 @@ STRATEGY_LABELS = {
     "tf_ps": "TF ParameterServer (async)",
     "hvdk8s_fp16": "hvdk8s, fp16 gradient compression (lower precision: its own row)",
     "hvdk8s_rd": "hvdk8s, Open MPI recursive-doubling allreduce (openMpi.allreduceAlgorithm)",
+    "hvdk8s_eager64k": "hvdk8s, Open MPI's own 64 KiB TCP eager limit (openMpi.tcpEagerLimit: 65536)",
     "hvdk8s_spe": "hvdk8s, Keras steps_per_execution=5 (batch callbacks every 5 steps: its own row)",
 }
 # Strategies launched by mpirun; the TF ones are TF_CONFIG clusters.
-HOROVOD_STRATEGIES = ("hvdk8s", "horovod", "hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_spe")
+HOROVOD_STRATEGIES = ("hvdk8s", "horovod", "hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_eager64k", "hvdk8s_spe")
 # hvdk8s under Keras fit, and the variants that differ from it only in settings
-HVDK8S_STRATEGIES = ("hvdk8s", "hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_spe")
+HVDK8S_STRATEGIES = ("hvdk8s", "hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_eager64k", "hvdk8s_spe")
 # Keras compile(steps_per_execution=K): K steps per compiled call, so windows and warm-up are multiples of K.
 STEPS_PER_EXECUTION = {"hvdk8s_spe": 5}
 # Launches that also time the raw loop in alternating windows on the same ranks.
@@ -38,10 +41,13 @@ PAIRED_STRATEGIES = ("hvdk8s", "hvdk8s_spe")
 # length is not a multiple of K, so its epochs would not be the others' epochs.
 NO_TTA = ("hvdk8s_spe",)
 # Open MPI parameters of a strategy's launches (over the knob's): the job spec's transport settings.
-STRATEGY_MCA = {"hvdk8s_rd": transport_mca("recursive_doubling")}
+STRATEGY_MCA = {
+    "hvdk8s_rd": transport_mca("recursive_doubling"),
+    "hvdk8s_eager64k": transport_mca(tcp_eager_limit=MIN_TCP_EAGER_LIMIT),
+}
 ONE_PROCESS_ONLY = ("single",)
-# One rank does no allreduce: nothing to compress, no algorithm to choose.
-MANY_PROCESSES_ONLY = ("hvdk8s_fp16", "hvdk8s_rd")
+# One rank does no allreduce: nothing to compress, no algorithm or transport to choose.
+MANY_PROCESSES_ONLY = ("hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_eager64k")
 # Main training section's default: the rest are measured where they matter, on emulated links.
 DEFAULT_STRATEGIES = ("single", "hvdk8s", "horovod", "tf_mwms", "tf_ps", "hvdk8s_fp16", "hvdk8s_spe")
 WORKLOADS = ("cnn", "mlp")
@@ -98,7 +104,9 @@ class Settings:
     emulated_sizes: tuple[int, ...] = (4 << 10, 256 << 10, 4 << 20, 16 << 20)
     emulated_comm_steps: int = 3
     emulated_train_rates: tuple[str, ...] = ("1gbit", "10gbit")  # each must be one of emulated_rates
-    emulated_train_strategies: tuple[str, ...] = ("hvdk8s", "tf_mwms", "tf_ps", "hvdk8s_fp16", "hvdk8s_rd")
+    emulated_train_strategies: tuple[str, ...] = (
+        "hvdk8s", "tf_mwms", "tf_ps", "hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_eager64k"
+    )
     emulated_train_workers: int = 2
     emulated_train_steps: int = 10  # per window; warm-up and windows as in the main training section
     # per-phase breakdown of one N=2 step (hvdk8s and the raw loop) and a Horovod timeline of it

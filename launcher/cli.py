@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import typing
 
-from hvdk8s.launcher.mpirun import AllreduceAlgorithm
+from hvdk8s.launcher.mpirun import DEFAULT_TCP_EAGER_LIMIT, AllreduceAlgorithm
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--allreduce-algorithm", choices=typing.get_args(AllreduceAlgorithm), default="auto",
                      help="Open MPI's allreduce algorithm for Horovod's CPU tensors (default auto: Open MPI decides by "
                           "size; recursive_doubling: two hosts on a slow link, see README, Benchmarks)")
+    run.add_argument("--tcp-eager-limit", type=int, default=DEFAULT_TCP_EAGER_LIMIT, metavar="BYTES",
+                     help="largest message Open MPI's TCP transport sends without waiting for the receiver "
+                          f"(default {DEFAULT_TCP_EAGER_LIMIT}; Open MPI's own: 65536; see README, Benchmarks)")
     elastic = run.add_argument_group(
         "elastic (horovodrun over Gloo; the script must use hvdk8s.elastic)",
         "Given --host-discovery-script, the job keeps between --min-np and --max-np ranks as hosts come and go.",
@@ -56,7 +59,7 @@ def _run(args: argparse.Namespace) -> int:
     elif args.min_np or args.max_np:
         raise UserError("--min-np/--max-np: elastic runs need --host-discovery-script")
     return local.run(args.np, args.command, hosts=args.hosts, env=args.env, timeline=args.timeline, elastic=elastic,
-                     allreduce_algorithm=args.allreduce_algorithm)
+                     allreduce_algorithm=args.allreduce_algorithm, tcp_eager_limit=args.tcp_eager_limit)
 
 
 def _cluster_flags(parser: argparse.ArgumentParser) -> None:

@@ -76,6 +76,7 @@ def run(
     timeline: str | None = None,
     elastic: ElasticOptions | None = None,
     allreduce_algorithm: mpirun.AllreduceAlgorithm = "auto",
+    tcp_eager_limit: int = mpirun.DEFAULT_TCP_EAGER_LIMIT,
     out: TextIO = sys.stdout,
 ) -> int:
     """Run ``command`` on ``np`` ranks (elastic: with horovodrun); return the job's exit status."""
@@ -83,6 +84,9 @@ def run(
         raise UserError("mpirun not found: install Open MPI (make setup does)")
     if np < 1:
         raise UserError(f"-np {np}: must be >= 1")
+    if tcp_eager_limit < mpirun.MIN_TCP_EAGER_LIMIT:
+        raise UserError(f"--tcp-eager-limit {tcp_eager_limit}: must be at least {mpirun.MIN_TCP_EAGER_LIMIT} bytes "
+                        "(Open MPI's default)")
     environ = dict(os.environ)
     for item in env:
         name, sep, value = item.partition("=")
@@ -99,10 +103,12 @@ def run(
             hosts=hosts,
             env_names=mpirun.forwarded_env(environ),
             allow_run_as_root=os.geteuid() == 0,
-            mca=mpirun.transport_mca(allreduce_algorithm),
+            mca=mpirun.transport_mca(allreduce_algorithm, tcp_eager_limit=tcp_eager_limit),
         )
     elif allreduce_algorithm != "auto":
         raise UserError("--allreduce-algorithm: elastic runs use horovodrun over Gloo, not Open MPI's allreduce")
+    elif tcp_eager_limit != mpirun.DEFAULT_TCP_EAGER_LIMIT:
+        raise UserError("--tcp-eager-limit: elastic runs use horovodrun over Gloo, not Open MPI's TCP transport")
     else:
         argv = elastic_argv(np, script_command(command), elastic)
     tail: deque[str] = deque(maxlen=60)  # mpirun's own closing report, for failure_summary

@@ -19,9 +19,32 @@ FORWARD_PREFIXES = ("HOROVOD_", "NCCL_", "HVDK8S_", "TF_", "OMP_")
 # own thread pools), ranks placed slot by slot, the TCP/ob1 transport that works
 # in every container network.
 BASE_FLAGS = ("-bind-to", "none", "-map-by", "slot", "--tag-output", "-mca", "pml", "ob1", "-mca", "btl", "^openib")
+# Open MPI's TCP transport sends a message of up to its eager limit at once; a larger one waits for
+# the receiver's reply before the rest (rendezvous). Where ranks share their cores with compute, each
+# such wait can cost a scheduler time slice: README, Benchmarks, "Open MPI's TCP eager limit".
+MIN_TCP_EAGER_LIMIT = 64 << 10  # Open MPI's own default
+DEFAULT_TCP_EAGER_LIMIT = 16 << 20
+MAX_SEND_SIZE = 128 << 10  # Open MPI's default btl_tcp_max_send_size
+
+
+def tcp_eager_mca(limit: int) -> dict[str, str]:
+    """Open MPI's TCP eager limit, with the rendezvous first fragment and the largest fragment raised to it.
+
+    The three were measured together; at ``MIN_TCP_EAGER_LIMIT`` they are Open MPI's own defaults.
+    """
+    if limit < MIN_TCP_EAGER_LIMIT:
+        raise ValueError(f"TCP eager limit {limit}: must be at least {MIN_TCP_EAGER_LIMIT} bytes (Open MPI's default)")
+    return {
+        "btl_tcp_eager_limit": str(limit),
+        "btl_tcp_rndv_eager_limit": str(limit),
+        "btl_tcp_max_send_size": str(max(limit, MAX_SEND_SIZE)),
+    }
+
+
 # Ranks yield the core while they wait in MPI instead of busy-polling it (Open MPI's default): the
-# clearest of the transport settings measured in benchmarks/reports/knobs (polling ran at 0.3-0.6 of the rate).
-DEFAULT_MCA: Mapping[str, str] = {"mpi_yield_when_idle": "1"}
+# clearest of the transport settings measured in benchmarks/reports/knobs (polling ran at 0.3-0.6 of
+# the rate); and the TCP eager limit above.
+DEFAULT_MCA: Mapping[str, str] = {"mpi_yield_when_idle": "1", **tcp_eager_mca(DEFAULT_TCP_EAGER_LIMIT)}
 # Open MPI's allreduce algorithms (coll_tuned_allreduce_algorithm, names as ``ompi_info`` lists them);
 # auto leaves the choice to Open MPI's size-based decision rules.
 AllreduceAlgorithm = Literal[
@@ -35,6 +58,7 @@ OWNED_MCA = {
     "coll_tuned_use_dynamic_rules": "set by hvdk8s whenever a coll_tuned_* parameter is given",
     "coll_tuned_allreduce_algorithm": "set it with openMpi.allreduceAlgorithm",
     "mpi_yield_when_idle": "set it with openMpi.yieldWhenIdle",
+    **{name: "set it with openMpi.tcpEagerLimit" for name in tcp_eager_mca(DEFAULT_TCP_EAGER_LIMIT)},
     "orte_default_hostfile": "set by the MPI Operator (its hostfile of the job's pods)",
     "orte_keep_fqdn_hostnames": "set by the MPI Operator (its hostfile of the job's pods)",
     "plm_rsh_args": "set by the MPI Operator (how the launcher reaches the workers' sshd)",
@@ -44,7 +68,7 @@ MCA_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 def transport_mca(
     allreduce_algorithm: AllreduceAlgorithm = "auto", yield_when_idle: bool = True,
-    extra: Mapping[str, str] | None = None,
+    extra: Mapping[str, str] | None = None, *, tcp_eager_limit: int = DEFAULT_TCP_EAGER_LIMIT,
 ) -> dict[str, str]:
     """Open MPI parameters (``-mca``, over ``DEFAULT_MCA``) for a job's transport settings; ``extra`` holds others.
 
@@ -52,6 +76,8 @@ def transport_mca(
     ``coll_tuned_*`` choice, only with their dynamic rules on.
     """
     mca = dict(extra or {})
+    if tcp_eager_limit != DEFAULT_TCP_EAGER_LIMIT:
+        mca.update(tcp_eager_mca(tcp_eager_limit))
     if allreduce_algorithm != "auto":
         mca["coll_tuned_allreduce_algorithm"] = allreduce_algorithm
     if any(name.startswith("coll_tuned_") for name in mca):

@@ -92,7 +92,8 @@ def launcher_command(spec: JobSpec) -> list[str]:
     names = forwarded_env(pod_env(spec), extra=(*IMAGE_ENV, *spec.env))
     ompi = spec.open_mpi
     argv = mpirun_argv(spec.np, spec.command, env_names=names, allow_run_as_root=spec.user is None,
-                       mca=transport_mca(ompi.allreduce_algorithm, ompi.yield_when_idle, ompi.mca))
+                       mca=transport_mca(ompi.allreduce_algorithm, ompi.yield_when_idle, ompi.mca,
+                                         tcp_eager_limit=ompi.tcp_eager_limit))
     if spec.launcher_creation_policy == "AtStartup" and spec.workers:
         # Started with its workers, not after them: wait for their sshd first.
         return [*HOSTS_MODULE, "wait", "--port", port, "--hostfile", f"{MPI_CONFIG_DIR}/hostfile", "--", *argv]

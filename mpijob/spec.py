@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
-from hvdk8s.launcher.mpirun import AllreduceAlgorithm
+from hvdk8s.launcher.mpirun import DEFAULT_TCP_EAGER_LIMIT, AllreduceAlgorithm
 
 # Where the MPI Operator mounts the hostfile and discover_hosts.sh (its
 # ConfigMap), and the Open MPI flavour hvdk8s's mpirun flags are written for.
@@ -187,6 +187,9 @@ class OpenMpi:
     # slow link, slower on fast ones and with more ranks (it sends more than a ring).
     allreduce_algorithm: AllreduceAlgorithm = "auto"
     yield_when_idle: bool = True  # busy-polling ranks (Open MPI's default) trained at 0.3-0.6 of the rate here
+    # Bytes a TCP message may carry without waiting for the receiver (Open MPI's default: 65536); 16 MiB
+    # trained 1.2-1.4x faster across emulated 1 Gbit/s links, level at 10 Gbit/s.
+    tcp_eager_limit: int = DEFAULT_TCP_EAGER_LIMIT
     mca: dict[str, str] = field(default_factory=dict)  # any other parameter, e.g. btl_tcp_if_include: eth0
 
 

@@ -120,6 +120,8 @@ def test_every_summary_recomputes_from_the_raw_timings(run: dict[str, Any]) -> N
     assert {(r["strategy"], r["result"].get("allreduce_algorithm")) for r in training} == {
         ("single", None), ("tf_ps", None), ("hvdk8s", "auto"), ("hvdk8s_fp16", "auto"), ("hvdk8s_rd", "recursive_doubling")
     }
+    # and hvdk8s's TCP eager limit reached every mpirun launch
+    assert {r["result"].get("tcp_eager_limit") for r in training if r["strategy"] not in ("single", "tf_ps")} == {16 << 20}
     for r in training:  # the timings came from processes that really ran that long
         timed = sum(sum(w["window_seconds"]) for w in r["result"]["throughput"])
         assert 0 < timed < r["job"]["wall_seconds"]

@@ -30,20 +30,28 @@ def test_hosts_with_a_discovery_script_is_refused() -> None:
     assert "-H/--hosts: elastic runs take their hosts from --host-discovery-script" in proc.stderr
 
 
-def test_allreduce_algorithm_reaches_open_mpi_and_elastic_runs_refuse_it() -> None:
+def test_transport_settings_reach_open_mpi_and_elastic_runs_refuse_them() -> None:
     probe = ("import os, numpy as np; from mpi4py import MPI; c = MPI.COMM_WORLD; out = np.zeros(4); "
              "c.Allreduce(np.arange(4.0) + c.rank, out); "
-             "print('sum', out.tolist(), os.environ['OMPI_MCA_coll_tuned_allreduce_algorithm'])")
-    proc = hvdk8s_cli("run", "-np", "2", "--allreduce-algorithm", "recursive_doubling", sys.executable, "-c", probe,
-                      timeout=120)
+             "print('sum', out.tolist(), *(os.environ['OMPI_MCA_' + n] for n in ('coll_tuned_allreduce_algorithm', "
+             "'btl_tcp_eager_limit', 'btl_tcp_rndv_eager_limit', 'btl_tcp_max_send_size')))")
+    proc = hvdk8s_cli("run", "-np", "2", "--allreduce-algorithm", "recursive_doubling", "--tcp-eager-limit", "1048576",
+                      sys.executable, "-c", probe, timeout=120)
     assert sorted(line for line in proc.stdout.splitlines() if "sum" in line) == [
-        "[0] sum [1.0, 3.0, 5.0, 7.0] recursive_doubling", "[1] sum [1.0, 3.0, 5.0, 7.0] recursive_doubling"
+        f"[{rank}] sum [1.0, 3.0, 5.0, 7.0] recursive_doubling 1048576 1048576 1048576" for rank in (0, 1)
     ]
     assert "invalid value" not in proc.stdout  # Open MPI warns (ranks' output), and falls back, on a name it does not know
-    proc = hvdk8s_cli("run", "-np", "2", "--allreduce-algorithm", "ring", "--host-discovery-script", "/bin/true",
-                      "train.py", check=False, timeout=30)
+    for flags, message in [
+        (("--allreduce-algorithm", "ring"), "--allreduce-algorithm: elastic runs use horovodrun over Gloo"),
+        (("--tcp-eager-limit", "1048576"), "--tcp-eager-limit: elastic runs use horovodrun over Gloo"),
+    ]:
+        proc = hvdk8s_cli("run", "-np", "2", *flags, "--host-discovery-script", "/bin/true", "train.py",
+                          check=False, timeout=30)
+        assert proc.returncode == 2
+        assert message in proc.stderr
+    proc = hvdk8s_cli("run", "-np", "2", "--tcp-eager-limit", "4096", "train.py", check=False, timeout=30)
     assert proc.returncode == 2
-    assert "--allreduce-algorithm: elastic runs use horovodrun over Gloo" in proc.stderr
+    assert "--tcp-eager-limit 4096: must be at least 65536 bytes (Open MPI's default)" in proc.stderr
 
 
 def test_mpirun_argv_exact() -> None:
@@ -53,7 +61,8 @@ def test_mpirun_argv_exact() -> None:
     assert argv == [
         "mpirun", "-np", "4", "--allow-run-as-root", "-H", "a:2,b:2",
         "-bind-to", "none", "-map-by", "slot", "--tag-output", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
-        "-mca", "mpi_yield_when_idle", "1",
+        "-mca", "btl_tcp_eager_limit", "16777216", "-mca", "btl_tcp_max_send_size", "16777216",
+        "-mca", "btl_tcp_rndv_eager_limit", "16777216", "-mca", "mpi_yield_when_idle", "1",
         "-x", "PATH", "-x", "NCCL_DEBUG",
         "python", "train.py", "--epochs", "3",
     ]

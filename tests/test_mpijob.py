@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from hvdk8s.errors import UserError
-from hvdk8s.launcher.mpirun import AllreduceAlgorithm, mpirun_argv, rank_lines
+from hvdk8s.launcher.mpirun import DEFAULT_TCP_EAGER_LIMIT, AllreduceAlgorithm, mpirun_argv, rank_lines, tcp_eager_mca
 from hvdk8s.mpijob import (
     SpecError,
     check_manifest,
@@ -81,7 +81,9 @@ def test_cpu_example_exact_launcher_and_worker():
     manifest = render(load_spec(EXAMPLES / "cpu.yaml"))
     expected_argv = [
         "mpirun", "-np", "2", "--allow-run-as-root", "-bind-to", "none", "-map-by", "slot", "--tag-output",
-        "-mca", "pml", "ob1", "-mca", "btl", "^openib", "-mca", "mpi_yield_when_idle", "1",
+        "-mca", "pml", "ob1", "-mca", "btl", "^openib", "-mca", "btl_tcp_eager_limit", "16777216",
+        "-mca", "btl_tcp_max_send_size", "16777216", "-mca", "btl_tcp_rndv_eager_limit", "16777216",
+        "-mca", "mpi_yield_when_idle", "1",
         "-x", "HOROVOD_FUSION_THRESHOLD", "-x", "HVDK8S_JOB_NAME", "-x", "HVDK8S_METRICS_PORT",
         "-x", "LD_LIBRARY_PATH", "-x", "NCCL_DEBUG", "-x", "PATH", "-x", "PYTHONUNBUFFERED",
         "python", "/app/examples/train_digits.py", "--epochs", "12",
@@ -535,21 +537,26 @@ def run_launcher(spec: JobSpec, tmp_path: Path) -> tuple[list[tuple[int | None, 
 
 def test_open_mpi_settings_become_mpiruns_parameters_and_are_checked():
     spec = load_spec({**BASE, "openMpi": {"allreduceAlgorithm": "recursive_doubling", "yieldWhenIdle": False,
-                                          "mca": {"btl_tcp_if_include": "eth0"}}})  # fmt: skip
+                                          "tcpEagerLimit": 65536, "mca": {"btl_tcp_if_include": "eth0"}}})  # fmt: skip
     argv = launcher(render(spec))["command"]
     start = argv.index("^openib") + 1
     assert argv[start:argv.index("-x")] == [
-        "-mca", "btl_tcp_if_include", "eth0", "-mca", "coll_tuned_allreduce_algorithm", "recursive_doubling",
+        "-mca", "btl_tcp_eager_limit", "65536", "-mca", "btl_tcp_if_include", "eth0",
+        "-mca", "btl_tcp_max_send_size", "131072", "-mca", "btl_tcp_rndv_eager_limit", "65536",
+        "-mca", "coll_tuned_allreduce_algorithm", "recursive_doubling",
         "-mca", "coll_tuned_use_dynamic_rules", "1", "-mca", "mpi_yield_when_idle", "0",
     ]  # fmt: skip
     argv = launcher(render(load_spec({**BASE, "openMpi": {"mca": {"coll_tuned_bcast_algorithm": "6"}}})))["command"]
     assert argv[argv.index("coll_tuned_use_dynamic_rules") + 1] == "1"  # or Open MPI ignores the bcast choice
-    assert errors_of({**BASE, "openMpi": {"mca": {"pml": "ucx", "Bad-Name": "x", "btl_tcp_links": " ",
-                                                  "coll_tuned_allreduce_algorithm": "4"}}}) == [  # fmt: skip
+    assert errors_of({**BASE, "openMpi": {"tcpEagerLimit": 4096, "mca": {
+        "pml": "ucx", "Bad-Name": "x", "btl_tcp_links": " ", "coll_tuned_allreduce_algorithm": "4",
+        "btl_tcp_eager_limit": "1048576"}}}) == [  # fmt: skip
         "openMpi.mca.pml: hvdk8s launches over ob1 (TCP), the transport every container network has",
         "openMpi.mca.Bad-Name: not an Open MPI parameter name (lowercase letters, digits and _)",
         "openMpi.mca.btl_tcp_links: empty value",
         "openMpi.mca.coll_tuned_allreduce_algorithm: set it with openMpi.allreduceAlgorithm",
+        "openMpi.mca.btl_tcp_eager_limit: set it with openMpi.tcpEagerLimit",
+        "openMpi.tcpEagerLimit: must be >= 65536, got 4096",
     ]
     assert errors_of({**BASE, "env": {"OMPI_MCA_mpi_yield_when_idle": "0", "OMPI_MCA_plm_rsh_args": "-p 22",
                                       "OMPI_MCA_btl_tcp_links": "2"}}) == [  # fmt: skip
@@ -572,6 +579,17 @@ def test_open_mpi_takes_every_allreduce_algorithm_name_the_spec_allows():
                                capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
         assert f'"coll_tuned_allreduce_algorithm" (current value: "{algorithm}"' in shown.stdout, algorithm
         assert "invalid value" not in shown.stdout + shown.stderr
+
+
+@pytest.mark.skipif(shutil.which("ompi_info") is None, reason="Open MPI not installed")
+def test_open_mpi_takes_the_tcp_eager_settings_hvdk8s_sets():
+    """The three TCP sizes are Open MPI 4.1's names, and it keeps the values hvdk8s gives them."""
+    mca = tcp_eager_mca(DEFAULT_TCP_EAGER_LIMIT)
+    env = os.environ | {f"OMPI_MCA_{name}": value for name, value in mca.items()}
+    shown = subprocess.run(["ompi_info", "--param", "btl", "tcp", "--level", "9"], env=env,
+                           capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    for name, value in mca.items():
+        assert f'"{name}" (current value: "{value}", data source: environment' in shown.stdout, name
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI not installed")
