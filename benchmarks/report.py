@@ -93,7 +93,7 @@ def label(strategy: str) -> str:
 
 
 COLORS = dict(zip(STRATEGY_LABELS, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:cyan",
-                                     "tab:olive", "tab:brown")))
+                                     "tab:olive", "tab:pink", "tab:brown"), strict=True))
 
 
 # --- plots -------------------------------------------------------------------------------------
