@@ -183,12 +183,13 @@ class OpenMpi:
     """Open MPI's settings for the launcher's ``mpirun`` (``-mca``); README, "Benchmarks", has their measured effects."""
 
     # Open MPI's allreduce reduces Horovod's CPU tensors; GPU tensors go through NCCL (Dockerfile.gpu).
-    # recursive_doubling: each rank sends its whole buffer at once; faster for two hosts on a
-    # slow link, slower on fast ones and with more ranks (it sends more than a ring).
+    # recursive_doubling: each rank sends its whole buffer at once; with Open MPI's 64 KiB TCP eager
+    # limit it was faster for two hosts on a slow link, with hvdk8s's 16 MiB limit no longer; slower on
+    # fast links and with more ranks (it sends more than a ring).
     allreduce_algorithm: AllreduceAlgorithm = "auto"
     yield_when_idle: bool = True  # busy-polling ranks (Open MPI's default) trained at 0.3-0.6 of the rate here
     # Bytes a TCP message may carry without waiting for the receiver (Open MPI's default: 65536); 16 MiB
-    # trained 1.2-1.4x faster across emulated 1 Gbit/s links, level at 10 Gbit/s.
+    # trained 1.15-1.46x faster across emulated 1 Gbit/s links, level at 10 Gbit/s.
     tcp_eager_limit: int = DEFAULT_TCP_EAGER_LIMIT
     mca: dict[str, str] = field(default_factory=dict)  # any other parameter, e.g. btl_tcp_if_include: eth0
 
