@@ -97,8 +97,13 @@ class MetricAverageCallback(keras.callbacks.Callback):
         self.figures: list[Callable[[], dict[str, float]]] = []
 
     def add_figures(self, source: Callable[[], dict[str, float]]) -> None:
-        """Average ``source()``'s figures with the logs at each epoch end; their means go into the logs."""
-        self.figures.append(source)
+        """Average ``source()``'s figures with the logs at each epoch end; their means go into the logs.
+
+        Every rank must add the same sources, returning the same keys; a later
+        source's key wins over an earlier one's.
+        """
+        if source not in self.figures:
+            self.figures.append(source)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is None:

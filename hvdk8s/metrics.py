@@ -190,7 +190,8 @@ class TrainingMetrics(keras.callbacks.Callback):
     TensorBoard, the progress bar and History. Place it after
     ``MetricAverageCallback`` so the loss it reports is the job's; handed to
     its ``add_figures`` (``observability_callbacks(metric_average=...)``
-    does), the figures ride that callback's allreduce instead of a second one.
+    does), ``figures_for_average`` puts the figures into that callback's
+    allreduce instead of a second one.
     """
 
     def __init__(
@@ -263,18 +264,25 @@ class TrainingMetrics(keras.callbacks.Callback):
         if logs and "loss" in logs:
             exp.loss.set(float(logs["loss"]))
 
-    def epoch_figures(self) -> dict[str, float]:
-        """This rank's figures for the epoch that just ended, for an allreduce that averages them.
+    def figures_for_average(self) -> dict[str, float]:
+        """This epoch's figures for ``MetricAverageCallback.add_figures``, which averages them into the logs.
 
-        Examples/s is scaled by the job size, so the mean over ranks is the
-        job's sum. Empty before the epoch's first batch (no ranks trained).
-        When ``MetricAverageCallback`` calls it, ``on_epoch_end`` reads the
-        averaged figures from the logs instead of reducing them itself.
+        ``on_epoch_end`` then reads the job figures back from the logs
+        instead of making an allreduce of its own.
+        """
+        self._figures_in_logs = True
+        return self._epoch_figures()
+
+    def _epoch_figures(self) -> dict[str, float]:
+        """This rank's figures for the epoch that just ended; their mean over ranks is the job's.
+
+        Examples/s is scaled by the job size, so the mean is the job's sum. A
+        rank that ran no batch this epoch (or a callback not in this ``fit``)
+        gives zeros, so every rank reduces the same tensors.
         """
         if self._epoch_start is None:
-            return {}
+            return dict.fromkeys(EPOCH_FIGURES, 0.0)
         self._take_sample(self._last_end, None)
-        self._figures_in_logs = True
         seconds = self._last_end - self._epoch_start
         steps = max(self._steps, 1)
         return {
@@ -284,18 +292,19 @@ class TrainingMetrics(keras.callbacks.Callback):
         }
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self._epoch_start is None:
-            return
         if self._figures_in_logs:  # MetricAverageCallback averaged them with the logs
             job = {k: float(logs[k]) for k in EPOCH_FIGURES}
         else:
-            job = collectives.average_scalars(self.epoch_figures(), name="hvdk8s.observability")
+            job = collectives.average_scalars(self._epoch_figures(), name="hvdk8s.observability")
             if logs is not None:
                 logs.update(job)
         if logs is not None and "loss" in logs:
             job["loss"] = float(logs["loss"])
             self.exporter.loss.set(job["loss"])
         self.exporter.set_job(job)
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self._epoch_start = None  # outside a fit, figures_for_average gives zeros
 
 
 @dataclass

@@ -50,7 +50,7 @@ def observability_callbacks(
     if metrics:
         training_metrics = TrainingMetrics(port=port, batch_size=batch_size)
         if metric_average is not None:
-            metric_average.add_figures(training_metrics.epoch_figures)
+            metric_average.add_figures(training_metrics.figures_for_average)
         out.append(training_metrics)
     if progress:
         out.append(ProgressBar(batch_size=batch_size))
