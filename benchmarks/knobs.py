@@ -23,7 +23,7 @@ BASELINE = "baseline"
 
 KNOBS: dict[str, Knob] = {
     BASELINE: Knob(what="the suite's settings: Horovod's defaults (1 ms cycle, 128 MiB fusion buffer, cache of 1024), "
-                        "Open MPI picks the allreduce algorithm, ranks yield when idle"),
+                        "Open MPI picks the allreduce algorithm, ranks yield when idle, TCP eager limit 16 MiB"),
     "cycle_0.1ms": Knob({"HOROVOD_CYCLE_TIME": "0.1"}, what="Horovod's background loop wakes every 0.1 ms instead of 1 ms"),
     "cycle_5ms": Knob({"HOROVOD_CYCLE_TIME": "5"}, what="background loop every 5 ms (Horovod's default before 0.21)"),
     "fusion_4MiB": Knob({"HOROVOD_FUSION_THRESHOLD": str(4 << 20)}, what="fusion buffer 4 MiB instead of 128 MiB"),

@@ -227,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     if "OMPI_COMM_WORLD_RANK" in os.environ:  # started by mpirun, which hands its -mca parameters to the ranks
         # the allreduce algorithm asked of Open MPI (auto: none, Open MPI decides)
         result["allreduce_algorithm"] = os.environ.get("OMPI_MCA_coll_tuned_allreduce_algorithm", "auto")
-        result["tcp_eager_limit"] = int(os.environ["OMPI_MCA_btl_tcp_eager_limit"])  # hvdk8s always sets it
+        # the TCP eager limit it was launched with (hvdk8s's launchers always set one; None: Open MPI's default)
+        eager = os.environ.get("OMPI_MCA_btl_tcp_eager_limit")
+        result["tcp_eager_limit"] = int(eager) if eager else None
     if args.profile:
         from . import profiling
 

@@ -84,9 +84,8 @@ def run(
         raise UserError("mpirun not found: install Open MPI (make setup does)")
     if np < 1:
         raise UserError(f"-np {np}: must be >= 1")
-    if tcp_eager_limit < mpirun.MIN_TCP_EAGER_LIMIT:
-        raise UserError(f"--tcp-eager-limit {tcp_eager_limit}: must be at least {mpirun.MIN_TCP_EAGER_LIMIT} bytes "
-                        "(Open MPI's default)")
+    if problem := mpirun.tcp_eager_limit_problem(tcp_eager_limit):
+        raise UserError(f"--tcp-eager-limit {problem}")
     environ = dict(os.environ)
     for item in env:
         name, sep, value = item.partition("=")

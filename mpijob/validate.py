@@ -19,7 +19,7 @@ from typing import Any
 
 from hvdk8s import k8s
 from hvdk8s.k8s import MULTIKUEUE, FieldError, at_least, forbidden, invalid, one_of, quantity, required
-from hvdk8s.launcher.mpirun import MIN_TCP_EAGER_LIMIT, OWNED_MCA, mca_problems
+from hvdk8s.launcher.mpirun import OWNED_MCA, mca_problems, tcp_eager_limit_problem
 from hvdk8s.mpijob.render import API_VERSION, GENERATED_ENV, KIND, LAUNCHER_COMMANDS
 from hvdk8s.mpijob.spec import (
     DEFAULT_POD_ANNOTATIONS,
@@ -299,7 +299,8 @@ def _check_mpi(spec: JobSpec) -> list[FieldError]:
             errors.append(invalid("user.name", f"{spec.user.name!r} is not a user name"))
     errors += _absolute("sshAuthMountPath", spec.ssh_auth_mount_path or "")
     errors += [invalid(f"openMpi.mca.{name}", problem) for name, problem in mca_problems(spec.open_mpi.mca).items()]
-    errors += at_least("openMpi.tcpEagerLimit", spec.open_mpi.tcp_eager_limit, MIN_TCP_EAGER_LIMIT)
+    if problem := tcp_eager_limit_problem(spec.open_mpi.tcp_eager_limit):
+        errors.append(invalid("openMpi.tcpEagerLimit", problem))
     if spec.elastic and spec.open_mpi != OpenMpi():
         errors.append(forbidden("openMpi", "not with elastic: elastic jobs run horovodrun over Gloo, not mpirun"))
     return errors

@@ -51,7 +51,7 @@ def test_transport_settings_reach_open_mpi_and_elastic_runs_refuse_them() -> Non
         assert message in proc.stderr
     proc = hvdk8s_cli("run", "-np", "2", "--tcp-eager-limit", "4096", "train.py", check=False, timeout=30)
     assert proc.returncode == 2
-    assert "--tcp-eager-limit 4096: must be at least 65536 bytes (Open MPI's default)" in proc.stderr
+    assert "--tcp-eager-limit 4096: must be between 65536 (Open MPI's default) and 1073741824 bytes" in proc.stderr
 
 
 def test_mpirun_argv_exact() -> None:

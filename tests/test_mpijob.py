@@ -556,7 +556,10 @@ def test_open_mpi_settings_become_mpiruns_parameters_and_are_checked():
         "openMpi.mca.btl_tcp_links: empty value",
         "openMpi.mca.coll_tuned_allreduce_algorithm: set it with openMpi.allreduceAlgorithm",
         "openMpi.mca.btl_tcp_eager_limit: set it with openMpi.tcpEagerLimit",
-        "openMpi.tcpEagerLimit: must be >= 65536, got 4096",
+        "openMpi.tcpEagerLimit: 4096: must be between 65536 (Open MPI's default) and 1073741824 bytes",
+    ]
+    assert errors_of({**BASE, "openMpi": {"tcpEagerLimit": 2 << 30}}) == [
+        "openMpi.tcpEagerLimit: 2147483648: must be between 65536 (Open MPI's default) and 1073741824 bytes"
     ]
     assert errors_of({**BASE, "env": {"OMPI_MCA_mpi_yield_when_idle": "0", "OMPI_MCA_plm_rsh_args": "-p 22",
                                       "OMPI_MCA_btl_tcp_links": "2"}}) == [  # fmt: skip
@@ -583,7 +586,8 @@ def test_open_mpi_takes_every_allreduce_algorithm_name_the_spec_allows():
 
 @pytest.mark.skipif(shutil.which("ompi_info") is None, reason="Open MPI not installed")
 def test_open_mpi_takes_the_tcp_eager_settings_hvdk8s_sets():
-    """The three TCP sizes are Open MPI 4.1's names, and it keeps the values hvdk8s gives them."""
+    """The three TCP sizes are Open MPI 4.1's parameter names, and it reads hvdk8s's values for them from the
+    environment, where mpirun's -mca puts them (what the transport then does with them, the benchmark measures)."""
     mca = tcp_eager_mca(DEFAULT_TCP_EAGER_LIMIT)
     env = os.environ | {f"OMPI_MCA_{name}": value for name, value in mca.items()}
     shown = subprocess.run(["ompi_info", "--param", "btl", "tcp", "--level", "9"], env=env,
