@@ -14,7 +14,7 @@ from typing import Any
 
 import keras
 
-from hvdk8s import collectives, runtime
+from hvdk8s import collectives, fit_step, runtime
 from hvdk8s.collectives import variable_key
 from hvdk8s.optimizer import in_step_momentum_correction, is_distributed
 
@@ -29,8 +29,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     values. ``device`` is accepted for Horovod compatibility (a placement hint
     Horovod uses for the broadcast; here the variables' own device is used).
     Horovod's collectives cannot be XLA-compiled, so XLA is switched off for
-    the model's train step (Keras 3 turns it on by default on GPUs). Warns when
-    the model's optimizer is not distributed: the ranks would silently diverge.
+    the model's train step (Keras 3 turns it on by default on GPUs), and
+    ``fit`` gets hvdk8s's lean per-step call (``fit_step``). Warns when the
+    model's optimizer is not distributed: the ranks would silently diverge.
     """
 
     def __init__(self, root_rank: int, device: str = "", local_variables: Any = None) -> None:
@@ -64,6 +65,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
                 "rank applies only its own gradients and the ranks diverge; wrap it with "
                 "hvdk8s.DistributedOptimizer, or load saved models with hvdk8s.load_model", stacklevel=2,
             )
+        fit_step.install(self.model)
         if self.model.built:
             self._broadcast()
 
@@ -169,7 +171,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         if self.momentum_correction:
             self._correction, created = in_step_momentum_correction(self.model.optimizer)
             if created:
-                self.model.make_train_function(force=True)  # compiled before the correction existed
+                fit_step.rebuild(self.model)  # compiled before the correction existed
         if not self.staircase and not self.steps_per_epoch:
             self.steps_per_epoch = self.params.get("steps")
             if not self.steps_per_epoch:

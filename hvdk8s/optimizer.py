@@ -85,7 +85,7 @@ def in_step_momentum_correction(optimizer: Any) -> tuple[_MomentumCorrection | N
 
     It applies to a ``DistributedOptimizer`` over SGD with momentum and without
     Nesterov. A train function compiled before its creation does not contain
-    it: rebuild that (``model.make_train_function(force=True)``) when it is new.
+    it: rebuild that (``fit_step.rebuild(model)``) when it is new.
     """
     if not (is_distributed(optimizer) and isinstance(optimizer, keras.optimizers.SGD) and optimizer.momentum
             and not optimizer.nesterov):

@@ -1,0 +1,79 @@
+"""The call ``model.fit`` makes per step, without Keras's wrapper around ``train_step``.
+
+Keras 3's ``make_train_function`` (TensorFlow backend, 3.8) compiles
+``train_step`` inside a second ``tf.function`` that returns its logs as a
+``tf.experimental.Optional``, and reads that with two eager ops
+(``has_value``, ``get_value``) after every call. The ``Optional`` exists for
+``steps_per_execution > 1``, where a call can run out of data part-way; at one
+step per call the step reads its batch with ``get_next``, which raises
+``OutOfRangeError`` at the end of the data whatever wraps it (``fit`` turns
+that into the end of the epoch), so the value is always there. Measured on
+the benchmark's digits CNN at two ranks, the same model trained by ``fit``
+with either function in interleaved rounds: the wrapper costs ~0.3 ms of a
+~9 ms step.
+
+``LeanTrainFunction`` is ``train_step(next(iterator))`` in one ``tf.function``
+(through the model's distribution strategy, as Keras calls it), installed as
+the model's public ``train_function``, the function ``fit`` calls with the
+epoch's iterator (``make_train_function`` returns an installed one as long as
+the model is not recompiled). Anything else it is given (``train_on_batch``
+passes a generator) goes to Keras's own function. It is installed only where
+it computes what Keras's does: compiled (not ``run_eagerly``), no XLA, one
+step per call, one replica in sync.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+_ITERATORS = (tf.data.Iterator, tf.distribute.DistributedIterator)
+
+
+class LeanTrainFunction:
+    """``fit``'s per-step call: one compiled ``train_step`` on the iterator's next batch."""
+
+    def __init__(self, model: keras.Model, keras_function: Callable[[Any], Any]) -> None:
+        self.keras_function = keras_function
+        strategy = model.distribute_strategy
+
+        @tf.autograph.experimental.do_not_convert
+        def one_step(iterator: Any) -> Any:
+            return strategy.run(model.train_step, args=(next(iterator),))
+
+        self.step = tf.function(one_step, reduce_retracing=True)
+
+    def __call__(self, iterator: Any) -> Any:
+        if isinstance(iterator, _ITERATORS):
+            return self.step(iterator)
+        return self.keras_function(iterator)
+
+
+def applies(model: keras.Model) -> bool:
+    """Whether the lean call computes what Keras's own train function computes for ``model``."""
+    return (
+        not model.run_eagerly
+        and not model.jit_compile
+        and model.steps_per_execution == 1
+        and model.distribute_strategy.num_replicas_in_sync == 1
+    )
+
+
+def install(model: keras.Model) -> None:
+    """Make ``model.fit`` call a ``LeanTrainFunction`` per step where it ``applies``; idempotent.
+
+    One installed function serves every later ``fit`` until ``compile``
+    resets it, so its step is traced once, as Keras's is.
+    """
+    model.make_train_function()  # Keras's own, unless there is a train function already
+    current = model.train_function
+    if not isinstance(current, LeanTrainFunction) and applies(model):
+        model.train_function = LeanTrainFunction(model, current)
+
+
+def rebuild(model: keras.Model) -> None:
+    """Recompile the train function (after the step gained state it must trace in), lean where it applies."""
+    model.make_train_function(force=True)
+    install(model)
