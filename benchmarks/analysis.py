@@ -155,10 +155,10 @@ def profile(raw: dict[str, Any] | None) -> dict[str, Any] | None:
             "params": p["params"],
             "phases": t,
             "raw": {"step": t["raw_step"], "optimizer": optimizer["raw"], "allreduce_wait": t["raw_step"] - compute["raw"],
-                    "keras_wrapper": None, "callbacks": None, "total": t["raw_step"]},
+                    "step_call": None, "callbacks": None, "total": t["raw_step"]},
             "hvdk8s": {"step": t["hvdk8s_step"], "optimizer": optimizer["hvdk8s"], "allreduce_wait": compiled - compute["hvdk8s"],
-                       # results from before the train_step phase leave Keras's wrapper inside the allreduce wait
-                       "keras_wrapper": t["hvdk8s_step"] - compiled if "hvdk8s_train_step" in t else None,
+                       # results from before the train_step phase leave the step call inside the allreduce wait
+                       "step_call": t["hvdk8s_step"] - compiled if "hvdk8s_train_step" in t else None,
                        "callbacks": t["hvdk8s_fit"] - t["hvdk8s_step"], "total": t["hvdk8s_fit"]},
         }
         if "timeline" in p:

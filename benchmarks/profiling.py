@@ -18,10 +18,10 @@ measured). Phases, per step:
 * allreduce wait = compiled step - (input + forward+backward + its optimizer):
   the communication that compute did not hide, plus any glue in the step
   (Keras's loss tracker for hvdk8s);
-* Keras's step wrapper = hvdk8s's Keras ``train_function`` called directly
-  (what ``fit`` calls per step) - that compiled ``train_step``: Keras's own
-  per-step machinery around ``train_step`` (an ``Optional`` of the logs and
-  two eager ops reading it), measured on the same model;
+* fit's step call = the model's ``train_function`` called directly (what
+  ``fit`` calls per step: hvdk8s's lean call, ``hvdk8s.fit_step``) - that
+  compiled ``train_step``: the per-call work around ``train_step``, measured
+  on the same model;
 * callbacks and fit loop = hvdk8s's ``fit`` window - its ``train_function``.
 
 All phases are timed round-robin between hvdk8s's ``fit`` windows, so drift

@@ -432,7 +432,7 @@ PHASES = (
     ("forward_backward", "forward + backward"),
     ("optimizer", "optimizer update"),
     ("allreduce_wait", "allreduce wait (compiled step − the three above)"),
-    ("keras_wrapper", "Keras's step wrapper (train_function − compiled train_step)"),
+    ("step_call", "fit's step call around train_step (train_function − compiled train_step)"),
     ("callbacks", "callbacks and fit loop (fit − train_function)"),
     ("total", "total per step"),
 )
@@ -457,9 +457,9 @@ def _profile_section(p: dict[str, Any] | None) -> str:
         "timed alone, round-robin between hvdk8s's `fit` windows; brackets inside the real step would order its ops and "
         "hide the overlap being measured. " + _optimizer_phase(p) + " The allreduce wait is the compiled step (the raw "
         "loop's step function; for hvdk8s the model's public `train_step` in one `tf.function`, as the raw loop's is) minus "
-        "those three, i.e. communication that compute did not hide plus glue in the step; Keras's step wrapper is hvdk8s's "
-        "Keras `train_function` (what `fit` calls per step) minus that compiled `train_step`, on the same model: Keras's "
-        "machinery around `train_step`, not hvdk8s's; "
+        "those three, i.e. communication that compute did not hide plus glue in the step; fit's step call is the "
+        "model's `train_function` (what `fit` calls per step: hvdk8s's lean call, `hvdk8s/fit_step.py`) minus that compiled "
+        "`train_step`, on the same model: the per-call work around `train_step`; "
         "callbacks are hvdk8s's `fit` window minus its `train_function`. Milliseconds per step (medians):",
         "",
     ]

@@ -155,8 +155,8 @@ def test_profile_phases_and_timeline(run: dict[str, Any]) -> None:
         assert (w["raw"]["optimizer"], w["hvdk8s"]["optimizer"]) == (ph["optimizer"], ph["hvdk8s_optimizer"])
         assert w["hvdk8s"]["allreduce_wait"] == pytest.approx(
             ph["hvdk8s_train_step"] - (ph["input"] + ph["forward_backward"] + ph["hvdk8s_optimizer"]))
-        # Keras's wrapper: its train_function over the same model's train_step compiled alone
-        assert w["hvdk8s"]["keras_wrapper"] == w["phases"]["hvdk8s_step"] - w["phases"]["hvdk8s_train_step"]
+        # fit's step call: the train_function over the same model's train_step compiled alone
+        assert w["hvdk8s"]["step_call"] == w["phases"]["hvdk8s_step"] - w["phases"]["hvdk8s_train_step"]
         # every hvdk8s step of the timeline: its gradients were submitted, then reduced
         assert len(w["overlap"]) >= 2 and all(o["tensors"] >= 1 and o["last_reduce_end_s"] > 0 for o in w["overlap"])
     assert (run["out"] / "timeline.png").is_file()
