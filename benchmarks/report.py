@@ -438,15 +438,6 @@ PHASES = (
 )
 
 
-def _optimizer_phase(p: dict[str, Any]) -> str:
-    """What the optimizer row timed: each harness's own update, or (runs before that phase existed) Keras's for both."""
-    if all("hvdk8s_optimizer" in w["phases"] for w in p["workloads"]):
-        return ("Input and forward+backward are the same model for both; the optimizer update is each one's own (Keras's "
-                "SGD for the raw loop, the `DistributedOptimizer`'s fused SGD update for hvdk8s, without its gradient "
-                "reduction).")
-    return "Input, forward+backward and the optimizer update are the same model and Keras SGD update for both."
-
-
 def _profile_section(p: dict[str, Any] | None) -> str:
     if not p:
         return ""
@@ -455,7 +446,9 @@ def _profile_section(p: dict[str, Any] | None) -> str:
         "",
         "A profiling-only build (`benchmarks/profiling.py`): each phase is its own compiled function on a copy of the model, "
         "timed alone, round-robin between hvdk8s's `fit` windows; brackets inside the real step would order its ops and "
-        "hide the overlap being measured. " + _optimizer_phase(p) + " The allreduce wait is the compiled step (the raw "
+        "hide the overlap being measured. Input and forward+backward are the same model for both; the optimizer update is "
+        "each one's own (Keras's SGD for the raw loop, the `DistributedOptimizer`'s fused SGD update for hvdk8s, without "
+        "its gradient reduction). The allreduce wait is the compiled step (the raw "
         "loop's step function; for hvdk8s the model's public `train_step` in one `tf.function`, as the raw loop's is) minus "
         "those three, i.e. communication that compute did not hide plus glue in the step; fit's step call is the "
         "model's `train_function` (what `fit` calls per step: hvdk8s's lean call, `hvdk8s/fit_step.py`) minus that compiled "
