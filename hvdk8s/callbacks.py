@@ -14,9 +14,9 @@ from typing import Any
 
 import keras
 
-from hvdk8s import collectives, fit_step, runtime
+from hvdk8s import collectives, fit_step, runtime, schedule
 from hvdk8s.collectives import variable_key
-from hvdk8s.optimizer import in_step_momentum_correction, is_distributed
+from hvdk8s.optimizer import is_distributed
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -136,8 +136,13 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     changing that constant for one step as Horovod does, the
     ``DistributedOptimizer`` scales SGD's momentum buffers by the same ratio
     inside the step, which yields the same update for SGD without Nesterov.
-    For other optimizers it is not applied. Per batch, the callback itself
-    only assigns the rate.
+    For other optimizers it is not applied.
+
+    With a ``DistributedOptimizer`` nothing runs per batch: the callback writes
+    its epoch's per-batch rates once per epoch (``schedule.RateTable``) and
+    each step sets the next batch's rate after its update, so a batch starts
+    with Horovod's rate in the variable (the first batch's is assigned when it
+    starts). Other optimizers get Horovod's per-batch assignment.
     """
 
     def __init__(
@@ -160,18 +165,23 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         self.momentum_correction = momentum_correction
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch: int | None = None
-        self._correction: Any = None
+        self._correction: schedule.MomentumCorrection | None = None
+        self._rates: schedule.RateTable | None = None
         if callable(multiplier):
             self.multiplier = multiplier
         else:
             self.multiplier = lambda epoch: multiplier ** (epoch - start_epoch)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self._correction = None
-        if self.momentum_correction:
-            self._correction, created = in_step_momentum_correction(self.model.optimizer)
-            if created:
-                fit_step.rebuild(self.model)  # compiled before the correction existed
+        optimizer = self.model.optimizer
+        self._correction, self._rates, created = None, None, False
+        if is_distributed(optimizer):
+            self._rates, created = schedule.rate_table(optimizer)
+            if self.momentum_correction:
+                self._correction, new = schedule.momentum_correction(optimizer)
+                created = created or new
+        if created:
+            fit_step.rebuild(self.model)  # compiled before the step could set the rate or correct momentum
         if not self.staircase and not self.steps_per_epoch:
             self.steps_per_epoch = self.params.get("steps")
             if not self.steps_per_epoch:
@@ -182,8 +192,11 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.current_epoch = epoch
+        in_range = self._in_range(epoch)
         if self._correction is not None:
-            self._correction.set_active(self, self._in_range(epoch))
+            self._correction.set_active(self, in_range)
+        if self._rates is not None and in_range:
+            self._rates.write(self.model.optimizer, self._epoch_rates(epoch))
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self._correction is not None:
@@ -192,17 +205,28 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     def _in_range(self, epoch: int) -> bool:
         return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
 
+    def _epoch_rates(self, epoch: int) -> dict[int, float]:
+        """Horovod's assignments in this epoch, by batch: the first batch's with staircase, else every batch's."""
+        if self.staircase:
+            return {0: self._rate(epoch)}
+        steps = max(self.steps_per_epoch, self.params.get("steps") or 0)
+        return {batch: self._rate(epoch + float(batch) / self.steps_per_epoch) for batch in range(steps)}
+
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         epoch = self.current_epoch
         if not self._in_range(epoch):
             return
-        if self.staircase and batch == 0:
-            self._adjust_learning_rate(epoch)
+        if self._rates is not None:  # later batches' rates were set by the step before them
+            first = self._rates.first() if batch == 0 else None
+            if first is not None:
+                self.model.optimizer.learning_rate = first
+        elif self.staircase and batch == 0:
+            self.model.optimizer.learning_rate = self._rate(epoch)
         elif not self.staircase:
-            self._adjust_learning_rate(epoch + float(batch) / self.steps_per_epoch)
+            self.model.optimizer.learning_rate = self._rate(epoch + float(batch) / self.steps_per_epoch)
 
-    def _adjust_learning_rate(self, epoch: float) -> None:
-        self.model.optimizer.learning_rate = self.initial_lr * self.multiplier(epoch)
+    def _rate(self, epoch: float) -> float:
+        return self.initial_lr * self.multiplier(epoch)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is not None:

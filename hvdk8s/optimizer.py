@@ -17,7 +17,7 @@ import keras
 import tensorflow as tf
 from horovod.tensorflow.compression import Compression
 
-from hvdk8s import collectives
+from hvdk8s import collectives, schedule
 from hvdk8s.collectives import Average, GradientReduction, global_process_set, variable_key
 from hvdk8s.fused import fused_bases
 
@@ -36,64 +36,6 @@ class _Accumulators:
                 None if g is None else tf.Variable(tf.zeros(g.shape, g.dtype), trainable=False) for g in grads
             ]
             self.counter = tf.Variable(0, dtype=tf.int64, trainable=False)
-
-
-class _MomentumCorrection:
-    """Horovod's ``momentum_correction`` for SGD, inside the compiled step.
-
-    While any rate callback that corrects momentum is in its epoch range
-    (``set_active``, called per epoch, not per batch), each step first scales
-    SGD's momentum buffers by this step's rate over the last step's (Goyal et
-    al. 2017). Horovod changes the momentum hyperparameter for that one step
-    instead; Keras 3 compiles ``momentum`` into the step as a constant, and for
-    SGD without Nesterov both give the same update. Doing it in the step
-    leaves a rate callback one variable assignment per batch. A plain object,
-    like ``_Accumulators``.
-    """
-
-    def __init__(self, optimizer: keras.optimizers.Optimizer) -> None:
-        with tf.init_scope():
-            lr = optimizer.learning_rate
-            self.active = tf.Variable(False, trainable=False)
-            self.last_lr = tf.Variable(tf.convert_to_tensor(lr), trainable=False)
-        self._owners: set[object] = set()
-
-    def set_active(self, owner: object, active: bool) -> None:
-        """``owner`` (a rate callback) corrects in this epoch or not; the step corrects while any does."""
-        if active:
-            self._owners.add(owner)
-        else:
-            self._owners.discard(owner)
-        self.active.assign(bool(self._owners))
-
-    def scale(self, optimizer: keras.optimizers.Optimizer) -> None:
-        """Traced into the step before the update."""
-        lr = tf.cast(tf.convert_to_tensor(optimizer.learning_rate), self.last_lr.dtype)
-
-        def scaled() -> tf.Tensor:
-            ratio = tf.math.divide_no_nan(lr, self.last_lr) + tf.cast(tf.equal(self.last_lr, 0), lr.dtype)
-            for buffer in optimizer.momentums:
-                buffer.assign(buffer * tf.cast(ratio, buffer.dtype))
-            return tf.constant(True)
-
-        tf.cond(tf.logical_and(self.active, tf.not_equal(lr, self.last_lr)), scaled, lambda: tf.constant(False))
-        self.last_lr.assign(lr)
-
-
-def in_step_momentum_correction(optimizer: Any) -> tuple[_MomentumCorrection | None, bool]:
-    """(the in-step momentum correction of ``optimizer``, whether it was created now); ``None`` where it does not apply.
-
-    It applies to a ``DistributedOptimizer`` over SGD with momentum and without
-    Nesterov. A train function compiled before its creation does not contain
-    it: rebuild that (``fit_step.rebuild(model)``) when it is new.
-    """
-    if not (is_distributed(optimizer) and isinstance(optimizer, keras.optimizers.SGD) and optimizer.momentum
-            and not optimizer.nesterov):
-        return None, False
-    created = "_hvdk8s_momentum" not in optimizer.__dict__
-    if created:
-        optimizer.__dict__["_hvdk8s_momentum"] = _MomentumCorrection(optimizer)
-    return optimizer.__dict__["_hvdk8s_momentum"], created
 
 
 class _DistributedMixin:
@@ -121,12 +63,18 @@ class _DistributedMixin:
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
         grads = list(grads)
         variables = None if trainable_variables is None else list(trainable_variables)
-        base = super()
         if variables is not None and not self.built:  # type: ignore[attr-defined]
             self.build(variables)  # type: ignore[attr-defined]  # not inside a tf.cond branch
+        applied = self._apply_passes(grads, variables)
+        schedule.after_update(self)
+        return applied
+
+    def _apply_passes(self, grads: list[Any], variables: list[Any] | None) -> Any:
+        """Reduce and apply, or with ``backward_passes_per_step`` > 1 accumulate until the pass that applies."""
+        base = super()
         if self._hvdk8s_passes == 1:
             reduced = self._reduce(grads, variables)
-            self._correct_momentum()
+            schedule.before_update(self)
             return base.apply(reduced, variables)  # type: ignore[misc]
         acc = self.__dict__.get("_hvdk8s_acc")
         if acc is None:
@@ -141,7 +89,7 @@ class _DistributedMixin:
             reduced = self._reduce(summed, variables)
             if self._hvdk8s_average_passes:
                 reduced = [None if r is None else r / self._hvdk8s_passes for r in reduced]
-            self._correct_momentum()
+            schedule.before_update(self)
             base.apply(reduced, variables)  # type: ignore[misc]
             # The next cycle starts from zero (Horovod clears when its counter is back at 0), so a
             # non-finite gradient never leaks into it.
@@ -157,11 +105,6 @@ class _DistributedMixin:
             return tf.constant(False)
 
         return tf.cond(acc.counter >= self._hvdk8s_passes, reduce_and_apply, count_pass)
-
-    def _correct_momentum(self) -> None:
-        correction = self.__dict__.get("_hvdk8s_momentum")
-        if correction is not None:
-            correction.scale(self)
 
     def _reduce(self, grads: list[Any], variables: list[Any] | None) -> list[Any]:
         return reduce_keeping_locals(

@@ -204,6 +204,12 @@ ROWS = {
         lambda: [hvd.callbacks.LearningRateScheduleCallback(0.3, multiplier=lambda e: 1 / (1 + e), staircase=False)],
         lambda: [horovod_impl.LearningRateScheduleCallbackImpl(K, 0.3, lambda e: 1 / (1 + e), staircase=False)],
     ),
+    "a decay from epoch 1 overlapping the warm-up, after it in the list": (
+        lambda: [hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.2, warmup_epochs=3),
+                 hvd.callbacks.LearningRateScheduleCallback(0.2, multiplier=0.5, start_epoch=1)],
+        lambda: [horovod_impl.LearningRateWarmupCallbackImpl(K, 0.2, warmup_epochs=3),
+                 horovod_impl.LearningRateScheduleCallbackImpl(K, 0.2, 0.5, start_epoch=1)],
+    ),
     "warm-up then two decays (Horovod's README recipe)": (
         lambda: [
             hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2),

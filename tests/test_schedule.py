@@ -1,0 +1,85 @@
+"""Horovod's rate callbacks with the rate set inside the step: every step trains with its batch's rate.
+
+In-process, one Horovod rank (the reduction is a no-op there).
+``test_horovod_api.py`` compares the rate seen at each batch's start with
+Horovod's own callback code on two ranks.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+# In the test process TensorFlow may already run (earlier in-process tests), so init cannot pin threads.
+pytestmark = pytest.mark.filterwarnings("ignore:.*device and thread pinning skipped:UserWarning")
+
+STEPS, EPOCHS = 6, 3
+
+
+@pytest.fixture(scope="module")
+def hvd():
+    import hvdk8s
+
+    hvdk8s.init(quiet=True)
+    return hvdk8s
+
+
+def rate(epoch: int, batch: int) -> float:
+    """Horovod's non-staircase schedule below: 0.3 / (1 + epoch + batch / steps)."""
+    return 0.3 / (1 + epoch + batch / STEPS)
+
+
+@pytest.mark.parametrize("steps_per_execution", [1, 3])
+def test_each_step_trains_with_its_batchs_rate(hvd, steps_per_execution: int) -> None:
+    """w is one weight with gradient 1 per step, so SGD leaves w0 - (the sum of the rates the steps used).
+
+    With 3 steps per compiled call the batch hooks run once per call; the
+    steps in between still train with their own batch's rate.
+    """
+    import keras
+    import tensorflow as tf
+
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(1.0)), loss=lambda y, pred: tf.reduce_mean(pred),
+                  steps_per_execution=steps_per_execution)
+    ones = np.ones((STEPS, 1), np.float32)
+    schedule = hvd.callbacks.LearningRateScheduleCallback(0.3, multiplier=lambda e: 1 / (1 + e), staircase=False)
+    model.fit(ones, ones, batch_size=1, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[schedule])
+    used = [np.float32(rate(e, b)) for e in range(EPOCHS) for b in range(STEPS)]
+    np.testing.assert_allclose(model.get_weights()[0].item(), -np.sum(used, dtype=np.float32), rtol=1e-6)
+    assert float(model.optimizer.learning_rate.numpy()) == np.float32(rate(EPOCHS - 1, STEPS - 1))
+
+
+def test_rate_table_sets_only_rates_of_its_epoch(hvd) -> None:
+    import keras
+
+    from hvdk8s import schedule
+
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.5))
+    opt.build([keras.Variable(np.zeros(2, np.float32))])
+    table, created = schedule.rate_table(opt)
+    assert created and schedule.rate_table(opt) == (table, False)
+    opt.iterations.assign(10)
+    table.write(opt, {0: 0.1, 1: 0.2, 3: 0.4})
+    table.write(opt, {1: 0.25})  # a later callback in the same epoch: its batch wins
+    assert table.first() == 0.1
+    seen = []
+    for iterations in (11, 12, 13, 14, 5):  # after batches 0..3, past the epoch, and rolled back (elastic reset)
+        opt.iterations.assign(iterations)
+        table.set_next(opt)
+        seen.append(float(opt.learning_rate.numpy()))
+    # batch 1: 0.25; batch 2 has no rate (kept); batch 3: 0.4; then nothing to set
+    assert seen == [np.float32(0.25), np.float32(0.25), np.float32(0.4), np.float32(0.4), np.float32(0.4)]
+    opt.iterations.assign(20)
+    table.write(opt, {})  # a new epoch with no rates
+    assert table.first() is None and math.isnan(float(table.rates.numpy()[0]))
+
+
+def test_no_table_where_the_rate_is_a_schedule(hvd) -> None:
+    import keras
+
+    from hvdk8s import schedule
+
+    decay = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.9)
+    assert schedule.rate_table(hvd.DistributedOptimizer(keras.optimizers.SGD(decay))) == (None, False)
