@@ -48,7 +48,9 @@ def step_counter():
     import keras
 
     class StepCounter(keras.callbacks.Callback):
-        steps: list[int] = []
+        def __init__(self) -> None:
+            super().__init__()
+            self.steps: list[int] = []
 
         def on_epoch_begin(self, epoch, logs=None):
             self.steps.append(0)
@@ -56,9 +58,7 @@ def step_counter():
         def on_train_batch_end(self, batch, logs=None):
             self.steps[-1] += 1
 
-    counter = StepCounter()
-    counter.steps = []
-    return counter
+    return StepCounter()
 
 
 def weights(model) -> list[np.ndarray]:
