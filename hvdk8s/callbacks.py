@@ -205,28 +205,28 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     def _in_range(self, epoch: int) -> bool:
         return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
 
-    def _epoch_rates(self, epoch: int) -> dict[int, float]:
-        """Horovod's assignments in this epoch, by batch: the first batch's with staircase, else every batch's."""
+    def _batch_rate(self, epoch: int, batch: int) -> float | None:
+        """Horovod's assignment when ``batch`` of ``epoch`` starts: every batch's, or with staircase the first's."""
         if self.staircase:
-            return {0: self._rate(epoch)}
-        steps = max(self.steps_per_epoch, self.params.get("steps") or 0)
-        return {batch: self._rate(epoch + float(batch) / self.steps_per_epoch) for batch in range(steps)}
+            return self.initial_lr * self.multiplier(epoch) if batch == 0 else None
+        return self.initial_lr * self.multiplier(epoch + float(batch) / self.steps_per_epoch)
+
+    def _epoch_rates(self, epoch: int) -> dict[int, float]:
+        """Horovod's assignments in this epoch, by batch."""
+        steps = max(self.steps_per_epoch or 0, self.params.get("steps") or 0, 1)
+        rates = {batch: self._batch_rate(epoch, batch) for batch in range(steps)}
+        return {batch: rate for batch, rate in rates.items() if rate is not None}
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         epoch = self.current_epoch
         if not self._in_range(epoch):
             return
-        if self._rates is not None:  # later batches' rates were set by the step before them
-            first = self._rates.first() if batch == 0 else None
-            if first is not None:
-                self.model.optimizer.learning_rate = first
-        elif self.staircase and batch == 0:
-            self.model.optimizer.learning_rate = self._rate(epoch)
-        elif not self.staircase:
-            self.model.optimizer.learning_rate = self._rate(epoch + float(batch) / self.steps_per_epoch)
-
-    def _rate(self, epoch: float) -> float:
-        return self.initial_lr * self.multiplier(epoch)
+        if self._rates is None:
+            rate = self._batch_rate(epoch, batch)
+        else:  # later batches' rates were set by the step before them
+            rate = self._rates.first() if batch == 0 else None
+        if rate is not None:
+            self.model.optimizer.learning_rate = rate
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is not None:
