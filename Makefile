@@ -1,18 +1,26 @@
 # Two commands do everything on a fresh machine (as root, package registries only):
 #   make demo   the example pipeline (hvdk8s pipeline run): 3 candidates on 2 ranks -> select -> serve -> load test
-#   make test   the test suite
-# Both run `setup` first: Debian packages, .venv, TensorFlow, Horovod built from source (cached wheel).
+#   make test   the test suite, on the default stack (TensorFlow 2.21 / Keras 3.15)
+# Both run `setup` first: Debian packages, .venv, the stack, Horovod built from source (patched, cached wheel).
+#   make test-stack TF=2.18   the training core and Horovod's own Keras tests on another supported stack,
+#                             in its own virtual environment (.venv-tf2.18) with its own cached Horovod wheel
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hvdk8s-setup
 PYTEST_ARGS ?=
+TF ?= 2.18
+SETUP_INPUTS := pyproject.toml scripts/setup.sh scripts/install-horovod.sh scripts/patches/horovod-0.28.1-tf2.21.patch
+# The training core: Horovod's API and its own Keras tests (test_horovod_api runs ../shared/peer/horovod), fit,
+# the optimizer, schedules, checkpoints, elastic training.
+CORE_TESTS := tests/test_horovod_api.py tests/test_training.py tests/test_fit_step.py tests/test_fused.py \
+	tests/test_schedule.py tests/test_checkpoint.py tests/test_elastic.py tests/test_overlap.py
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test test-stack clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup.sh
-	HVDK8S_VENV=$(VENV) bash scripts/setup.sh
+$(STAMP): $(SETUP_INPUTS) scripts/stacks/tf-2.21.txt
+	HVDK8S_VENV=$(VENV) HVDK8S_TF=2.21 bash scripts/setup.sh
 	touch $@
 
 demo: setup
@@ -20,6 +28,13 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+.venv-tf%/.hvdk8s-setup: $(SETUP_INPUTS) scripts/stacks/tf-%.txt
+	HVDK8S_VENV=.venv-tf$* HVDK8S_TF=$* bash scripts/setup.sh
+	touch $@
+
+test-stack: .venv-tf$(TF)/.hvdk8s-setup
+	.venv-tf$(TF)/bin/python -m pytest $(PYTEST_ARGS) $(CORE_TESTS)
 
 clean:
 	rm -rf out .pytest_cache

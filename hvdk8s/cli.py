@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "hvdk8s.benchmarks.cli",
     "hvdk8s.pipeline.cli",
     "hvdk8s.migrate_cli",
+    "hvdk8s.doctor",
 )
 
 
