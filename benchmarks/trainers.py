@@ -99,17 +99,25 @@ class Alternate:
 
 
 class _WindowClock(keras.callbacks.Callback):
-    """Window times from inside ``fit``: a window ends at a marked batch's end, and the next
-    one starts after ``between`` (the paired trainer's window) has run."""
+    """Window times from inside ``fit``: a window ends at the end of the compiled call whose first
+    step is marked, and the next one starts after ``between`` (the paired trainer's window) has run.
+
+    The call is known by the step ``on_train_batch_begin`` gets, its first on every Keras 3;
+    ``on_train_batch_end`` gets the first step on Keras 3.8 and the last one on 3.15.
+    """
 
     def __init__(self, marks: set[int], between: Between | None) -> None:
         super().__init__()
         self.marks, self.between = marks, between
         self.windows: list[float] = []
         self._start: float | None = None
+        self._first_step = -1
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._first_step = batch
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        if batch not in self.marks:
+        if self._first_step not in self.marks:
             return
         if self._start is not None:
             self.windows.append(time.perf_counter() - self._start)
@@ -177,7 +185,7 @@ class KerasFitTrainer(Trainer):
         if warmup < 1 or warmup % k or steps % k:
             raise ValueError(f"warmup={warmup}, steps={steps}: Keras fit timing needs at least one warm-up step, "
                              f"and both must be multiples of steps_per_execution={k}")
-        # fit calls the batch hooks once per compiled call, with the index of the call's first step
+        # fit calls the batch hooks once per compiled call; the clock marks calls by their first step
         clock = _WindowClock({warmup - k + n * steps for n in range(windows + 1)}, between)
         self._fit(warmup + steps * windows, clock)
         return clock.windows

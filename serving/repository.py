@@ -8,10 +8,12 @@ retried only when its files change.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,40 @@ import numpy as np
 from hvdk8s.serving import rest, savedmodel
 
 log = logging.getLogger("hvdk8s.serving")
-IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF8", b"BM")
-"""The starts of the files ``tf.io.decode_image`` recognises (TensorFlow 2.18): JPEG, PNG, GIF, BMP."""
+# How ``tf.io.decode_image`` tells each format it names apart (DecodeImageV2Op's ClassifyFileFormat,
+# tensorflow/core/kernels/image/decode_image_op.cc; JPEG XL by its codestream and container signatures).
+IMAGE_SIGNATURES: dict[str, Callable[[bytes], bool]] = {
+    "JPEG": lambda b: b.startswith(b"\xff\xd8\xff"),
+    "PNG": lambda b: b.startswith(b"\x89PNG\r\n\x1a\n"),
+    "GIF": lambda b: b.startswith(b"GIF8"),
+    "BMP": lambda b: b.startswith(b"BM"),
+    "WebP": lambda b: len(b) > 12 and b.startswith(b"RIFF") and b[8:12] == b"WEBP",
+    "JPEG XL": lambda b: b.startswith((b"\xff\x0a", b"\x00\x00\x00\x0cJXL \r\n\x87\n")),
+}
+_UNKNOWN_FORMAT = re.compile(r"Unknown image file format\. One of (.+?) required\.")
+
+
+@functools.cache
+def image_check() -> tuple[str, Callable[[bytes], bool]] | None:
+    """The installed TensorFlow's refusal of unknown image bytes, and a test for the formats it names.
+
+    TensorFlow 2.18 decodes JPEG, PNG, GIF and BMP, 2.21 also WebP and JPEG XL; its own message says
+    which, so one refused decode of a non-image tells both. None (no check) if it names a format
+    without a known signature: then TensorFlow alone decides.
+    """
+    import tensorflow as tf
+
+    try:
+        tf.io.decode_image(b"hvdk8s")
+    except tf.errors.InvalidArgumentError as err:
+        match = _UNKNOWN_FORMAT.search(str(err.message))
+    else:
+        return None
+    names = match.group(1).split(", ") if match else []
+    if not names or any(name not in IMAGE_SIGNATURES for name in names):
+        return None
+    tests = [IMAGE_SIGNATURES[name] for name in names]
+    return match.group(0), lambda data: any(test(data) for test in tests)
 
 
 @dataclass
@@ -54,11 +88,12 @@ class Servable:
         fail inside TensorFlow.
         """
         name = self.image_inputs.get(signature)
+        known = image_check() if name in arrays else None
         for data in arrays[name].ravel() if name in arrays else ():
             if not data:
                 raise rest.invalid("Input is empty.")
-            if not data.startswith(IMAGE_MAGIC):
-                raise rest.invalid("Unknown image file format. One of JPEG, PNG, GIF, BMP required.")
+            if known and not known[1](data):
+                raise rest.invalid(known[0])
 
     def run(self, signature: str, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Call a signature; TensorFlow errors become ``ServingError`` with the same status code."""
