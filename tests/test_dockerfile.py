@@ -1,9 +1,12 @@
-"""Dockerfile.gpu, without a Docker engine: it installs exactly pyproject.toml's
-pins, builds the Horovod that scripts/setup.sh builds (plus NCCL), sits on the
-CUDA TensorFlow was tested with, agrees with what rendered MPIJobs expect of
-the image, and passes hadolint."""
+"""Dockerfile.gpu, without a Docker engine: it installs pyproject.toml's requirements under the
+default stack's constraints (scripts/stacks/), sits on the CUDA TensorFlow was built with and pins
+TensorFlow's CUDA wheels to that CUDA, builds Horovod with scripts/install-horovod.sh (sha-checked
+sdist, the same patch) plus NCCL, agrees with what rendered MPIJobs expect of the image, and passes
+hadolint."""
 from __future__ import annotations
 
+import fnmatch
+import importlib.metadata
 import re
 import shutil
 import subprocess
@@ -12,6 +15,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from hvdk8s.mpijob import load_spec, render
 from hvdk8s.mpijob.spec import JobSpec, User
@@ -19,9 +23,27 @@ from hvdk8s.mpijob.spec import JobSpec, User
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile.gpu"
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-# TensorFlow's tested GPU builds (tensorflow.org/install/source#gpu), checked
-# against the CUDA wheels tensorflow[and-cuda]==2.18.1 pins (12.5.82, cuDNN 9.3.0.75).
-TF_CUDA = {"2.18.1": "12.5"}
+INSTALL_HOROVOD = REPO / "scripts" / "install-horovod.sh"
+# The CUDA each TensorFlow's GPU wheel was built with: build_info.py inside tensorflow-<v>-cp311
+# manylinux wheel (2.21.0: cuda_version '12.5.1', cudnn_version '9'), matching tensorflow.org's
+# tested configurations and the CUDA 12.5.1 component wheels of the [and-cuda] extra.
+TF_CUDA = {"2.18.1": "12.5", "2.21.0": "12.5"}
+# tensorflow==2.21.0's Requires-Dist lines for the and-cuda extra (floors = CUDA 12.5.1's components,
+# cuDNN 9.3, NCCL 2.27.7); checked against the installed TensorFlow's metadata when it is 2.21.0.
+TF_2_21_AND_CUDA = [
+    'nvidia-cublas-cu12<13.0,>=12.5.3.2; extra == "and-cuda"',
+    'nvidia-cuda-cupti-cu12<13.0,>=12.5.82; extra == "and-cuda"',
+    'nvidia-cuda-nvcc-cu12<13.0,>=12.5.82; extra == "and-cuda"',
+    'nvidia-cuda-nvrtc-cu12<13.0,>=12.5.82; extra == "and-cuda"',
+    'nvidia-cuda-runtime-cu12<13.0,>=12.5.82; extra == "and-cuda"',
+    'nvidia-cudnn-cu12<10.0,>=9.3.0.75; extra == "and-cuda"',
+    'nvidia-cufft-cu12<12.0,>=11.2.3.61; extra == "and-cuda"',
+    'nvidia-curand-cu12<11.0,>=10.3.6.82; extra == "and-cuda"',
+    'nvidia-cusolver-cu12<12.0,>=11.6.3.83; extra == "and-cuda"',
+    'nvidia-cusparse-cu12<13.0,>=12.5.1.3; extra == "and-cuda"',
+    'nvidia-nccl-cu12<3.0,>=2.27.7; extra == "and-cuda"',
+    'nvidia-nvjitlink-cu12<13.0,>=12.5.82; extra == "and-cuda"',
+]
 
 
 def instructions() -> list[tuple[str, str]]:
@@ -46,25 +68,73 @@ def run_containing(marker: str) -> str:
     return run
 
 
-def test_installs_exactly_the_pyproject_pins():
-    """Run the Dockerfile's own requirements step on pyproject.toml and compare."""
+def index_of(keyword: str, marker: str) -> int:
+    (i,) = [i for i, (kw, rest) in enumerate(instructions()) if kw == keyword and marker in rest]
+    return i
+
+
+def default_stack() -> tuple[str, dict[str, str]]:
+    """(TF_STACK, {name: version}) of the stack the image builds by default."""
+    stack = arg_default("TF_STACK")
+    pins = {}
+    for line in (REPO / "scripts" / "stacks" / f"tf-{stack}.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"stack tf-{stack}.txt: {line!r} is not an exact pin"
+            pins[name.strip().lower().replace("_", "-")] = version.strip()
+    return stack, pins
+
+
+def floors_code() -> str:
+    return re.search(r"python -c '(import importlib\.metadata.*?)'", run_containing("cuda-wheels.txt")).group(1)
+
+
+def test_installs_pyproject_under_the_default_stack_constraints():
+    """Run the Dockerfile's own requirements step on pyproject.toml; every pip install in that step
+    goes through the stack's constraints, which pin whatever pyproject.toml leaves as a range."""
+    stack, pins = default_stack()
+    setup_sh = (REPO / "scripts" / "setup.sh").read_text()
+    assert stack == re.search(r"^TF_STACK=\$\{HVDK8S_TF:-([\d.]+)\}$", setup_sh, re.M).group(1) == "2.21"
+    assert index_of("COPY", "scripts/stacks/") < index_of("RUN", "tomllib")
+
     step = run_containing("tomllib")
     code = re.search(r"python -c '(.*?)' > /tmp/requirements.txt", step).group(1)
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     project = PYPROJECT["project"]
-    assert out.splitlines() == project["dependencies"] + project["optional-dependencies"]["gpu"]
-    assert "tensorflow[and-cuda]==2.18.1" in out.splitlines()
-    assert all("==" in req for req in out.splitlines()), "every requirement pinned"
-    assert "--no-binary mpi4py" in step  # built against the image's Open MPI, like scripts/setup.sh
-    # hvdk8s itself then adds nothing unpinned
+    requirements = out.splitlines()
+    assert requirements == project["dependencies"] + project["optional-dependencies"]["gpu"]
+    assert any(Requirement(r).name == "tensorflow" and "and-cuda" in Requirement(r).extras for r in requirements)
+    for req in map(Requirement, requirements):  # the image gets the stack's exact version, in range
+        if not str(req.specifier).startswith("=="):
+            assert req.name in pins, f"{req.name}: pyproject has a range, tf-{stack}.txt must pin it"
+            assert req.specifier.contains(pins[req.name]), f"{req.name}=={pins[req.name]} outside {req.specifier}"
+    assert pins["tensorflow"] == "2.21.0" and pins["keras"] == "3.15.1"
+
+    assert 'STACK="scripts/stacks/tf-${TF_STACK}.txt"' in step
+    installs = [part.strip() for part in step.split("&&") if part.strip().startswith("pip install")]
+    assert len(installs) == 3 and all('-c "$STACK"' in pip for pip in installs), installs
+    assert all("--no-binary mpi4py -c" in pip for pip in installs[:2])  # built against the image's Open MPI
+    assert installs[-1].endswith("--no-deps -c \"$STACK\" tensorflow-serving-api")  # as scripts/setup.sh
+    assert "tensorflow-serving-api" in pins
+    assert "--no-deps" in installs[0] and "-c /tmp/cuda-wheels.txt -r /tmp/requirements.txt" in installs[1]
+    # hvdk8s itself then adds nothing
     assert "pip install --no-cache-dir --no-deps ." in run_containing("/app/examples")
 
 
-def test_tensorflow_cuda_and_python_match():
-    (tf_req,) = [r for r in PYPROJECT["project"]["optional-dependencies"]["gpu"] if r.startswith("tensorflow")]
-    tf_version = tf_req.partition("==")[2]
-    assert tf_version in TF_CUDA, f"TensorFlow {tf_version}: add its tested CUDA version to TF_CUDA and Dockerfile.gpu"
-    assert arg_default("CUDA_VERSION").startswith(TF_CUDA[tf_version] + ".")
+def run_floors(requires: list[str]) -> dict[str, str]:
+    """The Dockerfile's and-cuda floors step, on the given Requires-Dist lines of `tensorflow`."""
+    code = "import importlib.metadata as m\nm.requires = lambda name: REQUIRES if name == 'tensorflow' else None\n"
+    out = subprocess.run([sys.executable, "-c", f"REQUIRES = {requires!r}\n{code}{floors_code()}"],
+                         capture_output=True, text=True, check=True).stdout
+    return dict(line.split("==") for line in out.splitlines())
+
+
+def test_cuda_base_and_cuda_wheels_match_tensorflows_cuda():
+    stack, pins = default_stack()
+    tf_version = pins["tensorflow"]
+    assert tf_version in TF_CUDA, f"TensorFlow {tf_version}: add its CUDA version to TF_CUDA and Dockerfile.gpu"
+    cuda = TF_CUDA[tf_version]
+    assert arg_default("CUDA_VERSION").startswith(cuda + ".")
     froms = [rest for kw, rest in instructions() if kw == "FROM"]
     assert froms == [
         "nvidia/cuda:${CUDA_VERSION}-devel-${UBUNTU} AS build",
@@ -73,25 +143,68 @@ def test_tensorflow_cuda_and_python_match():
     assert PYPROJECT["project"]["requires-python"] == ">=3.11,<3.12"
     assert "python3.11 -m venv /opt/hvdk8s" in run_containing("-m venv")
 
+    # TensorFlow's CUDA wheels are pinned to the floors of its and-cuda extra: CUDA `cuda`, as the base
+    for installed in ("tensorflow", "tensorflow-cpu"):  # same Requires-Dist lines in both
+        try:
+            if importlib.metadata.version(installed) == tf_version == "2.21.0":
+                and_cuda = [r for r in importlib.metadata.requires(installed) if "and-cuda" in r]
+                assert sorted(and_cuda) == sorted(TF_2_21_AND_CUDA)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    wheels = run_floors(["numpy>=1.26.0", 'pytest; extra == "test"', *TF_2_21_AND_CUDA])
+    assert len(wheels) == len(TF_2_21_AND_CUDA)
+    assert wheels["nvidia-cuda-runtime-cu12"].startswith(cuda + ".")
+    assert wheels["nvidia-cuda-nvcc-cu12"].startswith(cuda + ".")
+    assert wheels["nvidia-cudnn-cu12"] == "9.3.0.75" and wheels["nvidia-nccl-cu12"] == "2.27.7"
+    # TensorFlow 2.18.1's exact pins pass through unchanged
+    assert run_floors(['nvidia-nccl-cu12==2.21.5; extra == "and-cuda"']) == {"nvidia-nccl-cu12": "2.21.5"}
 
-def test_horovod_build_matches_setup_script_plus_nccl():
-    setup_sh = (REPO / "scripts" / "setup.sh").read_text()
-    assert arg_default("HOROVOD_VERSION") == re.search(r"^HOROVOD_VERSION=(\S+)$", setup_sh, re.M).group(1) == "0.28.1"
-    build = run_containing("horovod==")
-    for flag in (
-        "HOROVOD_GPU_OPERATIONS=NCCL",
-        "HOROVOD_WITH_TENSORFLOW=1",
-        "HOROVOD_WITH_MPI=1",
-        "HOROVOD_WITH_GLOO=1",
-        "HOROVOD_WITHOUT_PYTORCH=1",
-        "HOROVOD_WITHOUT_MXNET=1",
-        "CMAKE_POLICY_VERSION_MINIMUM=3.5",
-        "--no-build-isolation",
-    ):
+
+def test_horovod_built_by_install_script_with_the_patch_plus_nccl():
+    script = INSTALL_HOROVOD.read_text()
+    build = run_containing("install-horovod.sh")
+    assert "bash scripts/install-horovod.sh" in build
+    assert index_of("COPY", "scripts/install-horovod.sh") < index_of("RUN", "install-horovod.sh")
+    assert index_of("COPY", "scripts/patches/") < index_of("RUN", "install-horovod.sh")
+    # the script: sha256-checked sdist, the repo's patch, the same build flags as everywhere else
+    assert re.search(r"^HOROVOD_VERSION=0\.28\.1$", script, re.M)
+    sha = re.search(r"^HOROVOD_SDIST_SHA256=([0-9a-f]{64})$", script, re.M).group(1)
+    assert "sha256sum --check" in script
+    patch_path = re.search(r'^PATCH="\$here/(\S+)"$', script, re.M).group(1)
+    patch = INSTALL_HOROVOD.parent / patch_path
+    assert patch == REPO / "scripts" / "patches" / "horovod-0.28.1-tf2.21.patch" and patch.is_file()
+    assert f"sha256 {sha}" in patch.read_text().split("\ndiff ", 1)[0]  # the patch is for that very sdist
+    assert re.search(r'patch -s -p1 -d "\$tmp/horovod-\$HOROVOD_VERSION" < "\$PATCH"', script)
+    wheel = script[script.index("env HOROVOD_WITH_TENSORFLOW=1"):script.index("wheel --no-build-isolation")]
+    for flag in ("HOROVOD_WITH_TENSORFLOW=1", "HOROVOD_WITH_MPI=1", "HOROVOD_WITH_GLOO=1",
+                 "HOROVOD_WITHOUT_PYTORCH=1", "HOROVOD_WITHOUT_MXNET=1", "CMAKE_POLICY_VERSION_MINIMUM=3.5"):
+        assert flag in wheel, flag
+    # the image adds NCCL on the NCCL wheel TensorFlow installed, found by the loader at run time
+    for flag in ("HOROVOD_GPU_OPERATIONS=NCCL", 'HOROVOD_NCCL_INCLUDE="$NCCL_DIR/include"',
+                 'HOROVOD_NCCL_LIB="$NCCL_DIR/lib"', "HOROVOD_NCCL_LINK=SHARED",
+                 "HOROVOD_CUDA_HOME=/usr/local/cuda", 'HOROVOD_BUILD_CUDA_CC_LIST="$CUDA_ARCHS"'):
         assert flag in build, flag
-    # NCCL: the wheel TensorFlow pins, found by the loader at run time
-    assert 'HOROVOD_NCCL_LIB="$NCCL_DIR/lib"' in build
     assert "nvidia/nccl/lib > /etc/ld.so.conf.d/" in run_containing("ldconfig")
+    # the build stage has every tool the script checks for
+    tools = re.search(r"for tool in ([^;]+); do", script).group(1).split()
+    debian = {"mpicxx": "libopenmpi-dev", "cmake": "cmake", "g++": "g++", "make": "make", "patch": "patch"}
+    assert set(tools) <= set(debian), f"map {set(tools) - set(debian)} to Debian packages"
+    froms = [i for i, (kw, _) in enumerate(instructions()) if kw == "FROM"]
+    build_stage = instructions()[froms[0]:froms[1]]
+    (apt,) = [rest for kw, rest in build_stage if kw == "RUN" and "apt-get install" in rest]
+    assert all(f" {debian[tool]} " in f" {apt} " for tool in tools), apt
+
+
+def test_build_context_has_what_the_build_copies():
+    ignored = [p.strip() for p in (REPO / "Dockerfile.gpu.dockerignore").read_text().splitlines()
+               if p.strip() and not p.startswith("#")]
+    copied = [rest.split()[0].rstrip("/") for kw, rest in instructions() if kw == "COPY" and not rest.startswith("--")]
+    assert {"pyproject.toml", "scripts/stacks", "scripts/install-horovod.sh", "scripts/patches", "."} <= set(copied)
+    for path in copied:
+        assert (REPO / path).exists(), path
+        parts = Path(path).parts  # an ignored directory takes everything under it along
+        prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+        assert not any(fnmatch.fnmatch(p, pattern) for p in prefixes for pattern in ignored), path
 
 
 def test_image_fits_what_rendered_mpijobs_expect():
