@@ -25,11 +25,17 @@ missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
 done
+# TensorFlow 2.18-2.21 and this venv want Python 3.11 (Debian 12's python3); elsewhere bring your own PYTHON.
+if ! command -v "$PYTHON" >/dev/null; then
+  [ "$PYTHON" = python3.11 ] || { echo "[setup] error: PYTHON=$PYTHON not found" >&2; exit 2; }
+  missing+=(python3.11 python3.11-venv python3.11-dev)
+fi
 if ((${#missing[@]})); then
   log "installing Debian packages: ${missing[*]}"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+    || { echo "[setup] error: apt-get could not install ${missing[*]} (python3.11 comes with Debian 12; elsewhere set PYTHON to a Python 3.11)" >&2; exit 2; }
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then
