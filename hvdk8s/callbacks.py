@@ -16,7 +16,7 @@ import keras
 
 from hvdk8s import collectives, fit_step, runtime, schedule
 from hvdk8s.collectives import variable_key
-from hvdk8s.optimizer import is_distributed
+from hvdk8s.optimizer import is_distributed, reduces_gradients
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -59,7 +59,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         optimizer = self.model.optimizer
-        if optimizer is not None and not is_distributed(optimizer) and runtime.size() > 1:
+        if optimizer is not None and not reduces_gradients(optimizer) and runtime.size() > 1:
             warnings.warn(
                 f"hvdk8s: the model's optimizer ({type(optimizer).__name__}) is not a DistributedOptimizer, so each "
                 "rank applies only its own gradients and the ranks diverge; wrap it with "

@@ -247,6 +247,12 @@ def runtime_size(process_set: Any = global_process_set) -> tf.Tensor:
     return hvd.size_op(process_set_id=process_set.process_set_id)
 
 
+def all_true(flag: Any, process_set: Any = global_process_set, name: str = "hvdk8s.all_true") -> tf.Tensor:
+    """Whether a boolean tensor is true on every rank (one scalar allreduce; usable in a traced step)."""
+    count = hvd.allreduce(tf.cast(flag, tf.int32), op=Sum, name=name, process_set=process_set)
+    return tf.equal(count, runtime_size(process_set))
+
+
 def broadcast_variables(variables: Sequence[Any], root_rank: int = 0, process_set: Any = global_process_set) -> None:
     """Overwrite ``variables`` on every rank with their values on ``root_rank`` (one traced group of broadcasts)."""
     if variables:

@@ -29,6 +29,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from hvdk8s.optimizer import distribute_loss_scale
+
 _ITERATORS = (tf.data.Iterator, tf.distribute.DistributedIterator)
 
 
@@ -65,8 +67,14 @@ def install(model: keras.Model) -> None:
     """Make ``model.fit`` call a ``LeanTrainFunction`` per step where it ``applies``; idempotent.
 
     One installed function serves every later ``fit`` until ``compile``
-    resets it, so its step is traced once, as Keras's is.
+    resets it, so its step is traced once, as Keras's is. First, the
+    ``LossScaleOptimizer`` that ``compile`` wraps around a
+    ``DistributedOptimizer`` under ``mixed_float16`` is made to reduce before
+    it checks the gradients (``optimizer.distribute_loss_scale``), so no rank
+    decides on its own gradients.
     """
+    if distribute_loss_scale(model.optimizer):
+        model.make_train_function(force=True)  # a step traced before the change would decide per rank
     model.make_train_function()  # Keras's own, unless there is a train function already
     current = model.train_function
     if not isinstance(current, LeanTrainFunction) and applies(model):

@@ -6,11 +6,23 @@ Keras 3 its ``fit`` silently applies each rank's own gradients. Here the
 wrapped optimizer reduces in Keras 3's public ``apply``, which ``model.fit``,
 ``apply_gradients`` and custom loops all go through, with Horovod's arguments,
 defaults and semantics.
+
+Mixed precision: Keras 3's ``LossScaleOptimizer`` checks the gradients for
+inf/NaN and only calls its inner optimizer's ``apply`` when they are finite. Around a
+``DistributedOptimizer`` that check would see each rank's own gradients, so a
+rank whose float16 gradients overflow skips the reduction the others wait in.
+``DistributedOptimizer(LossScaleOptimizer(opt))``, and the wrapper ``compile``
+puts around a ``DistributedOptimizer`` (made distributed-aware when it builds
+its inner optimizer), reduce the scaled gradients first, as Horovod does under
+Keras 2, so every rank takes the same decision.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Iterable, Sequence
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import keras
@@ -46,6 +58,7 @@ class _DistributedMixin:
     ``fused.FusedSGD`` between the two: the same update in one kernel per variable.
     """
 
+    _hvdk8s_base: type
     _hvdk8s_reduction: GradientReduction
     _hvdk8s_passes: int
     _hvdk8s_average_passes: bool
@@ -60,22 +73,41 @@ class _DistributedMixin:
             self.__dict__["_hvdk8s_local_keys"] = set()
         return self.__dict__["_hvdk8s_local_keys"]
 
+    def build(self, variables: list[Any]) -> None:
+        super().build(variables)  # type: ignore[misc]
+        # A LossScaleOptimizer builds its inner optimizer in its own build, which fit runs before it traces
+        # the first step (also without hvdk8s's callbacks, e.g. an elastic script's warm-up fit): switch it
+        # over here, so its first traced step already reduces before deciding.
+        distribute_loss_scale(_wrapping_loss_scale(self))
+
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
         grads = list(grads)
         variables = None if trainable_variables is None else list(trainable_variables)
+        if self.__dict__.get("_hvdk8s_reduced"):
+            # Called by its distributed LossScaleOptimizer with gradients already reduced (and unscaled).
+            return self._update(grads, variables)
         if variables is not None and not self.built:  # type: ignore[attr-defined]
             self.build(variables)  # type: ignore[attr-defined]  # not inside a tf.cond branch
-        applied = self._apply_passes(grads, variables)
+        applied = self._apply_passes(grads, variables, self._update)
         schedule.after_update(self)
         return applied
 
-    def _apply_passes(self, grads: list[Any], variables: list[Any] | None) -> Any:
-        """Reduce and apply, or with ``backward_passes_per_step`` > 1 accumulate until the pass that applies."""
-        base = super()
+    def _update(self, reduced: list[Any], variables: list[Any] | None) -> Any:
+        """The wrapped optimizer's own update, with reduced gradients."""
+        schedule.before_update(self)
+        return super().apply(reduced, variables)  # type: ignore[misc]
+
+    def _apply_passes(
+        self, grads: list[Any], variables: list[Any] | None, update: Callable[[list[Any], list[Any] | None], Any]
+    ) -> Any:
+        """Reduce, then ``update``; with ``backward_passes_per_step`` > 1 accumulate until the pass that updates.
+
+        ``update`` is ``_update``, or a distributed ``LossScaleOptimizer``'s
+        decision (which may skip the update: ``iterations`` then does not count
+        that pass, as in Keras).
+        """
         if self._hvdk8s_passes == 1:
-            reduced = self._reduce(grads, variables)
-            schedule.before_update(self)
-            return base.apply(reduced, variables)  # type: ignore[misc]
+            return update(self._reduce(grads, variables), variables)
         acc = self.__dict__.get("_hvdk8s_acc")
         if acc is None:
             acc = self.__dict__["_hvdk8s_acc"] = _Accumulators(grads)
@@ -89,8 +121,7 @@ class _DistributedMixin:
             reduced = self._reduce(summed, variables)
             if self._hvdk8s_average_passes:
                 reduced = [None if r is None else r / self._hvdk8s_passes for r in reduced]
-            schedule.before_update(self)
-            base.apply(reduced, variables)  # type: ignore[misc]
+            update(reduced, variables)
             # The next cycle starts from zero (Horovod clears when its counter is back at 0), so a
             # non-finite gradient never leaks into it.
             acc.counter.assign(0)
@@ -144,6 +175,118 @@ def _divide(grad: Any, size: tf.Tensor) -> Any:
     return grad / tf.cast(size, grad.dtype)
 
 
+class _DistributedLossScaleMixin:
+    """Placed in front of ``keras.optimizers.LossScaleOptimizer`` whose inner optimizer is a ``DistributedOptimizer``.
+
+    ``apply`` gives the scaled gradients to the inner optimizer's own pass
+    handling (local variables, compression, ``backward_passes_per_step``
+    accumulation), which reduces them and, on the pass that updates, hands the
+    reduced gradients to Keras's ``LossScaleOptimizer.apply`` instead of its own
+    update. Keras's check for inf/NaN, its unscaling, the scale's halving and
+    growth all run unchanged, on gradients every rank holds alike, so every rank
+    skips the same steps and keeps the same scale. The inner optimizer's update
+    then runs without reducing again. The class keeps Keras's name, module and
+    config, so saved models load with plain Keras.
+    """
+
+    inner_optimizer: Any
+
+    def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
+        inner = self.inner_optimizer
+        grads = list(grads)
+        variables = None if trainable_variables is None else list(trainable_variables)
+        if not self.built:  # type: ignore[attr-defined]
+            self.build(variables)  # type: ignore[attr-defined]  # builds the inner optimizer too; not inside a tf.cond
+        applied = inner._apply_passes(grads, variables, self._decide)
+        schedule.after_update(inner)
+        return applied
+
+    def check_finite(self, grads: Any) -> Any:
+        """Keras's check; outside ``apply``'s reduced path, agreed across ranks (a step traced before the switch)."""
+        finite = super().check_finite(grads)  # type: ignore[misc]
+        if self.inner_optimizer.__dict__.get("_hvdk8s_reduced"):
+            return finite  # reduced gradients: the same on every rank
+        # The step being traced started in Keras's apply, before this wrapper was switched over (Keras 3.15's
+        # fit builds the optimizer inside its first step): every rank must take the same branch, and the
+        # inner optimizer then reduces in it as usual.
+        return collectives.all_true(finite)
+
+    def _decide(self, reduced: list[Any], variables: list[Any] | None) -> None:
+        """Keras's loss-scale step on reduced gradients; the inner optimizer updates without reducing."""
+        with _reduced(self.inner_optimizer):
+            super().apply(reduced, variables)  # type: ignore[misc]
+
+    def register_local_var(self, var: Any) -> None:
+        """The inner ``DistributedOptimizer``'s (``PartialDistributedOptimizer`` registers its local layers here)."""
+        self.inner_optimizer.register_local_var(var)
+
+
+@contextlib.contextmanager
+def _reduced(optimizer: Any) -> Iterator[None]:
+    """While tracing (or running) the body, ``optimizer.apply`` takes its gradients as already reduced."""
+    optimizer.__dict__["_hvdk8s_reduced"] = True
+    try:
+        yield
+    finally:
+        optimizer.__dict__.pop("_hvdk8s_reduced", None)
+
+
+@functools.cache
+def _loss_scale_class(base: type) -> type:
+    if issubclass(base, _DistributedLossScaleMixin):
+        return base
+    return type(base.__name__, (_DistributedLossScaleMixin, base), {"__module__": base.__module__})
+
+
+def distribute_loss_scale(optimizer: Any) -> bool:
+    """Make a ``LossScaleOptimizer`` around a ``DistributedOptimizer`` reduce before its finiteness check.
+
+    ``model.compile`` puts such a wrapper around the model's optimizer under the
+    ``mixed_float16`` policy. Called when the wrapper builds its inner optimizer
+    (Keras 3.8's ``fit`` builds it before tracing the first step, 3.15's inside
+    that step, whose decision ``check_finite`` then agrees across ranks) and by
+    ``fit_step.install`` (hvdk8s's callbacks, which retrace the step). It changes
+    the object in place (its class becomes the distributed-aware subclass, which
+    overrides only ``apply`` and ``check_finite``), so its variables, its state
+    and every reference to it (elastic state, checkpoints) stay as they are.
+    Returns whether it changed anything.
+    """
+    if (
+        isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        and not isinstance(optimizer, _DistributedLossScaleMixin)
+        and is_distributed(optimizer.inner_optimizer)
+    ):
+        optimizer.__class__ = _loss_scale_class(type(optimizer))
+        return True
+    return False
+
+
+# Keras's LossScaleOptimizer calls its inner optimizer's ``build`` directly from its own ``build``; a few
+# more frames allow for wrappers (name scopes, distribution strategies).
+_CALLER_DEPTH = 6
+
+
+def _wrapping_loss_scale(optimizer: Any) -> Any:
+    """The ``LossScaleOptimizer`` whose method called ``optimizer``'s caller, if any, found up the stack.
+
+    Keras gives an inner optimizer no reference to its wrapper, and ``compile``
+    creates the wrapper itself; the call stack is the only place it shows.
+    """
+    frame = inspect.currentframe()
+    try:
+        frame = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
+        for _ in range(_CALLER_DEPTH):
+            if frame is None:
+                return None
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, keras.optimizers.LossScaleOptimizer) and owner.inner_optimizer is optimizer:
+                return owner
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
+
+
 def DistributedOptimizer(
     optimizer: keras.optimizers.Optimizer,
     name: str | None = None,
@@ -175,12 +318,30 @@ def DistributedOptimizer(
     ``average_aggregated_gradients=True``). ``name`` prefixes the allreduce ops.
     ``op=Adasum`` reduces each tensor on its own (Horovod 0.28.1's grouped
     Adasum fails) and is refused with ``groups``.
+
+    A ``keras.optimizers.LossScaleOptimizer`` comes back as one (same scale
+    settings and config, so ``compile`` does not wrap it again) around the
+    distributed inner optimizer, reducing the scaled gradients before Keras
+    checks them for inf/NaN, so all ranks skip the same steps. An optimizer
+    that is already distributed is wrapped afresh with these settings.
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"optimizer: expected a keras.optimizers.Optimizer, got {type(optimizer).__name__}")
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step={backward_passes_per_step}: must be >= 1")
-    base = type(optimizer)
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        inner = DistributedOptimizer(
+            optimizer.inner_optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+            compression=compression, sparse_as_dense=sparse_as_dense,
+            gradient_predivide_factor=gradient_predivide_factor, op=op,
+            backward_passes_per_step=backward_passes_per_step,
+            average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups,
+            process_set=process_set, scale_local_gradients=scale_local_gradients,
+        )
+        config = optimizer.get_config()
+        del config["inner_optimizer"]
+        return _loss_scale_class(type(optimizer))(inner, **config)
+    base = optimizer._hvdk8s_base if is_distributed(optimizer) else type(optimizer)
     reduction = GradientReduction.create(
         op=op, compression=compression, sparse_as_dense=sparse_as_dense,
         gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups,
@@ -192,6 +353,7 @@ def DistributedOptimizer(
         reduction = dataclasses.replace(reduction, sparse_as_dense=True)
     cls = type(base.__name__, (_DistributedMixin, *fused_bases(base), base), {
         "__module__": base.__module__,
+        "_hvdk8s_base": base,
         "_hvdk8s_reduction": reduction,
         "_hvdk8s_passes": int(backward_passes_per_step),
         "_hvdk8s_average_passes": bool(average_aggregated_gradients),
@@ -229,13 +391,28 @@ def PartialDistributedOptimizer(
 
 
 def is_distributed(optimizer: Any) -> bool:
-    """True for an optimizer made by ``DistributedOptimizer`` (or loaded by ``hvdk8s.load_model``)."""
+    """True for an optimizer made by ``DistributedOptimizer`` (or loaded by ``hvdk8s.load_model``).
+
+    False for a ``LossScaleOptimizer`` around one, whose skipped steps
+    ``iterations`` does not count (``reduces_gradients`` is True for both).
+    """
     return isinstance(optimizer, _DistributedMixin)
 
 
 def is_distributed_class(cls: type) -> bool:
-    """True for the classes ``DistributedOptimizer`` creates."""
-    return issubclass(cls, _DistributedMixin)
+    """True for the classes ``DistributedOptimizer`` creates (loss-scale wrappers included)."""
+    return issubclass(cls, (_DistributedMixin, _DistributedLossScaleMixin))
+
+
+def reduces_gradients(optimizer: Any) -> bool:
+    """Whether ``optimizer``'s updates use gradients reduced across ranks.
+
+    A ``DistributedOptimizer``, or a ``LossScaleOptimizer`` around one (which
+    ``distribute_loss_scale`` makes reduce before its finiteness check).
+    """
+    return is_distributed(optimizer) or (
+        isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and is_distributed(optimizer.inner_optimizer)
+    )
 
 
 class DistributedGradientTape:
@@ -245,6 +422,8 @@ class DistributedGradientTape:
     usage) or records itself (``with DistributedGradientTape() as tape``).
     Everything except ``gradient`` is the wrapped tape's. For custom loops that
     apply with a plain optimizer; use it or ``DistributedOptimizer``, not both.
+    With mixed precision, ``keras.optimizers.LossScaleOptimizer(opt)`` around a
+    plain optimizer checks the reduced gradients, so every rank skips alike.
     """
 
     def __init__(

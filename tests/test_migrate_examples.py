@@ -61,6 +61,16 @@ def test_tensorflow2_keras_mnist_trains_on_2_ranks(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1.keras", "checkpoint-2.keras"]
 
 
+def test_tensorflow2_keras_mnist_elastic_with_mixed_precision_trains_on_2_ranks(tmp_path: Path) -> None:
+    """``--use-mixed-precision``: compile wraps the DistributedOptimizer in Keras's LossScaleOptimizer, and the
+    example's warm-up fit has no hvdk8s callback; a rank deciding alone to skip a step would hang the job."""
+    migrated(tmp_path, "tensorflow2_keras_mnist_elastic.py")
+    env = {**example_env(2, 2), "HOROVOD_STALL_CHECK_TIME_SECONDS": "5", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "30"}
+    out = run_example(tmp_path, ["-np", "2", "tensorflow2_keras_mnist_elastic.py", "--use-mixed-precision"], env)
+    assert re.search(r"^\[0\] Epoch 2/2", out, re.M) and re.search(r"^\[1\] Epoch 2/2", out, re.M), out[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1.keras", "checkpoint-2.keras"]
+
+
 def kill_after(job: subprocess.Popen[str], seconds: float) -> threading.Timer:
     """Kill ``job``'s process group (horovodrun and its workers) in ``seconds`` unless cancelled."""
     timer = threading.Timer(seconds, os.killpg, (job.pid, signal.SIGKILL))
