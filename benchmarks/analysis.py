@@ -121,10 +121,21 @@ def tta_rate(run: dict[str, Any]) -> float:
     return epoch_examples(run) * last["epoch"] / last["train_seconds"]
 
 
+def stack_label(stack: dict[str, str]) -> str:
+    """``TensorFlow 2.18.1, Keras 3.8.0``: the stack a launch ran (its worker's ``stack``)."""
+    return f"TensorFlow {stack['tensorflow']}, Keras {stack['keras']}"
+
+
 def knob_study(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each knob's hvdk8s and raw-loop rates over the baseline's in the same round (per workload)."""
+    """Each knob's hvdk8s and raw-loop rates over the baseline's in the same round (per workload), and its
+    launches' hvdk8s/raw-loop ratio. Where the launches recorded their stack (results since stack knobs):
+    ``stack``, the TensorFlow/Keras they ran, and ``baseline_hvdk8s_over_raw``, the baseline launches'
+    hvdk8s/raw-loop ratio in the same rounds, to put beside the knob's (another stack's, for a stack knob)."""
     rates: dict[tuple[str, str, int], dict[str, float]] = {}
+    stacks: dict[str, set[str]] = defaultdict(set)
     for run in raw:
+        if "stack" in run["result"]:
+            stacks[run["knob"]].add(stack_label(run["result"]["stack"]))
         for w in run["result"]["throughput"]:
             rates[(run["knob"], w["workload"], run["round"])] = {
                 "hvdk8s": _median_rate(w), "horovod": _median_rate(w, "paired_raw_window_seconds"),
@@ -136,7 +147,10 @@ def knob_study(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for who in rate:
                 rows[(knob, workload)][who].append(rate[who] / base[who])
             rows[(knob, workload)]["hvdk8s_over_raw"].append(rate["hvdk8s"] / rate["horovod"])
-    return [{"knob": k, "workload": wl, **{who: summary(v) for who, v in d.items()}} for (k, wl), d in rows.items()]
+            if stacks:  # only where recorded: results from before stack knobs derive as they did
+                rows[(knob, workload)]["baseline_hvdk8s_over_raw"].append(base["hvdk8s"] / base["horovod"])
+    return [{"knob": k, "workload": wl, **({"stack": "; ".join(sorted(stacks[k])) or None} if stacks else {}),
+             **{who: summary(v) for who, v in d.items()}} for (k, wl), d in rows.items()]
 
 
 def profile(raw: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from hvdk8s.errors import UserError
 
-from .knobs import names as knob_names
+from .knobs import KNOBS, settings_names, stacks
 from .settings import DEFAULT_STRATEGIES, STRATEGIES
 
 _SIZE = re.compile(r"^(\d+)\s*([kmg]?)(i?b)?$", re.I)
@@ -38,7 +38,10 @@ def _list(item: Callable[[str], Any], flag: str) -> Callable[[str], tuple[Any, .
 
 
 def _knobs(text: str) -> tuple[str, ...]:
-    return knob_names() if text.strip() == "all" else _list(str.strip, "--knobs")(text)
+    """A comma list; ``all`` (alone or in the list) is every Horovod/Open MPI knob, not the stack knobs, which need
+    their own virtual environments and are named one by one (``all,tf2.18``)."""
+    named = _list(str.strip, "--knobs")(text)
+    return tuple(dict.fromkeys(k for x in named for k in (settings_names() if x == "all" else (x,))))
 
 
 # flag -> (settings field, parser, help)
@@ -69,8 +72,9 @@ OVERRIDES: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "--emulated-train-rates": ("emulated_train_rates", _list(str.strip, "--emulated-train-rates"), "link rates to train on (among --emulated-rates)"),
     "--comm-steps": ("emulated_comm_steps", int, "parameter-server rounds per repeat"),
     "--profile-steps": ("profile_steps", int, "steps per timed window of each phase in --profile"),
-    "--knobs": ("knobs", _knobs, "Horovod/Open MPI knobs to measure against the defaults, comma list or 'all' "
-                f"({','.join(knob_names())})"),
+    "--knobs": ("knobs", _knobs, "knobs to measure against the defaults, comma list; 'all': every Horovod/Open MPI "
+                f"knob ({','.join(settings_names())}); stack knobs, whose ranks run another virtual environment, only "
+                f"by name ({'; '.join(f'{k}: built by {KNOBS[k].build}' for k in stacks())})"),
     "--knob-rounds": ("knob_rounds", int, "interleaved rounds of the knob study"),
     "--timeout": ("launch_timeout_s", float, "seconds before a job is killed"),
 }
@@ -136,7 +140,10 @@ def run(args: argparse.Namespace) -> int:
     from .suite import Suite
 
     settings = settings_from_args(args)
-    suite = Suite(settings, args.out, args.command_line or ["hvdk8s", *sys.argv[1:]])
+    try:
+        suite = Suite(settings, args.out, args.command_line or ["hvdk8s", *sys.argv[1:]])
+    except ValueError as err:  # a stack knob's interpreter is missing or broken: nothing was started
+        raise UserError(str(err)) from None
     results = suite.run()
     paths = report.write(results, args.out)
     print(f"hvdk8s bench: wrote {args.out / 'results.json'} and {paths['markdown']}", flush=True)

@@ -63,6 +63,24 @@ def git_commit() -> dict[str, Any]:
     return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
 
+def stack_versions(load_ops: bool = True) -> dict[str, str]:
+    """The interpreter, TensorFlow, Keras and Horovod this process runs, from the imported modules
+    (what really ran, whichever distribution installed it), and where ``hvdk8s`` was imported from.
+    ``load_ops``: also import ``horovod.tensorflow``, whose op library fails to load where Horovod was
+    built for another TensorFlow (the check before a launch; a worker that ran has no need)."""
+    import horovod
+
+    if load_ops:
+        import horovod.tensorflow  # noqa: F401
+    import keras
+    import tensorflow as tf
+
+    import hvdk8s
+
+    return {"executable": sys.executable, "python": platform.python_version(), "tensorflow": tf.__version__,
+            "keras": keras.__version__, "horovod": horovod.__version__, "hvdk8s": str(Path(hvdk8s.__file__).parent)}
+
+
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 

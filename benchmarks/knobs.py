@@ -1,9 +1,12 @@
-"""Horovod and Open MPI settings the knob study measures, each against the suite's defaults.
+"""Horovod, Open MPI and software-stack settings the knob study measures, each against the suite's defaults.
 
-A knob is an environment (``HOROVOD_*``) and/or Open MPI MCA parameters
-applied to one mpirun launch of the paired hvdk8s/raw-loop training worker at
-N=2; every round runs the baseline and every knob back to back, so each
-knob's effect is a ratio to the baseline of its own round. Pure data.
+A knob is an environment (``HOROVOD_*``), Open MPI MCA parameters and/or the
+Python interpreter (another virtual environment: another TensorFlow/Keras
+stack) applied to one mpirun launch of the paired hvdk8s/raw-loop training
+worker at N=2; every round runs the baseline and every knob back to back, so
+each knob's effect is a ratio to the baseline of its own round, and each
+launch has its own hvdk8s/raw-loop ratio. Pure data: whether an interpreter
+exists and what it runs is found out by ``launch`` (``suite.check_stacks``).
 """
 from __future__ import annotations
 
@@ -14,12 +17,25 @@ from hvdk8s.launcher.mpirun import transport_mca
 
 @dataclass(frozen=True)
 class Knob:
+    """``python``: the interpreter its ranks run, relative to the repository root (or absolute);
+    "" is the one running the suite. ``build``: the command that makes that interpreter."""
+
     env: dict[str, str] = field(default_factory=dict)
     mca: dict[str, str] = field(default_factory=dict)
     what: str = ""
+    python: str = ""
+    build: str = ""
 
 
 BASELINE = "baseline"
+
+
+def stack(tf: str, keras: str) -> Knob:
+    """The supported stack ``make test-stack TF=<tf>`` builds in ``.venv-tf<tf>`` (scripts/stacks/tf-<tf>.txt)."""
+    venv = f".venv-tf{tf}"
+    return Knob(python=f"{venv}/bin/python", build=f"make test-stack TF={tf}",
+                what=f"TensorFlow {tf} / Keras {keras} stack: the ranks run {venv}/bin/python")
+
 
 KNOBS: dict[str, Knob] = {
     BASELINE: Knob(what="the suite's settings: Horovod's defaults (1 ms cycle, 128 MiB fusion buffer, cache of 1024), "
@@ -38,9 +54,24 @@ KNOBS: dict[str, Knob] = {
         what="Open MPI's recursive-doubling allreduce (openMpi.allreduceAlgorithm: recursive_doubling)",
     ),
     "ompi_spin": Knob(mca={"mpi_yield_when_idle": "0"}, what="ranks busy-poll while waiting (Open MPI's default)"),
+    # Every supported stack but the default one (.venv's, the baseline's when the suite runs from .venv).
+    "tf2.18": stack("2.18", "3.8"),
+    "tf2.19": stack("2.19", "3.15"),
+    "tf2.20": stack("2.20", "3.15"),
 }
 
 
 def names() -> tuple[str, ...]:
     """Every knob but the baseline, in study order."""
     return tuple(k for k in KNOBS if k != BASELINE)
+
+
+def stacks() -> tuple[str, ...]:
+    """The knobs that run another interpreter: named one by one, never part of ``all``."""
+    return tuple(k for k in names() if KNOBS[k].python)
+
+
+def settings_names() -> tuple[str, ...]:
+    """``--knobs all``: every Horovod/Open MPI knob, on the suite's own interpreter (no other
+    virtual environment needed; the stack knobs are named explicitly)."""
+    return tuple(k for k in names() if not KNOBS[k].python)

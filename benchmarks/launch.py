@@ -59,9 +59,38 @@ class JobStats:
         }
 
 
-def module_argv(module: str, *args: str) -> list[str]:
-    """This interpreter running one of this package's modules (works as ``benchmarks`` or ``hvdk8s.benchmarks``)."""
-    return [sys.executable, "-u", "-m", f"{PKG}.{module}", *args]
+def module_argv(module: str, *args: str, python: str | None = None) -> list[str]:
+    """This interpreter (or ``python``, see ``interpreter``) running one of this package's modules
+    (works as ``benchmarks`` or ``hvdk8s.benchmarks``)."""
+    return [python or sys.executable, "-u", "-m", f"{PKG}.{module}", *args]
+
+
+def interpreter(python: str = "") -> str:
+    """The Python a job's processes run: this one for "", else ``python`` relative to the repository root
+    (or absolute). Not resolved: a virtual environment's ``bin/python`` is a symlink whose own path makes it that environment."""
+    return str(REPO_ROOT / python) if python else sys.executable
+
+
+STACK_PROBE_TIMEOUT_S = 300.0
+
+
+def probe_stack(python: str, timeout: float = STACK_PROBE_TIMEOUT_S) -> dict[str, str]:
+    """What ``python`` runs (``envinfo.stack_versions``: TensorFlow, Keras, Horovod, this package), from a process of it
+    started as the workers are; ``ValueError`` says why it cannot run the benchmarks (missing, or an import fails)."""
+    if not os.access(python, os.X_OK) or Path(python).is_dir():
+        raise ValueError(f"{python}: no such interpreter")
+    code = f"import json; from {PKG}.envinfo import stack_versions; print(json.dumps(stack_versions()))"
+    try:
+        done = subprocess.run([python, "-c", code], env=base_env(1), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ValueError(f"{python}: importing the stack took over {timeout:.0f}s") from None
+    except OSError as err:
+        raise ValueError(f"{python}: cannot start ({err})") from None
+    lines = done.stdout.strip().splitlines()
+    if done.returncode or not lines:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ValueError(f"{python}: cannot import the benchmark stack (exit code {done.returncode}: {tail})")
+    return json.loads(lines[-1])
 
 
 def base_env(threads: int, extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -479,20 +479,38 @@ def _profile_section(p: dict[str, Any] | None) -> str:
     return "\n".join(out)
 
 
-def _knob_section(rows: list[dict[str, Any]], settings: dict[str, Any], what: dict[str, str]) -> str:
+def _knob_section(rows: list[dict[str, Any]], settings: dict[str, Any], what: dict[str, str],
+                  stacks: dict[str, dict[str, str]] | None = None) -> str:
     if not rows:
         return ""
-
+    intro = ("Each knob is one mpirun launch of the alternating hvdk8s/raw-loop worker, run right after the baseline launch "
+             f"in each of {num(settings['knob_rounds'])} round(s); the ratio is the knob's median rate over the baseline's in "
+             "the same round (above 1: the knob helps), then median [IQR] (rounds).")
+    if "stack" not in rows[0]:  # results from before stack knobs: as they were rendered
+        return "\n".join([
+            "## 7. Horovod and Open MPI knobs, N=2 (" + MEASURED + ")",
+            "",
+            intro,
+            "",
+            table(["knob", "what it sets", "workload", "hvdk8s vs baseline", "raw loop vs baseline", "hvdk8s / raw loop"],
+                  [[r["knob"], what.get(r["knob"], ""), r["workload"], iqr(r["hvdk8s"]), iqr(r["horovod"]), iqr(r["hvdk8s_over_raw"])]
+                   for r in rows]),
+            "",
+        ])
     return "\n".join([
-        "## 7. Horovod and Open MPI knobs, N=2 (" + MEASURED + ")",
+        "## 7. Horovod, Open MPI and software-stack knobs, N=2 (" + MEASURED + ")",
         "",
-        "Each knob is one mpirun launch of the alternating hvdk8s/raw-loop worker, run right after the baseline launch "
-        f"in each of {num(settings['knob_rounds'])} round(s); the ratio is the knob's median rate over the baseline's in "
-        "the same round (above 1: the knob helps), then median [IQR] (rounds).",
+        intro + " **hvdk8s / raw loop** is each launch's hvdk8s median window rate over the raw loop's windows that "
+        "alternated with them in the same launch, beside the baseline launches' of the same rounds; the stack column is "
+        "the TensorFlow and Keras the launches' workers ran."
+        + (" A stack knob's ranks run another virtual environment (" + ", ".join(sorted(stacks)) + "; the Environment "
+           "section lists what each runs): its hvdk8s / raw loop is that stack's, its ratios to the baseline compare the "
+           "stacks' speeds on the same machine in the same rounds." if stacks else ""),
         "",
-        table(["knob", "what it sets", "workload", "hvdk8s vs baseline", "raw loop vs baseline", "hvdk8s / raw loop"],
-              [[r["knob"], what.get(r["knob"], ""), r["workload"], iqr(r["hvdk8s"]), iqr(r["horovod"]), iqr(r["hvdk8s_over_raw"])]
-               for r in rows]),
+        table(["knob", "what it sets", "workload", "stack", "hvdk8s / raw loop", "baseline's hvdk8s / raw loop, same rounds",
+               "hvdk8s vs baseline", "raw loop vs baseline"],
+              [[r["knob"], what.get(r["knob"], ""), r["workload"], r["stack"] or "–", iqr(r["hvdk8s_over_raw"]),
+                iqr(r["baseline_hvdk8s_over_raw"]), iqr(r["hvdk8s"]), iqr(r["horovod"])] for r in rows]),
         "",
     ])
 
@@ -700,6 +718,8 @@ def _environment_section(results: dict[str, Any]) -> str:
         f"memory       {env['memory_gib']} GiB",
         f"mpi flags    {' '.join(f'-mca {k} {v}' for k, v in env['mpi_mca'].items())}",
         f"env flags    {' '.join(f'{k}={v}' for k, v in env['environment_flags'].items()) or '(none)'}",
+        *[f"knob {name:<7} {v['interpreter']}: python {v['python']}, tensorflow {v['tensorflow']}, keras {v['keras']}, "
+          f"horovod {v['horovod']}, hvdk8s from {v['hvdk8s']}" for name, v in env.get("stacks", {}).items()],
         "```",
         "",
         "Settings (reproduce with the same command on the same commit): see `settings` in results.json.",
@@ -725,7 +745,7 @@ def render(results: dict[str, Any]) -> str:
         _emulated_section(d["emulated"]),
         _model_section(d),
         _profile_section(d["profile"]),
-        _knob_section(d["knobs"], results["settings"], results["labels"].get("knobs", {})),
+        _knob_section(d["knobs"], results["settings"], results["labels"].get("knobs", {}), results["environment"].get("stacks")),
         _errors_section(results),
         _environment_section(results),
     ]

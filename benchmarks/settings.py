@@ -112,7 +112,7 @@ class Settings:
     # per-phase breakdown of one N=2 step (hvdk8s and the raw loop) and a Horovod timeline of it
     profile: bool = False
     profile_steps: int = 20
-    # Horovod and Open MPI knobs, each measured against the defaults in the same round
+    # Horovod, Open MPI and stack knobs (``knobs``), each measured against the defaults in the same round
     knobs: tuple[str, ...] = ()
     knob_rounds: int = 2
     # process limits

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from . import analysis, envinfo, knobs, memcopy, netns
-from .launch import JobFailed, Launcher, base_env, module_argv
+from .launch import JobFailed, Launcher, base_env, interpreter, module_argv, probe_stack
 from .settings import HOROVOD_STRATEGIES, MANY_PROCESSES_ONLY, NO_TTA, ONE_PROCESS_ONLY, STRATEGY_LABELS, STRATEGY_MCA, Settings
 from .util import write_json_atomic
 
@@ -72,6 +72,22 @@ def knob_configs(s: Settings) -> list[tuple[int, str]]:
     return [(r, k) for r in range(s.knob_rounds) for k in (knobs.BASELINE, *s.knobs)]
 
 
+def check_stacks(s: Settings, probe: Callable[[str], dict[str, str]] = probe_stack) -> dict[str, dict[str, str]]:
+    """What each requested knob with its own interpreter runs (``launch.probe_stack``), by knob; ``ValueError``
+    naming the knob and the command that builds its interpreter where it is missing or cannot run the workers."""
+    out = {}
+    for name in s.knobs:
+        knob = knobs.KNOBS[name]
+        if not knob.python:
+            continue
+        try:
+            out[name] = {"interpreter": knob.python, **probe(interpreter(knob.python))}
+        except ValueError as err:
+            build = f"; build it with `{knob.build}`" if knob.build else ""
+            raise ValueError(f"knob {name}: its ranks run {knob.python}, which cannot run the benchmarks ({err}){build}") from None
+    return out
+
+
 def emulated_train_configs(s: Settings) -> list[tuple[int, str]]:
     """(round, strategy) on each emulated link: every strategy once per round, rounds one after another."""
     return [(r, strategy) for r in range(s.rounds) for strategy in s.emulated_train_strategies]
@@ -87,6 +103,8 @@ def job_count(s: Settings, emulated: bool) -> int:
 
 class Suite:
     def __init__(self, settings: Settings, out_dir: Path, command: list[str]) -> None:
+        """Refuses (``ValueError``) a stack knob that cannot run before anything is started or written."""
+        stacks = check_stacks(settings)
         self.s = settings
         self.out = out_dir
         self.jobs = out_dir / "jobs"
@@ -95,7 +113,7 @@ class Suite:
         self.results: dict[str, Any] = {
             "schema": SCHEMA,
             "settings": settings.to_json(),
-            "environment": envinfo.collect(command),
+            "environment": {**envinfo.collect(command), **({"stacks": stacks} if stacks else {})},
             "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "labels": {"strategies": STRATEGY_LABELS, "knobs": {k: v.what for k, v in knobs.KNOBS.items()}},
             "raw": {"training": [], "allreduce": [], "memcopy": None, "emulated": {"skipped": None, "rates": []},
@@ -139,7 +157,8 @@ class Suite:
         if strategy in HOROVOD_STRATEGIES:
             knob = knob or knobs.KNOBS[knobs.BASELINE]
             mca = knob.mca | STRATEGY_MCA.get(strategy, {})
-            stats = self.launcher.mpi(name, n, module_argv("worker", *args), env=knob.env, mca=mca, cluster=cluster)
+            argv = module_argv("worker", *args, python=interpreter(knob.python))
+            stats = self.launcher.mpi(name, n, argv, env=knob.env, mca=mca, cluster=cluster)
         elif strategy == "tf_mwms":
             stats = self.launcher.tf_cluster(name, {"worker": n}, module_argv("worker", *args), [], mains="worker", cluster=cluster)
         elif strategy == "tf_ps":
@@ -171,7 +190,8 @@ class Suite:
             self.results["raw"]["profile"] = run
 
     def knob_study(self) -> None:
-        """Each knob against the baseline, interleaved by round, on the paired hvdk8s/raw-loop worker at N=2."""
+        """Each knob against the baseline, interleaved by round, on the paired hvdk8s/raw-loop worker at N=2
+        (a stack knob's ranks run its own interpreter: ``python`` "" is the suite's)."""
         short = dataclasses.replace(self.s, tta=False)
         for r, name in knob_configs(self.s):
             run = self._attempt(
@@ -179,7 +199,7 @@ class Suite:
                 lambda: self._train_job(f"knob-{name}-r{r}", short, "hvdk8s", 2, tta=False, seed=r, knob=knobs.KNOBS[name]),
             )
             if run:
-                self.results["raw"]["knobs"].append({**run, "knob": name, "round": r})
+                self.results["raw"]["knobs"].append({**run, "knob": name, "round": r, "python": knobs.KNOBS[name].python})
 
     # --- allreduce microbenchmark ------------------------------------------------------------
     def _allreduce_job(self, name: str, n: int, sizes: list[int], fusion_bytes: list[int], env: dict[str, str], cluster: Any = None) -> dict[str, Any]:

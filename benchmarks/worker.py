@@ -243,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     if job.get("tta"):
         result["time_to_accuracy"] = time_to_accuracy(rt, settings, seed)
     result["wall_seconds"] = time.time() - started
+    from .envinfo import stack_versions
+
+    result["stack"] = stack_versions(load_ops=False)  # which stack this launch ran (a stack knob's is not the suite's)
     if rt.chief:
         write_json_atomic(args.out, result)
     rt.finish()

@@ -198,7 +198,15 @@ def test_emulated_cluster_measured_and_removed(run: dict[str, Any]) -> None:
     assert rate["ring_fit"]["bandwidth_bytes_per_s"] > 0 and rate["ps_fit"]["points"]
 
 
-@pytest.mark.parametrize("name", ["example", "knobs"])
+# every committed run of the suite (a folder with results.json: example, knobs, and studies added later, e.g. stacks)
+COMMITTED = sorted(p.parent.name for p in (REPO / "benchmarks" / "reports").glob("*/results.json"))
+
+
+def test_the_committed_runs_are_found() -> None:
+    assert {"example", "knobs"} <= set(COMMITTED)
+
+
+@pytest.mark.parametrize("name", COMMITTED)
 def test_committed_example_report_traces_to_its_results(name: str) -> None:
     example = REPO / "benchmarks" / "reports" / name
     results = json.loads((example / "results.json").read_text())

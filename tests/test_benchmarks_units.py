@@ -288,7 +288,7 @@ def test_knob_study_runs_the_baseline_first_in_every_round() -> None:
     s = preset("quick", knobs=("cycle_5ms", "ompi_ring"), knob_rounds=2)
     assert suite.knob_configs(s) == [(0, "baseline"), (0, "cycle_5ms"), (0, "ompi_ring"),
                                      (1, "baseline"), (1, "cycle_5ms"), (1, "ompi_ring")]
-    assert cli.settings_from_args(_bench_args("--quick", "--knobs", "all")).knobs == knobs.names()
+    assert cli.settings_from_args(_bench_args("--quick", "--knobs", "all")).knobs == knobs.settings_names()
     ring = launch.mpi_command(2, ["x"], [], None, as_root=False, mca=knobs.KNOBS["ompi_ring"].mca)
     assert ring[ring.index("coll_tuned_allreduce_algorithm") + 1] == "ring"
     assert "coll_tuned_allreduce_algorithm" not in launch.mpi_command(2, ["x"], [], None, as_root=False)
@@ -314,3 +314,120 @@ def test_formatters() -> None:
     assert report.secs(2.5e-5) == "25µs" and report.secs(0.0123) == "12.3ms" and report.secs(2.0) == "2s"
     assert report.gbit(125e6) == "1Gbit/s" and report.gbyte(2.5e9) == "2.5GB/s"
     assert report.spread({"n": 3, "median": 2.0, "min": 1.5, "max": math.pi}) == "2 [1.5–3.14]"
+
+
+# --- stack knobs: a knob whose ranks run another interpreter (virtual environment) ----------------------------
+def _stack_files() -> dict[str, list[str]]:
+    """Every supported stack scripts/setup.sh can build (scripts/stacks/tf-<version>.txt), by version: its lines."""
+    return {f.stem.removeprefix("tf-"): f.read_text().splitlines() for f in (REPO / "scripts" / "stacks").glob("tf-*.txt")}
+
+
+def test_every_other_supported_stack_has_a_knob_and_all_needs_no_other_venv() -> None:
+    files = _stack_files()
+    other = sorted((v for v, lines in files.items() if "default stack" not in lines[0]), key=lambda v: tuple(map(int, v.split("."))))
+    assert other, "scripts/stacks should list a stack besides the default one"
+    assert knobs.stacks() == tuple(f"tf{v}" for v in other)
+    for v in other:
+        knob = knobs.KNOBS[f"tf{v}"]
+        assert (knob.python, knob.build) == (f".venv-tf{v}/bin/python", f"make test-stack TF={v}")
+        keras = next(line.split("==")[1] for line in files[v] if line.startswith("keras=="))
+        assert f"TensorFlow {v} / Keras {'.'.join(keras.split('.')[:2])} stack" in knob.what
+        assert not knob.env and not knob.mca  # only the stack differs from the baseline
+    # 'all' is every Horovod/Open MPI knob and no stack knob; a stack knob is named, alone or beside 'all'
+    assert knobs.settings_names() == tuple(k for k in knobs.names() if k not in knobs.stacks())
+    assert "cycle_5ms" in knobs.settings_names() and not set(knobs.settings_names()) & set(knobs.stacks())
+    assert cli.settings_from_args(_bench_args("--quick", "--knobs", "all,tf2.18")).knobs == (*knobs.settings_names(), "tf2.18")
+    assert cli.settings_from_args(_bench_args("--quick", "--knobs", "tf2.18,cycle_5ms,tf2.18")).knobs == ("tf2.18", "cycle_5ms")
+
+
+def test_a_stack_knobs_ranks_run_its_interpreter_unresolved() -> None:
+    venv_python = launch.interpreter(".venv-tf2.18/bin/python")
+    assert venv_python == str(REPO / ".venv-tf2.18" / "bin" / "python")  # the venv's own path, not its symlink's target
+    assert launch.interpreter("") == sys.executable and launch.interpreter("/opt/py/bin/python") == "/opt/py/bin/python"
+    assert launch.module_argv("worker", "--x", python=venv_python)[:2] == [venv_python, "-u"]
+    assert launch.module_argv("worker")[0] == sys.executable
+
+
+def test_check_stacks_probes_only_stack_knobs_and_names_the_build_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+
+    def probe(python: str) -> dict[str, str]:
+        seen.append(python)
+        if "missing" in python:
+            raise ValueError(f"{python}: no such interpreter")
+        return {"tensorflow": "2.18.1", "keras": "3.8.0"}
+
+    monkeypatch.setitem(knobs.KNOBS, "tf_missing", knobs.Knob(python=".venv-missing/bin/python", build="make test-stack TF=9.9"))
+    ok = suite.check_stacks(preset("quick", knobs=("cycle_5ms", "tf2.18")), probe)
+    assert ok == {"tf2.18": {"interpreter": ".venv-tf2.18/bin/python", "tensorflow": "2.18.1", "keras": "3.8.0"}}
+    assert seen == [str(REPO / ".venv-tf2.18/bin/python")]
+    assert suite.check_stacks(preset("quick", knobs=("cycle_5ms",)), probe) == {}
+    with pytest.raises(ValueError, match=r"knob tf_missing: its ranks run \.venv-missing/bin/python, which cannot run the "
+                                         r"benchmarks \(.*no such interpreter\); build it with `make test-stack TF=9\.9`"):
+        suite.check_stacks(preset("quick", knobs=("tf2.18", "tf_missing")), probe)
+
+
+def test_probe_stack_refuses_a_missing_or_broken_interpreter(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no such interpreter"):
+        launch.probe_stack(str(tmp_path / "nope" / "bin" / "python"))
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named horovod' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    with pytest.raises(ValueError, match=r"cannot import the benchmark stack \(exit code 1: ModuleNotFoundError: No module named horovod\)"):
+        launch.probe_stack(str(broken))
+    fine = tmp_path / "fine"
+    fine.write_text('#!/bin/sh\necho noise\necho \'{"tensorflow": "2.18.1", "keras": "3.8.0"}\'\n')
+    fine.chmod(0o755)
+    assert launch.probe_stack(str(fine)) == {"tensorflow": "2.18.1", "keras": "3.8.0"}
+
+
+def test_a_missing_stack_is_refused_before_anything_is_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(knobs.KNOBS, "tf_missing", knobs.Knob(python=str(tmp_path / "venv" / "bin" / "python"),
+                                                              build="make test-stack TF=9.9"))
+    out = tmp_path / "bench"
+    args = _bench_args("--quick", "--strategies", "none", "--knobs", "cycle_5ms,tf_missing", "--out", str(out))
+    with pytest.raises(UserError, match=r"knob tf_missing: .*no such interpreter.*build it with `make test-stack TF=9\.9`"):
+        cli.run(args)
+    assert not out.exists()
+
+
+def _knob_run(knob: str, round_: int, hvdk8s_s: float, raw_s: float, stack: tuple[str, str] | None) -> dict:
+    run = _run("hvdk8s", 2, [hvdk8s_s], 100, round_, paired=[raw_s])
+    if stack:
+        run["result"]["stack"] = {"tensorflow": stack[0], "keras": stack[1]}
+    return {**run, "knob": knob}
+
+
+def test_knob_study_puts_each_knobs_hvdk8s_over_raw_beside_the_baselines_of_the_same_rounds() -> None:
+    new, old = ("2.21.0", "3.15.1"), ("2.18.1", "3.8.0")
+    raw = [_knob_run("baseline", 0, 1.0, 1.0, new), _knob_run("tf2.18", 0, 2.0, 1.0, old),
+           _knob_run("baseline", 1, 1.0, 2.0, new), _knob_run("tf2.18", 1, 1.0, 4.0, old),
+           _knob_run("tf2.18", 2, 1.0, 1.0, old)]  # round 2 lost its baseline: left out
+    rows = {r["knob"]: r for r in analysis.knob_study(raw)}
+    base, stack = rows["baseline"], rows["tf2.18"]
+    assert (base["stack"], stack["stack"]) == ("TensorFlow 2.21.0, Keras 3.15.1", "TensorFlow 2.18.1, Keras 3.8.0")
+    # hvdk8s / raw loop per launch: the baseline 1 then 2, tf2.18 0.5 then 4; the baseline's beside every row
+    assert (stack["hvdk8s_over_raw"]["min"], stack["hvdk8s_over_raw"]["max"], stack["hvdk8s_over_raw"]["n"]) == (0.5, 4.0, 2)
+    assert stack["baseline_hvdk8s_over_raw"] == base["hvdk8s_over_raw"] == base["baseline_hvdk8s_over_raw"]
+    assert (base["hvdk8s_over_raw"]["min"], base["hvdk8s_over_raw"]["max"]) == (1.0, 2.0)
+    assert (stack["hvdk8s"]["min"], stack["hvdk8s"]["max"]) == (0.5, 1.0)  # 2.18's hvdk8s rate over 2.21's, per round
+    # results from before stacks were recorded derive as they did: no new keys
+    legacy = analysis.knob_study([_knob_run("baseline", 0, 1.0, 1.0, None), _knob_run("cycle_5ms", 0, 2.0, 1.0, None)])
+    assert all(set(r) == {"knob", "workload", "hvdk8s", "horovod", "hvdk8s_over_raw"} for r in legacy)
+    md = report._knob_section(legacy, {"knob_rounds": 1}, {})
+    assert "| knob | what it sets | workload | hvdk8s vs baseline | raw loop vs baseline | hvdk8s / raw loop |" in md
+
+
+def test_knob_report_shows_each_rows_stack_and_the_baselines_ratio_beside_its_own() -> None:
+    new, old = ("2.21.0", "3.15.1"), ("2.18.1", "3.8.0")
+    raw = [_knob_run("baseline", r, 1.0, 1.25, new) for r in (0, 1)] + [_knob_run("tf2.18", r, 1.0, 0.5, old) for r in (0, 1)]
+    what = {k: v.what for k, v in knobs.KNOBS.items()}
+    md = report._knob_section(analysis.knob_study(raw), {"knob_rounds": 2}, what,
+                              {"tf2.18": {"interpreter": ".venv-tf2.18/bin/python"}})
+    assert "## 7. Horovod, Open MPI and software-stack knobs, N=2" in md and "(tf2.18; the Environment" in md
+    assert ("| knob | what it sets | workload | stack | hvdk8s / raw loop | baseline's hvdk8s / raw loop, same rounds | "
+            "hvdk8s vs baseline | raw loop vs baseline |") in md
+    assert (f"| tf2.18 | {what['tf2.18']} | cnn | TensorFlow 2.18.1, Keras 3.8.0 | 0.5 [0.5–0.5] (2) | 1.25 [1.25–1.25] (2) "
+            "| 1 [1–1] (2) | 2.5 [2.5–2.5] (2) |") in md
+    assert "| baseline | " in md and "| cnn | TensorFlow 2.21.0, Keras 3.15.1 | 1.25 [1.25–1.25] (2) | 1.25 [1.25–1.25] (2) |" in md
+    assert ".venv-tf2.18/bin/python" in what["tf2.18"] and "2.18" in what["tf2.18"]
