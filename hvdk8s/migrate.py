@@ -8,6 +8,7 @@ safely is returned as a ``Finding`` with its line and the Keras 3 code to use.
 from __future__ import annotations
 
 import ast
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -83,6 +84,46 @@ NOTES = {
     "move to tf.data with keras.layers.RandomRotation/RandomTranslation/RandomZoom/RandomShear",
     "horovod.run": "horovod.run still works (it is Horovod's launcher); the hvdk8s way is "
     "`hvdk8s run -np N script.py` (or an MPIJob)",
+}
+# Checkpoint paths. Keras 3.8 and 3.15 (checked): ModelCheckpoint saving models takes .keras and .h5 (refusing
+# .hdf5), saving weights only .weights.h5; a model saved as .h5 is legacy HDF5, which keras.models.load_model reads
+# with an optimizer built for no variables, so training it on fails ("Unknown variable"): a checkpoint to resume from
+# must be .keras, and hvdk8s.load_model refuses .h5 models.
+H5_SUFFIXES = (".h5", ".hdf5")
+NEW_SUFFIX = {"model": ".keras", "weights": ".weights.h5"}
+# Calls with a model or weights path: callee -> (position of the path, what the call does with the file). Their
+# keyword is ``filepath``; ``save`` counts only as a method not of a module (model.save, not np.save or wandb.save);
+# ModelCheckpoint saves weights with save_weights_only=True (position 4).
+PATH_CALLS = {
+    "ModelCheckpoint": (0, "model"), "save": (0, "model"), "save_model": (1, "model"),
+    "save_weights": (0, "weights"), "load_model": (0, "load"), "load_weights": (0, "load_weights"),
+}  # fmt: skip
+WRITES = frozenset({"model", "weights", "either"})
+# Calls that read or write HDF5 data (not Keras files): an .h5 path passed to them is nobody's checkpoint.
+H5_DATA_CALLS = frozenset({"File", "read_hdf", "to_hdf", "HDFStore", "open_file"})  # h5py, pandas, PyTables
+# Calls a path goes through unchanged in its suffix: the path is their last (join) or only argument.
+PATH_WRAPPERS = frozenset(
+    {"join", "str", "Path", "PurePath", "expanduser", "abspath", "realpath", "normpath", "fspath"}
+)
+PATH_NOTES = {
+    "option": "{option}: default rewritten to {suffix} (Keras 3 {why}): a path given on the command line must end "
+    "in {suffix} too, and .h5 files of earlier runs are not found by it",
+    "both": "{path} is saved both as a model and as weights (lines {lines}): Keras 3 wants .keras for models and "
+    ".weights.h5 for weights, so give each its own path",
+    "either": "{path}: ModelCheckpoint's save_weights_only (line {lines}) is not a literal: the path must end in "
+    ".weights.h5 when it saves weights and in .keras when it saves the model",
+    "weights as model": "{path} names a weights file but line {lines} saves the whole model there: Keras 3 writes "
+    "it as legacy HDF5, which it cannot resume training from; use a .keras path",
+    "hvd load": "{path} is loaded by hvd.load_model (line {lines}): a legacy HDF5 model, which Keras 3 cannot resume "
+    "training from (hvd.load_model refuses it): write checkpoints as .keras (ModelCheckpoint, model.save) and "
+    "load those",
+    "keras load": "{path} is loaded by load_model (line {lines}): Keras 3 reads legacy HDF5 models for inference "
+    "(compile=False) but cannot train one on with its saved optimizer; re-save it once as .keras",
+    "data": "{path} is opened as HDF5 data (line {lines}), but the script saves it as a Keras file, which migrate "
+    "renames: Keras 3 writes .keras files as zip archives; read the model with keras.models.load_model",
+    "unfollowed": "{path}: migrate cannot follow this HDF5 path to a Keras call: a model checkpoint must end in "
+    ".keras on Keras 3 (an .h5 model is legacy HDF5, which Keras 3 cannot resume training from and hvd.load_model "
+    "refuses), a weights file in .weights.h5",
 }
 
 
@@ -177,6 +218,13 @@ class _Scan(cst.CSTVisitor):
         self.names: Counter[str] = Counter()  # references to each variable (attribute names excluded)
         self.config_statements: dict[cst.SimpleStatementLine, _ConfigStatement] = {}
         self._not_variables: set[int] = set()
+        self.bindings: Counter[str] = Counter()  # how often each name is bound (assigned, a parameter, imported ...)
+        self.values: dict[str, cst.BaseExpression] = {}  # the value (or parameter default) a name is bound to
+        self.options: dict[str, list[tuple[str, cst.BaseExpression]]] = {}  # argparse dest / absl flag: (flag, default)
+        self.horovod: set[str] = set()  # names bound to Horovod or hvdk8s modules and functions
+        self.modules: set[str] = set()  # names bound by ``import``: np.save or wandb.save saves no Keras model
+        self.path_calls: list[tuple[cst.Call, cst.BaseExpression, str]] = []  # (call, its path argument, kind)
+        self.h5_strings: list[cst.CSTNode] = []  # strings (or f-strings' closing text) ending in .h5 / .hdf5
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self._not_variables.add(id(node.attr))
@@ -191,21 +239,188 @@ class _Scan(cst.CSTVisitor):
 
     def visit_Import(self, node: cst.Import) -> None:
         for alias in node.names:
-            if alias.asname and (dotted(alias.name) or "").endswith("keras.backend"):
-                self.backends.add(alias.asname.name.value)  # type: ignore[union-attr]
+            name = dotted(alias.name) or ""
+            bound = alias.asname.name.value if alias.asname else name  # type: ignore[union-attr]
+            self.bindings[bound.partition(".")[0]] += 1
+            self.modules.add(bound.partition(".")[0])
+            if alias.asname and name.endswith("keras.backend"):
+                self.backends.add(bound)
+            if name.split(".")[0] in ("horovod", "hvdk8s"):
+                self.horovod.add(bound)
 
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         module = dotted(node.module) if node.module else ""
-        if module and module.endswith("keras") and not isinstance(node.names, cst.ImportStar):
-            for alias in node.names:
-                if dotted(alias.name) == "backend":
-                    self.backends.add(alias.asname.name.value if alias.asname else "backend")  # type: ignore[union-attr]
+        if isinstance(node.names, cst.ImportStar):
+            return
+        for alias in node.names:
+            bound = alias.asname.name.value if alias.asname else dotted(alias.name) or ""  # type: ignore[union-attr]
+            self.bindings[bound] += 1
+            if module and module.endswith("keras") and dotted(alias.name) == "backend":
+                self.backends.add(bound)
+            if module and module.split(".")[0] in ("horovod", "hvdk8s"):
+                self.horovod.add(bound)
 
     def visit_Assign(self, node: cst.Assign) -> None:
+        for target in node.targets:
+            self._bind(target.target, node.value if len(node.targets) == 1 else None)
         if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name) and isinstance(node.value, cst.Call):
             call = node.value
             if _callee(call) in OPTIMIZERS | {"DistributedOptimizer"} or ".optimizers." in (dotted(call.func) or ""):
                 self.optimizers.add(node.targets[0].target.value)
+
+    # --- names bound, for following a path to its string ------------------------------------------------
+    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
+        if isinstance(target, cst.Name):
+            self.bindings[target.value] += 1
+            if value is not None:
+                self.values[target.value] = value
+        elif isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                self._bind(element.value, None)
+        elif isinstance(target, cst.StarredElement):
+            self._bind(target.value, None)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._bind(node.target, node.value)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._bind(node.target, None)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._bind(node.target, None)
+
+    def visit_CompFor(self, node: cst.CompFor) -> None:
+        self._bind(node.target, None)
+
+    def visit_WithItem(self, node: cst.WithItem) -> None:
+        if node.asname is not None:
+            self._bind(node.asname.name, None)
+
+    def visit_ExceptHandler(self, node: cst.ExceptHandler) -> None:
+        if node.name is not None:
+            self._bind(node.name.name, None)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._bind(node.target, None)
+
+    def visit_Param(self, node: cst.Param) -> None:
+        self._bind(node.name, node.default)  # a parameter's default is the path when callers pass none
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        self._bind(node.name, None)
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> None:
+        self._bind(node.name, None)
+
+    def visit_SimpleString(self, node: cst.SimpleString) -> None:
+        if (text := _string_text(node)) and text.endswith(H5_SUFFIXES):
+            self.h5_strings.append(node)
+
+    def visit_FormattedString(self, node: cst.FormattedString) -> None:
+        last = node.parts[-1] if node.parts else None
+        if isinstance(last, cst.FormattedStringText) and last.value.endswith(H5_SUFFIXES):
+            self.h5_strings.append(last)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = _callee(node)
+        if name == "add_argument" and (default := _kwarg(node.args, "default")) is not None:
+            strings = [a.value for a in node.args if a.keyword is None and isinstance(a.value, cst.SimpleString)]
+            flags = [string.evaluated_value for string in strings]
+            dest = _kwarg(node.args, "dest")
+            long = next((f for f in flags if isinstance(f, str) and f.startswith("--")), None)
+            first = flags[0] if flags and isinstance(flags[0], str) else None
+            if isinstance(dest, cst.SimpleString) and isinstance(dest.evaluated_value, str):
+                key = dest.evaluated_value
+            elif first is not None:
+                key = (long or first).lstrip("-").replace("-", "_")
+            else:
+                return
+            self.options.setdefault(key, []).append((long or first or key, default))
+        elif name.startswith("DEFINE_") and node.args and isinstance(flag := node.args[0].value, cst.SimpleString):
+            default = _kwarg(node.args, "default") or (node.args[1].value if len(node.args) > 1 else None)
+            if isinstance(flag.evaluated_value, str) and default is not None:
+                self.options.setdefault(flag.evaluated_value, []).append(("--" + flag.evaluated_value, default))
+        elif name in PATH_CALLS and (name != "save" or self._is_model_save(node.func)):
+            position, kind = PATH_CALLS[name]
+            path = _kwarg(node.args, "filepath")
+            positional = [a.value for a in node.args if a.keyword is None and not a.star]
+            if path is None and len(positional) > position:
+                path = positional[position]
+            if path is None:
+                return
+            if name == "ModelCheckpoint":
+                weights_only = _kwarg(node.args, "save_weights_only")
+                if weights_only is None and len(positional) > 4:
+                    weights_only = positional[4]
+                model = weights_only is None or _is_false(weights_only)
+                kind = "weights" if _is_true(weights_only) else "model" if model else "either"
+            elif name == "load_model" and self._is_horovod(node.func):
+                kind = "hvd load"
+            self.path_calls.append((node, path, kind))
+        elif name in H5_DATA_CALLS:
+            if node.args:
+                self.path_calls.append((node, node.args[0].value, "data"))
+
+    def _is_model_save(self, func: cst.BaseExpression) -> bool:
+        """``x.save(...)`` on something that is not an imported module (model.save, self.model.save)."""
+        root = func.value if isinstance(func, cst.Attribute) else None
+        while isinstance(root, cst.Attribute):
+            root = root.value
+        return root is not None and not (isinstance(root, cst.Name) and root.value in self.modules)
+
+    def _is_horovod(self, func: cst.BaseExpression) -> bool:
+        name = dotted(func) or ""
+        return name in self.horovod or any(name.startswith(h + ".") for h in self.horovod)
+
+    def path_strings(self, node: cst.BaseExpression, depth: int = 0) -> list[cst.CSTNode] | None:
+        """The string nodes whose text ends the path ``node`` evaluates to (a literal, the text closing an f-string,
+        a variable's only value, an argparse default ...), None when migrate cannot tell."""
+        if depth > 20:
+            return None
+        if isinstance(node, cst.SimpleString):
+            return [node]
+        if isinstance(node, cst.ConcatenatedString):
+            return self.path_strings(node.right, depth + 1)
+        if isinstance(node, cst.FormattedString):
+            last = node.parts[-1] if node.parts else None
+            return [last] if isinstance(last, cst.FormattedStringText) else None
+        if isinstance(node, cst.BinaryOperation):
+            if isinstance(node.operator, (cst.Add, cst.Divide)):
+                return self.path_strings(node.right, depth + 1)
+            if isinstance(node.operator, cst.Modulo):
+                return self.path_strings(node.left, depth + 1)
+            return None
+        if isinstance(node, cst.Call):
+            positional = [a.value for a in node.args if a.keyword is None and not a.star]
+            if isinstance(node.func, cst.Attribute) and node.func.attr.value == "format":
+                return self.path_strings(node.func.value, depth + 1)
+            if _callee(node) in PATH_WRAPPERS and positional and len(positional) == len(node.args):
+                return self.path_strings(positional[-1], depth + 1)
+            return None
+        if isinstance(node, cst.Name):
+            if self.bindings[node.value] == 1 and node.value in self.values:
+                return self.path_strings(self.values[node.value], depth + 1)
+            return None
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.attr.value in self.options:
+            if node.value.value in ("self", "cls"):  # an object's attribute, not args.checkpoint_format
+                return None
+            found: list[cst.CSTNode] = []
+            for _, default in self.options[node.attr.value]:
+                strings = self.path_strings(default, depth + 1)
+                if strings is None:
+                    return None
+                found += strings
+            return found
+        return None
+
+    def option_strings(self) -> dict[cst.CSTNode, str]:
+        """Strings that end a command-line option's default path (argparse, absl flags), with the option."""
+        found: dict[cst.CSTNode, str] = {}
+        for options in self.options.values():
+            for flag, default in options:
+                for string in self.path_strings(default) or []:
+                    found[string] = flag
+        return found
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         if len(node.body) == 1 and (found := _config_statement(node.body[0])):
@@ -224,6 +439,79 @@ class _Scan(cst.CSTVisitor):
 
     def free_name(self, *candidates: str) -> str:
         return next(c for c in candidates if c not in self.names)
+
+
+@dataclass
+class _PathPlan:
+    """What happens to each string ending a model or weights path (or ending in .h5 anywhere)."""
+
+    rewrites: dict[cst.CSTNode, str]  # string -> "model" | "weights": its suffix becomes NEW_SUFFIX[...]
+    reports: dict[cst.CSTNode, tuple[str, list[cst.Call]]]  # string -> (PATH_NOTES key, the calls it reaches)
+    options: dict[cst.CSTNode, str]  # strings ending an option's default path -> the option
+
+
+def _plan_paths(scan: _Scan) -> _PathPlan:
+    """Rewrite an .h5 string only where every call it reaches agrees on what the file is: saved as a model (.keras)
+    or as weights (.weights.h5), with reads of the same file following. Everything else ending in .h5 is listed."""
+    reach: dict[cst.CSTNode, list[tuple[str, cst.Call]]] = {}
+    for call, path, kind in scan.path_calls:
+        for string in scan.path_strings(path) or []:
+            reach.setdefault(string, []).append((kind, call))
+    plan = _PathPlan({}, {}, scan.option_strings())
+    templates: list[tuple[re.Pattern[str], str]] = []
+    for string in scan.h5_strings:
+        uses = reach.get(string, [])
+        writes = {kind for kind, _ in uses} & WRITES
+        calls = [call for kind, call in uses if kind in WRITES]
+        text = _string_text(string) or ""
+        if "either" in writes:
+            plan.reports[string] = ("either", calls)
+        elif writes == {"model", "weights"}:
+            plan.reports[string] = ("both", calls)
+        elif writes == {"model"} and text.endswith(".weights.h5"):
+            plan.reports[string] = ("weights as model", calls)
+        elif writes and not text.endswith(".weights.h5"):
+            plan.rewrites[string] = writes.pop()
+            templates.append((_template(text), plan.rewrites[string]))
+    for string in scan.h5_strings:
+        if string in plan.rewrites or string in plan.reports:
+            continue
+        text = _string_text(string) or ""
+        kinds = {kind for kind, _ in reach.get(string, [])}
+        match = next((kind for template, kind in templates if template.fullmatch(text)), None)
+        if match and "data" in kinds:
+            plan.reports[string] = ("data", [call for kind, call in reach[string] if kind == "data"])
+        elif match:
+            plan.rewrites[string] = match  # the same file, read (or tested for) where the script saved it
+        elif "hvd load" in kinds or "load" in kinds:
+            key = "hvd load" if "hvd load" in kinds else "keras load"
+            plan.reports[string] = (key, [call for kind, call in reach[string] if kind in ("hvd load", "load")])
+        elif not kinds and not text.endswith(".weights.h5") and not any(c.isspace() for c in text):
+            plan.reports[string] = ("unfollowed", [])
+    return plan
+
+
+def _string_text(node: cst.CSTNode) -> str | None:
+    """The text of a (non-bytes) string literal or of an f-string's text part, as written (escapes kept)."""
+    if isinstance(node, cst.FormattedStringText):
+        return node.value
+    if isinstance(node, cst.SimpleString) and "b" not in node.prefix.lower():
+        return node.value[len(node.prefix) + len(node.quote) : -len(node.quote)]
+    return None
+
+
+def _template(text: str) -> re.Pattern[str]:
+    """A path template's file names: each ``{field}`` (str.format) matches any text."""
+    return re.compile(".+".join(re.escape(part) for part in re.split(r"\{[^{}]*\}", text)))
+
+
+def _with_suffix(node: cst.CSTNode, suffix: str) -> cst.CSTNode:
+    text = _string_text(node) or ""
+    old = next(s for s in H5_SUFFIXES if text.endswith(s))
+    if isinstance(node, cst.FormattedStringText):
+        return node.with_changes(value=text[: -len(old)] + suffix)
+    assert isinstance(node, cst.SimpleString)
+    return node.with_changes(value=node.prefix + node.quote + text[: -len(old)] + suffix + node.quote)
 
 
 def _config_statement(stmt: cst.BaseSmallStatement) -> _ConfigStatement | None:
@@ -285,6 +573,7 @@ class _Migrator(cst.CSTTransformer):
         self._findings: list[Finding] = []
         self._rewritten_lines: set[int] = set()  # statements replaced whole: their findings no longer apply
         self._drop: set[int] = set()  # ids of statements to remove once their block is rebuilt
+        self.paths = _plan_paths(scan)
 
     def findings(self) -> tuple[Finding, ...]:
         kept = {f for f in self._findings if f.line not in self._rewritten_lines}
@@ -376,8 +665,6 @@ class _Migrator(cst.CSTTransformer):
         if name == "get_value" and _is_backend(func.rpartition(".")[0], self.scan.backends) and len(args) == 1:
             self.needs_keras = True
             return cst.Call(_name_node("keras.ops.convert_to_numpy"), [args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)])
-        if name == "ModelCheckpoint" or (name == "save_weights" and isinstance(updated.func, cst.Attribute)):
-            args = _keras_filepath(args, weights_only=name == "save_weights" or _is_true(_kwarg(args, "save_weights_only")))
         return _with_args(updated, args)
 
     def _generator_call(self, original: cst.Call, updated: cst.Call, args: list[cst.Arg]) -> cst.Call:
@@ -404,6 +691,30 @@ class _Migrator(cst.CSTTransformer):
                          "predict lack them): to keep parallel loading, pass them to your keras.utils.PyDataset's "
                          "constructor (super().__init__(workers=..., use_multiprocessing=...))", manual=False)
         return [a for a in args if a not in dropped]
+
+    # --- model and weights paths ----------------------------------------------------------------------------
+    def leave_SimpleString(self, original: cst.SimpleString, updated: cst.SimpleString) -> cst.SimpleString:
+        return self._path_string(original, updated)  # type: ignore[return-value]
+
+    def leave_FormattedStringText(
+        self, original: cst.FormattedStringText, updated: cst.FormattedStringText
+    ) -> cst.FormattedStringText:
+        return self._path_string(original, updated)  # type: ignore[return-value]
+
+    def _path_string(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
+        path = f"'{_string_text(original)}'"
+        if original in self.paths.reports:
+            key, calls = self.paths.reports[original]
+            lines = ", ".join(str(line) for line in sorted({self._line(call) for call in calls}))
+            self._report(original, PATH_NOTES[key].format(path=path, lines=lines), manual=key != "keras load")
+        if original not in self.paths.rewrites:
+            return updated
+        kind = self.paths.rewrites[original]
+        if option := self.paths.options.get(original):
+            why = ("saves a .h5 model as legacy HDF5, which it cannot resume training from" if kind == "model"
+                   else "saves weights only to .weights.h5 paths")  # fmt: skip
+            self._report(original, PATH_NOTES["option"].format(option=option, suffix=NEW_SUFFIX[kind], why=why), False)
+        return _with_suffix(updated, NEW_SUFFIX[kind])
 
     # --- TF 1 session config: statements ---------------------------------------------------------------
     def leave_SimpleStatementLine(
@@ -475,6 +786,10 @@ def _is_true(node: cst.BaseExpression | None) -> bool:
     return isinstance(node, cst.Name) and node.value == "True"
 
 
+def _is_false(node: cst.BaseExpression | None) -> bool:
+    return isinstance(node, cst.Name) and node.value == "False"
+
+
 def _is_str_call(node: cst.BaseExpression | None) -> bool:
     return isinstance(node, cst.Call) and _callee(node) == "str" and len(node.args) == 1 and node.args[0].keyword is None
 
@@ -495,19 +810,3 @@ def _with_args(call: cst.Call, args: list[cst.Arg]) -> cst.Call:
             last = last.with_changes(whitespace_after_arg=after)
         args[-1] = last.with_changes(comma=call.args[-1].comma)
     return call.with_changes(args=args)
-
-
-def _keras_filepath(args: list[cst.Arg], weights_only: bool) -> list[cst.Arg]:
-    """A literal ``.h5`` path as Keras 3 wants it: ``.keras`` for models, ``.weights.h5`` for weights."""
-    for i, arg in enumerate(args):
-        if (arg.keyword is None and i == 0) or _keyword(arg) == "filepath":
-            string = arg.value
-            if isinstance(string, cst.SimpleString) and not string.value.startswith(("b", "B")):
-                text, quote = string.value[:-1], string.value[-1]
-                for suffix in (".hdf5", ".h5"):
-                    if text.endswith(suffix) and not text.endswith(".weights.h5"):
-                        new = text[: -len(suffix)] + (".weights.h5" if weights_only else ".keras") + quote
-                        args[i] = arg.with_changes(value=string.with_changes(value=new))
-                        break
-            break
-    return args

@@ -107,6 +107,50 @@ RULES = [
     ("save_weights .h5",
      "model.save_weights('weights.h5')\n",
      "model.save_weights('weights.weights.h5')\n"),
+    # Keras 3 writes a .h5 model as legacy HDF5, which it cannot resume training from: a path that reaches a save
+    # becomes .keras (.weights.h5 for weights) wherever it is written, and reads of the same file follow it
+    ("argparse default of a checkpoint format, as in Horovod's ImageNet example",
+     "parser.add_argument('--checkpoint-format', default='./checkpoint-{epoch}.h5',\n"
+     "                    help='checkpoint file format')\nargs = parser.parse_args()\n"
+     "if os.path.exists(args.checkpoint_format.format(epoch=3)):\n"
+     "    model = hvd.load_model(args.checkpoint_format.format(epoch=3))\n"
+     "callbacks.append(keras.callbacks.ModelCheckpoint(args.checkpoint_format))\n",
+     "parser.add_argument('--checkpoint-format', default='./checkpoint-{epoch}.keras',\n"
+     "                    help='checkpoint file format')\nargs = parser.parse_args()\n"
+     "if os.path.exists(args.checkpoint_format.format(epoch=3)):\n"
+     "    model = hvd.load_model(args.checkpoint_format.format(epoch=3))\n"
+     "callbacks.append(keras.callbacks.ModelCheckpoint(args.checkpoint_format))\n"),
+    ("argparse dest= and absl flags",
+     "p.add_argument('-c', dest='ckpt', default='w-{epoch}.hdf5')\ncb = ModelCheckpoint(a.ckpt, save_weights_only=True)\n"
+     "flags.DEFINE_string('model_path', 'model.h5', 'where to save')\nmodel.save(FLAGS.model_path)\n",
+     "p.add_argument('-c', dest='ckpt', default='w-{epoch}.weights.h5')\n"
+     "cb = ModelCheckpoint(a.ckpt, save_weights_only=True)\n"
+     "flags.DEFINE_string('model_path', 'model.keras', 'where to save')\nmodel.save(FLAGS.model_path)\n"),
+    ("module constant saved and loaded",
+     "CHECKPOINT = 'best.h5'  # best epoch\ncb = ModelCheckpoint(CHECKPOINT, save_best_only=True)\n"
+     "model = keras.models.load_model(CHECKPOINT)\n",
+     "CHECKPOINT = 'best.keras'  # best epoch\ncb = ModelCheckpoint(CHECKPOINT, save_best_only=True)\n"
+     "model = keras.models.load_model(CHECKPOINT)\n"),
+    ("f-strings, os.path.join, + and %, positional save_weights_only",
+     "cb = ModelCheckpoint(f'{args.dir}/ckpt-{{epoch}}.hdf5')\n"
+     "w = ModelCheckpoint(os.path.join(log_dir, 'w-{epoch:02d}.h5'), 'val_loss', 0, True, True)\n"
+     "model.save(out_dir + '/final.h5')\nmodel.save_weights('%s/w.h5' % out_dir)\n",
+     "cb = ModelCheckpoint(f'{args.dir}/ckpt-{{epoch}}.keras')\n"
+     "w = ModelCheckpoint(os.path.join(log_dir, 'w-{epoch:02d}.weights.h5'), 'val_loss', 0, True, True)\n"
+     "model.save(out_dir + '/final.keras')\nmodel.save_weights('%s/w.weights.h5' % out_dir)\n"),
+    ("reads of a file the script saves follow its new name",
+     "model.save('model.h5')\nm = load_model('model.h5')\ncb = ModelCheckpoint('ck-{epoch:02d}.h5')\n"
+     "if os.path.exists('ck-03.h5'):\n    m = hvd.load_model('ck-03.h5')\n"
+     "keras.models.save_model(model, filepath=\"m.hdf5\")\nmodel.load_weights(\"m.hdf5\")\n",
+     "model.save('model.keras')\nm = load_model('model.keras')\ncb = ModelCheckpoint('ck-{epoch:02d}.keras')\n"
+     "if os.path.exists('ck-03.keras'):\n    m = hvd.load_model('ck-03.keras')\n"
+     "keras.models.save_model(model, filepath=\"m.keras\")\nmodel.load_weights(\"m.keras\")\n"),
+    ("a module's save saves no model, but a file the model is saved to follows",
+     "import wandb\nmodel.save('m.h5')\nwandb.save('m.h5')\n",
+     "import wandb\nmodel.save('m.keras')\nwandb.save('m.keras')\n"),
+    ("a function parameter's default",
+     "def train(model, path='final.h5'):\n    model.save(path)\n",
+     "def train(model, path='final.keras'):\n    model.save(path)\n"),
     ("loss and metric short names",
      "model.compile(loss=keras.losses.mse, metrics=[keras.metrics.mae, tf.keras.losses.logcosh])\n",
      "model.compile(loss=keras.losses.mean_squared_error, metrics=[keras.metrics.mean_absolute_error, "
@@ -145,6 +189,25 @@ FINDINGS = [
     ("from keras.preprocessing.image import ImageDataGenerator\n", 1, "ImageDataGenerator is deprecated", False),
     ("import horovod\nhorovod.run(main, np=2)\n", 2, "hvdk8s run -np N", False),
     ("model.fit_generator(g,\n  workers=4, use_multiprocessing=True)\n", 1, "keras.utils.PyDataset", False),
+    # .h5 paths: the option's default is rewritten, but a path on the command line is not
+    ("parser.add_argument(\n    '--ckpt',\n    default='m-{epoch}.h5')\ncb = ModelCheckpoint(args.ckpt)\n", 3,
+     "--ckpt: default rewritten to .keras", False),
+    # what migrate cannot decide is listed at the string's line, with the calls it reaches
+    ("CKPT = 'model.h5'\ntrain(model, CKPT)\n", 1, "migrate cannot follow this HDF5 path", True),
+    ("path = 'a.h5'\nif resume:\n    path = args.path\nmodel.save(path)\n", 1, "migrate cannot follow", True),
+    ("import horovod.keras as hvd\nmodel = hvd.load_model('pretrained.h5')\n", 2,
+     "'pretrained.h5' is loaded by hvd.load_model (line 2)", True),
+    ("model = keras.models.load_model('pretrained.h5')\n", 1, "reads legacy HDF5 models for inference", False),
+    ("cb = ModelCheckpoint('ck.h5',\n                     save_weights_only=args.weights)\n", 1,
+     "save_weights_only (line 1) is not a literal", True),
+    ("CK = 'ck.h5'\nmodel.save(CK)\nmodel.save_weights(CK)\n", 1, "saved both as a model and as weights (lines 2, 3)",
+     True),
+    ("model.save('m.weights.h5')\n", 1, "names a weights file but line 1 saves the whole model", True),
+    ("import numpy as np\nnp.save('x.h5', a)\n", 2, "migrate cannot follow", True),
+    ("model.save('m.h5')\nwith h5py.File('m.h5') as f:\n    print(f.attrs)\n", 2, "opened as HDF5 data (line 2)", True),
+    ("class Saver(keras.callbacks.Callback):\n    def on_train_end(self, logs=None):\n"
+     "        self.model.save(self.path)\n\nparser.add_argument('--path', default='final.h5')\n", 5,
+     "migrate cannot follow", True),
     # a config used in a way migrate does not know is left whole and reported, with its session
     ("config = tf.ConfigProto()\nconfig.gpu_options.per_process_gpu_memory_fraction = 0.5\n"
      "K.set_session(tf.Session(config=config))\n", 1, "tf.ConfigProto: TF 1 session config", True),
@@ -158,6 +221,18 @@ def test_finding(code: str, line: int, fragment: str, manual: bool) -> None:
         Finding(line, next(f.message for f in result.findings if fragment in f.message), manual)
     ], result.findings
     assert result.manual == manual
+
+
+@pytest.mark.parametrize("code", [
+    "data = h5py.File('train.h5', 'r')\nframe = pd.read_hdf('frame.h5')\n",  # HDF5 data, not Keras
+    "print('saved to model.h5')\n",  # a message, not a path
+    "model.load_weights('pretrained.h5')\n",  # Keras 3 reads legacy .h5 weights
+    "best = 'w.weights.h5'\n",  # Keras 3's own name for weights
+    "cb = ModelCheckpoint(path)\nmodel.save(os.path.join(d, name))\n",  # nothing ending in .h5 to see
+])  # fmt: skip
+def test_h5_strings_that_are_no_checkpoint_are_left_alone(code: str) -> None:
+    result = migrate_source(code)
+    assert result.code == code and not result.findings, result.findings
 
 
 def test_unknown_config_use_is_not_half_rewritten() -> None:
@@ -181,6 +256,11 @@ def test_rewrite_targets_exist_in_keras3() -> None:
     assert tf.config.set_soft_device_placement and tf.debugging.set_log_device_placement
     assert keras.mixed_precision.Policy and tf.keras.mixed_precision.set_global_policy
     assert keras.ops.convert_to_numpy(keras.Variable(2.0)) == 2.0
+    keras.callbacks.ModelCheckpoint("ck-{epoch}.keras")
+    keras.callbacks.ModelCheckpoint("w-{epoch}.weights.h5", save_weights_only=True)
+    for path, weights_only in (("ck-{epoch}.hdf5", False), ("w-{epoch}.h5", True)):  # what Keras 3 refuses outright
+        with pytest.raises(ValueError, match="must end in"):
+            keras.callbacks.ModelCheckpoint(path, save_weights_only=weights_only)
 
 
 KERAS2_SCRIPT = '''\
