@@ -254,11 +254,21 @@ def all_true(flag: Any, process_set: Any = global_process_set, name: str = "hvdk
 
 
 def broadcast_variables(variables: Sequence[Any], root_rank: int = 0, process_set: Any = global_process_set) -> None:
-    """Overwrite ``variables`` on every rank with their values on ``root_rank`` (one traced group of broadcasts)."""
+    """Overwrite ``variables`` on every rank with their values on ``root_rank`` (one traced group of broadcasts).
+
+    The broadcasts are named by position, not (as Horovod's ``broadcast_variables`` names them) by variable name:
+    Horovod pairs collectives across ranks by name, and the same model's variables are named differently on a rank
+    that loaded it (``hvdk8s.load_model`` of a Sequential: ``dense/kernel``) and on one that built it
+    (``sequential/dense/kernel``), so a resumed job would wait forever at its first broadcast.
+    """
     if variables:
-        hvd.broadcast_variables(
-            [v.value if isinstance(v, keras.Variable) else v for v in variables], root_rank, process_set=process_set
-        )
+        _broadcast_group([v.value if isinstance(v, keras.Variable) else v for v in variables], root_rank, process_set)
+
+
+@tf.function
+def _broadcast_group(values: list[Any], root_rank: int, process_set: Any) -> None:
+    for i, value in enumerate(values):
+        value.assign(hvd.broadcast(value, root_rank, name=f"hvdk8s_broadcast_variable_{i}", process_set=process_set))
 
 
 def average_scalars(values: Mapping[str, float], name: str = "hvdk8s.metrics") -> dict[str, float]:

@@ -36,9 +36,9 @@ y = digits.target.astype("int64")[hvd.rank() :: hvd.size()]
 if resume_from_epoch > 0 and hvd.rank() == 0:
     model = hvd.load_model(args.checkpoint_format.format(epoch=resume_from_epoch))
 else:
-    inputs = keras.Input((64,))
-    hidden = keras.layers.Dense(16, activation="relu", name="hidden")(inputs)
-    model = keras.Model(inputs, keras.layers.Dense(10, activation="softmax", name="digit")(hidden))
+    # a Sequential: loaded, its variables are named dense/kernel, built, sequential/dense/kernel
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(16, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
     opt = keras.optimizers.SGD(lr=0.05 * hvd.size(), momentum=0.9)
     model.compile(loss="sparse_categorical_crossentropy", optimizer=hvd.DistributedOptimizer(opt),
                   metrics=["accuracy"])
