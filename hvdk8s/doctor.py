@@ -115,7 +115,7 @@ def problems(facts: Facts) -> list[str]:
 
 
 def horovod_matches(facts: Facts) -> bool:
-    """scripts/setup.sh's test for skipping the Horovod build: nothing to fix, and both controllers built."""
+    """scripts/setup.sh's last check: nothing to fix, and both controllers built."""
     return not problems(facts) and facts.horovod.mpi and facts.horovod.gloo
 
 
@@ -327,7 +327,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     mode.add_argument("--json", action="store_true", help="print the facts and problems as JSON")
     mode.add_argument("--horovod-matches", action="store_true",
                       help="print nothing; exit 0 iff Horovod is installed, built for the installed TensorFlow, "
-                           "imports, and has MPI and Gloo (scripts/setup.sh skips the Horovod build then)")
+                           "imports, and has MPI and Gloo (scripts/setup.sh's last check)")
     parser.set_defaults(handler=run)
 
 

@@ -51,12 +51,14 @@ log "installing hvdk8s[$TF_EXTRA,dev] on the TensorFlow $TF_STACK stack ($STACK)
 # TF Serving's gRPC stubs; --no-deps: it requires the full `tensorflow` package (see pyproject.toml)
 "${PIP[@]}" install -c "$STACK" --no-deps tensorflow-serving-api
 
-if "$VENV/bin/python" -m hvdk8s.doctor --horovod-matches >/dev/null 2>&1; then
-  log "Horovod already built for this TensorFlow"
-else
-  HVDK8S_CACHE=${HVDK8S_CACHE:-$HOME/.cache/hvdk8s} PYTHON="$VENV/bin/python" bash scripts/install-horovod.sh
-fi
+# Always: the wheel cache is keyed by the patch too, so an environment built with an older patch gets the
+# current build (a cached wheel installs in seconds).
+HVDK8S_CACHE=${HVDK8S_CACHE:-$HOME/.cache/hvdk8s} PYTHON="$VENV/bin/python" bash scripts/install-horovod.sh
 
+if ! "$VENV/bin/python" -m hvdk8s.doctor --horovod-matches; then
+  "$VENV/bin/python" -m hvdk8s.doctor >&2
+  exit 1
+fi
 "$VENV/bin/python" - <<'PY'
 import horovod.tensorflow as hvd, tensorflow as tf, keras
 print(f"[setup] ok: tensorflow {tf.__version__}, keras {keras.__version__}, "
