@@ -86,7 +86,7 @@ def test_tensorflow2_keras_mnist_elastic_grows_from_1_to_2_ranks(tmp_path: Path)
         "--network-interface", "lo", "tensorflow2_keras_mnist_elastic.py",
     ]  # fmt: skip
     lines: list[str] = []
-    env = example_env(3, 6)
+    env = {**example_env(3, 6), "HVDK8S_EXAMPLE_HOLD_FOR_RANKS": "2"}  # training waits for the joining worker
     with subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                           start_new_session=True) as job:  # fmt: skip
         # a hung job fails the test instead of hanging it: killed after 300 s, or after 120 s without output

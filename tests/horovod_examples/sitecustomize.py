@@ -6,6 +6,10 @@ The examples are run unchanged apart from ``hvdk8s migrate``; this module change
   bundled digits upscaled to MNIST's shapes and dtypes (28x28 uint8 images, uint8 labels): nothing is downloaded.
 - ``Model.fit`` caps ``epochs``, ``steps_per_epoch`` and ``validation_steps`` (keyword arguments) at
   ``HVDK8S_EXAMPLE_MAX_EPOCHS`` / ``HVDK8S_EXAMPLE_MAX_STEPS`` when set, so 24-epoch examples fit a test budget.
+- With ``HVDK8S_EXAMPLE_HOLD_FOR_RANKS=N``, a ``fit`` of more than one epoch (an example's training, not its
+  one-step warm-up) pauses ``HOLD_PAUSE_SECONDS`` after each batch while the job has fewer than N ranks, for
+  ``HOLD_SECONDS`` at most: capped examples train in a second or two, faster than a worker that an elastic
+  test adds can start and join (the example's commit after a batch is where the job takes it in).
 
 The patches are applied when Keras imports the modules, so processes that never import Keras pay nothing.
 """
@@ -40,13 +44,40 @@ def capped_fit(fit: Callable[..., Any]) -> Callable[..., Any]:
         "validation_steps": os.environ.get("HVDK8S_EXAMPLE_MAX_STEPS"),
     }
 
+    hold_for = int(os.environ.get("HVDK8S_EXAMPLE_HOLD_FOR_RANKS") or 0)
+
     def fit_with_caps(self: Any, *args: Any, **kwargs: Any) -> Any:
         for name, cap in caps.items():
             if cap and kwargs.get(name) is not None:
                 kwargs[name] = min(kwargs[name], int(cap))
+        if hold_for and (kwargs.get("epochs") or 1) > 1:
+            kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), _hold_for_ranks(hold_for)]
         return fit(self, *args, **kwargs)
 
     return fit_with_caps
+
+
+HOLD_SECONDS = 120.0
+HOLD_PAUSE_SECONDS = 3.0
+
+
+def _hold_for_ranks(ranks: int) -> Any:
+    """A callback that pauses after each batch while Horovod has fewer than ``ranks`` ranks (HOLD_SECONDS at most)."""
+    import time
+
+    import horovod.tensorflow as hvd
+    import keras
+
+    class HoldForRanks(keras.callbacks.Callback):
+        def on_train_begin(self, logs: Any = None) -> None:
+            self.deadline = time.monotonic() + HOLD_SECONDS
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            # runs after the example's elastic commit callback, which resets the job once the worker has joined
+            if hvd.size() < ranks and time.monotonic() < self.deadline:
+                time.sleep(HOLD_PAUSE_SECONDS)
+
+    return HoldForRanks()
 
 
 def _patch_mnist(module: ModuleType) -> None:
