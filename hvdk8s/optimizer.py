@@ -75,9 +75,10 @@ class _DistributedMixin:
 
     def build(self, variables: list[Any]) -> None:
         super().build(variables)  # type: ignore[misc]
-        # A LossScaleOptimizer builds its inner optimizer in its own build, which fit runs before it traces
-        # the first step (also without hvdk8s's callbacks, e.g. an elastic script's warm-up fit): switch it
-        # over here, so its first traced step already reduces before deciding.
+        # A LossScaleOptimizer builds its inner optimizer in its own build: switch it over here, also where no
+        # hvdk8s callback runs (an elastic script's warm-up fit). Keras 3.8's fit builds before tracing the
+        # first step, which then reduces before deciding; 3.15's builds inside that step, whose decision the
+        # switched class's check_finite agrees across ranks.
         distribute_loss_scale(_wrapping_loss_scale(self))
 
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
