@@ -1,10 +1,12 @@
-"""Horovod's three Keras examples run on hvdk8s after ``hvdk8s migrate --write``, on 2 ranks.
+"""Horovod's Keras examples run on hvdk8s after ``hvdk8s migrate --write``, on 2 ranks.
 
-Each test copies an example from ../shared/peer/horovod/examples (never into the repo), migrates the
-copy and trains it with ``hvdk8s run``. The scripts are changed by ``migrate`` only; the harness on
-PYTHONPATH (tests/horovod_examples/sitecustomize.py) serves scikit-learn's digits as MNIST and caps
-``fit`` at HVDK8S_EXAMPLE_MAX_EPOCHS epochs of HVDK8S_EXAMPLE_MAX_STEPS steps, so the 24-epoch,
-500-step examples fit the test budget.
+Each test copies an example, as published in Horovod's repository, into a temporary folder, migrates the
+copy and trains it with ``hvdk8s run``: three from ../shared/peer/horovod/examples (never into the repo), and
+``keras_imagenet_resnet50.py`` from tests/horovod_examples (origin in its first line). The scripts are
+changed by ``migrate`` only; the harness on PYTHONPATH (tests/horovod_examples/sitecustomize.py) serves
+scikit-learn's digits as MNIST or as 32x32 ImageNet-style folders and caps ``fit`` at
+HVDK8S_EXAMPLE_MAX_EPOCHS epochs of HVDK8S_EXAMPLE_MAX_STEPS steps, so the 24- and 90-epoch examples fit the
+test budget.
 """
 from __future__ import annotations
 
@@ -22,9 +24,9 @@ EXAMPLES = REPO.parent / "shared" / "peer" / "horovod" / "examples"
 HARNESS = Path(__file__).resolve().parent / "horovod_examples"
 
 
-def migrated(tmp_path: Path, name: str) -> Path:
+def migrated(tmp_path: Path, name: str, examples: Path = EXAMPLES) -> Path:
     """A migrated copy of example ``name`` in ``tmp_path``; migrate must leave nothing to do by hand."""
-    script = shutil.copy(EXAMPLES / name, tmp_path / name)
+    script = shutil.copy(examples / name, tmp_path / name)
     proc = subprocess.run([HVDK8S, "migrate", "--write", name], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "import hvdk8s as hvd" in Path(script).read_text()
@@ -69,6 +71,35 @@ def test_tensorflow2_keras_mnist_elastic_with_mixed_precision_trains_on_2_ranks(
     out = run_example(tmp_path, ["-np", "2", "tensorflow2_keras_mnist_elastic.py", "--use-mixed-precision"], env)
     assert re.search(r"^\[0\] Epoch 2/2", out, re.M) and re.search(r"^\[1\] Epoch 2/2", out, re.M), out[-3000:]
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1.keras", "checkpoint-2.keras"]
+
+
+def test_keras_imagenet_resnet50_resumes_from_its_default_checkpoint(tmp_path: Path) -> None:
+    """The example's default ``--checkpoint-format`` (``./checkpoint-{epoch}.h5``, rewritten to .keras by migrate):
+    a second run finds epoch 1's checkpoint, ``hvd.load_model`` restores model and optimizer on rank 0, the
+    broadcast reaches rank 1, and training goes on at epoch 2 with the optimizer's step count carried over."""
+    migrated(tmp_path, "keras_imagenet_resnet50.py", HARNESS)
+    env = {**example_env(2, 2), "HVDK8S_EXAMPLE_IMAGES": "64"}
+    argv = ["-np", "2", "keras_imagenet_resnet50.py", "--batch-size", "8", "--val-batch-size", "8"]
+    run_example(tmp_path, [*argv, "--epochs", "1"], env)  # Keras prints no "Epoch 1/1" header for one epoch
+    assert [p.name for p in tmp_path.glob("checkpoint-*")] == ["checkpoint-1.keras"]
+    second = run_example(tmp_path, [*argv, "--epochs", "2"], env)
+    assert re.search(r"^\[0\] Epoch 2/2", second, re.M) and not re.search(r"Epoch 1/2", second), second[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1.keras", "checkpoint-2.keras"]
+    # 2 steps per epoch: a run that started over would save 2 optimizer steps in checkpoint-2 as well
+    assert [optimizer_iterations(tmp_path / f"checkpoint-{e}.keras") for e in (1, 2)] == [2, 4]
+    scores = dict(re.findall(r"^\[(\d)\] Test accuracy: (\S+)", second, re.M))
+    assert set(scores) <= {"0"} and scores, second[-3000:]  # the example prints on rank 0 only
+
+
+def optimizer_iterations(checkpoint: Path) -> int:
+    """The optimizer's ``iterations`` saved in a ``.keras`` file (its weights archive, read without Keras)."""
+    import io
+    import zipfile
+
+    import h5py
+
+    with zipfile.ZipFile(checkpoint) as archive, h5py.File(io.BytesIO(archive.read("model.weights.h5"))) as weights:
+        return int(weights["optimizer/vars/0"][()])
 
 
 def kill_after(job: subprocess.Popen[str], seconds: float) -> threading.Timer:

@@ -4,6 +4,12 @@ The examples are run unchanged apart from ``hvdk8s migrate``; this module change
 
 - ``keras.datasets.mnist.load_data`` (also reached as ``tf.keras.datasets.mnist``) returns scikit-learn's
   bundled digits upscaled to MNIST's shapes and dtypes (28x28 uint8 images, uint8 labels): nothing is downloaded.
+- ``ImageDataGenerator.flow_from_directory`` (Keras's legacy preprocessing module) serves the same digits as 32x32
+  RGB images in 10 classes through ``ImageDataGenerator.flow``, so an example's augmentation and
+  ``preprocess_input`` still run: ``HVDK8S_EXAMPLE_IMAGES`` images (64 unless set) for a directory whose path
+  contains "train", half as many from the held-out digits for any other. Nothing is read from ``~/imagenet``.
+- ``keras.applications.resnet50.ResNet50`` builds the real ResNet-50 for those 32x32 inputs and 10 classes unless
+  the caller names ``input_shape``/``classes`` (the ImageNet examples call ``ResNet50(weights=None)``).
 - ``Model.fit`` caps ``epochs``, ``steps_per_epoch`` and ``validation_steps`` (keyword arguments) at
   ``HVDK8S_EXAMPLE_MAX_EPOCHS`` / ``HVDK8S_EXAMPLE_MAX_STEPS`` when set, so 24-epoch examples fit a test budget.
 - With ``HVDK8S_EXAMPLE_HOLD_FOR_RANKS=N``, a ``fit`` of more than one epoch (an example's training, not its
@@ -35,6 +41,18 @@ def digits_as_mnist(path: str = "mnist.npz") -> tuple[tuple[Any, Any], tuple[Any
     images = np.round(images * (255 / 16)).astype(np.uint8)
     labels = digits.target.astype(np.uint8)
     return (images[:1500], labels[:1500]), (images[1500:], labels[1500:])
+
+
+def digits_as_imagenet(count: int, offset: int) -> tuple[Any, Any]:
+    """``count`` digits from ``offset`` as 32x32 RGB float images (0..255) with one-hot labels over 10 classes."""
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    images = np.kron(digits.images[offset : offset + count], np.ones((4, 4)))  # 32x32
+    images = np.repeat(images[..., None], 3, axis=-1) * (255 / 16)
+    labels = np.eye(10, dtype="float32")[digits.target[offset : offset + count]]
+    return images.astype("float32"), labels
 
 
 def capped_fit(fit: Callable[..., Any]) -> Callable[..., Any]:
@@ -88,7 +106,34 @@ def _patch_model(module: ModuleType) -> None:
     module.Model.fit = capped_fit(module.Model.fit)
 
 
-PATCHES = {"keras.src.datasets.mnist": _patch_mnist, "keras.src.models.model": _patch_model}
+def _patch_image(module: ModuleType) -> None:
+    count = int(os.environ.get("HVDK8S_EXAMPLE_IMAGES") or 64)
+
+    def flow_from_directory(self: Any, directory: str, target_size: Any = None, batch_size: int = 32,
+                            **kwargs: Any) -> Any:  # fmt: skip
+        x, y = digits_as_imagenet(count, 0) if "train" in str(directory) else digits_as_imagenet(count // 2, 1500)
+        return self.flow(x, y, batch_size=batch_size, shuffle=True)
+
+    module.ImageDataGenerator.flow_from_directory = flow_from_directory
+
+
+def _patch_resnet(module: ModuleType) -> None:
+    resnet50 = module.ResNet50
+
+    def ResNet50(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 (Keras's name)
+        kwargs.setdefault("input_shape", (32, 32, 3))
+        kwargs.setdefault("classes", 10)
+        return resnet50(*args, **kwargs)
+
+    module.ResNet50 = ResNet50
+
+
+PATCHES = {
+    "keras.src.datasets.mnist": _patch_mnist,
+    "keras.src.models.model": _patch_model,
+    "keras.src.legacy.preprocessing.image": _patch_image,
+    "keras.src.applications.resnet": _patch_resnet,
+}
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
