@@ -4,25 +4,38 @@ Run inside the launcher pod, where the API is out of reach, so "Ready" is
 tested the way the workers' readiness probe tests it: a TCP connection to the
 ssh port. The MPI Operator's ``discover_hosts.sh`` lists every Running worker,
 Ready or not, and Horovod's elastic driver fails on a host whose sshd is not up
-yet; ``ready`` filters that list. ``wait`` holds a launcher started together
-with its workers (``launcherCreationPolicy: AtStartup``, as under Kueue) until
-every host of the operator's hostfile is reachable, then runs mpirun.
+yet; ``ready`` filters that list. ``wait`` holds every launcher until each
+host of the controller's hostfile is reachable, then runs mpirun: a launcher may
+start before its workers' sshd (``AtStartup``, and any job Kueue suspends, which
+the MPI Operator starts together with its workers on resume), and when they are
+up the wait costs one connection per host.
+
+``--identity`` is for Kubeflow Trainer v2.3.0, which mounts the ssh private key
+with mode 0640 (pkg/constants: MPISSHPrivateKeyFileMode): OpenSSH refuses a key
+the user owns that others may read, so a root launcher could never connect. The
+wait hands ssh a private 0600 copy instead (through ``OMPI_MCA_plm_rsh_args``,
+which both controllers set and mpirun passes to ssh).
 
     python -m hvdk8s.launcher.hosts ready --port 2222 -- /etc/mpi/discover_hosts.sh
-    python -m hvdk8s.launcher.hosts wait --port 2222 --hostfile /etc/mpi/hostfile -- mpirun ...
+    python -m hvdk8s.launcher.hosts wait --port 2222 --timeout 3600 -- mpirun ...
 """
 from __future__ import annotations
 
 import argparse
 import os
 import socket
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 
 CONNECT_SECONDS = 1.0
 POLL_SECONDS = 2.0
+# Where both controllers point Open MPI (and so this wait) at their hostfile.
+HOSTFILE_ENV = "OMPI_MCA_orte_default_hostfile"
+RSH_ARGS_ENV = "OMPI_MCA_plm_rsh_args"
 
 
 def accepts(host: str, port: int, timeout: float = CONNECT_SECONDS) -> bool:
@@ -57,12 +70,25 @@ def wait_for(hosts: Sequence[str], is_ready: Callable[[str], bool], timeout: flo
     return waiting
 
 
+def private_identity(key: str, env: dict[str, str]) -> dict[str, str]:
+    """Copy ``key`` to a fresh 0600 file only this user can read; ``env`` with ssh told to use it."""
+    folder = tempfile.mkdtemp(prefix="hvdk8s-ssh-")  # 0700
+    copy = os.path.join(folder, os.path.basename(key))
+    fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as out, open(key, "rb") as src:
+        shutil.copyfileobj(src, out)
+    rsh_args = " ".join(filter(None, [env.get(RSH_ARGS_ENV, ""), "-i", copy]))
+    return env | {RSH_ARGS_ENV: rsh_args}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hvdk8s.launcher.hosts", description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", choices=("ready", "wait"))
     parser.add_argument("--port", type=int, required=True, help="the workers' sshd port")
-    parser.add_argument("--hostfile", default="/etc/mpi/hostfile", help="wait: the operator's hostfile")
-    parser.add_argument("--timeout", type=float, default=600.0, help="wait: give up after this many seconds")
+    parser.add_argument("--hostfile", default=os.environ.get(HOSTFILE_ENV, "/etc/mpi/hostfile"),
+                        help=f"wait: the controller's hostfile (default: ${HOSTFILE_ENV}, else /etc/mpi/hostfile)")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="wait: give up after this many seconds")
+    parser.add_argument("--identity", metavar="KEY", help="wait: ssh with a private 0600 copy of this key")
     parser.epilog = "after --: the discovery script (ready) or the command to run (wait)"
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
@@ -77,13 +103,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             return listed.returncode
         print("\n".join(ready_lines(listed.stdout.splitlines(), ready)))
         return 0
-    with open(args.hostfile) as f:
-        hosts = hostfile_hosts(f.read(), socket.gethostname())
-    if missing := wait_for(hosts, ready, args.timeout):
-        print(f"hvdk8s: after {args.timeout:.0f} s no sshd answers on port {args.port} of: {', '.join(missing)}",
-              file=sys.stderr)
+    try:
+        with open(args.hostfile) as f:
+            hosts = hostfile_hosts(f.read(), socket.gethostname())
+    except OSError as err:
+        print(f"hvdk8s: cannot read the hostfile {args.hostfile}: {err.strerror}", file=sys.stderr)
         return 1
-    os.execvp(command[0], command)
+    if missing := wait_for(hosts, ready, args.timeout):
+        print(f"hvdk8s: after {args.timeout:g} s these workers never answered on their sshd port {args.port}: "
+              f"{', '.join(missing)} (raise workerWaitSeconds in the job file if they are still starting: "
+              "node scale-up, image pull)", file=sys.stderr)
+        return 1
+    env = dict(os.environ)
+    if args.identity:
+        try:
+            env = private_identity(args.identity, env)
+        except OSError as err:
+            print(f"hvdk8s: cannot copy the ssh key {args.identity}: {err.strerror}", file=sys.stderr)
+            return 1
+    os.execvpe(command[0], command, env)
 
 
 if __name__ == "__main__":

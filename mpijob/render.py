@@ -15,7 +15,6 @@ from hvdk8s.mpijob.spec import (
     DISCOVER_HOSTS,
     GPU_RESOURCE,
     LAUNCHER_CONTAINER,
-    MPI_CONFIG_DIR,
     WORKER_CONTAINER,
     JobSpec,
     Resources,
@@ -73,8 +72,9 @@ def pod_env(spec: JobSpec) -> dict[str, str]:
     return env | spec.env
 
 
-def launcher_command(spec: JobSpec) -> list[str]:
-    """mpirun (or, for elastic jobs, horovodrun) argv of the launcher container (``spec`` defaulted)."""
+def launcher_command(spec: JobSpec, ssh_identity: str | None = None) -> list[str]:
+    """mpirun (or, for elastic jobs, horovodrun) argv of the launcher container (``spec`` defaulted);
+    ``ssh_identity``: a private key ssh must use through a 0600 copy (``hosts --identity``)."""
     port = str(spec.ssh_port)
     if spec.elastic:
         # The operator's discover_hosts.sh lists the Running workers, one host
@@ -94,10 +94,14 @@ def launcher_command(spec: JobSpec) -> list[str]:
     argv = mpirun_argv(spec.np, spec.command, env_names=names, allow_run_as_root=spec.user is None,
                        mca=transport_mca(ompi.allreduce_algorithm, ompi.yield_when_idle, ompi.mca,
                                          tcp_eager_limit=ompi.tcp_eager_limit))
-    if spec.launcher_creation_policy == "AtStartup" and spec.workers:
-        # Started with its workers, not after them: wait for their sshd first.
-        return [*HOSTS_MODULE, "wait", "--port", port, "--hostfile", f"{MPI_CONFIG_DIR}/hostfile", "--", *argv]
-    return argv
+    if not spec.workers:
+        return argv  # the launcher runs every rank itself
+    # Always wait for the workers' sshd: WaitForWorkersReady does not hold once anything suspends
+    # the job (Kueue does, label or not), and the operator then starts the launcher with the workers.
+    wait = [*HOSTS_MODULE, "wait", "--port", port, "--timeout", str(spec.worker_wait_seconds)]
+    if ssh_identity:
+        wait += ["--identity", ssh_identity]
+    return [*wait, "--", *argv]
 
 
 def metadata(spec: JobSpec) -> dict[str, Any]:

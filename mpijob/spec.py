@@ -246,6 +246,9 @@ class JobSpec:
     user: User | None = None
     ssh_auth_mount_path: str | None = None  # default: the user's ~/.ssh
     ssh_port: int = 2222  # sshd port baked into the image (the operator's convention)
+    # How long the launcher waits for every worker's sshd before it gives up and names those that
+    # never answered: generous, since GPU node scale-up plus a multi-GB image pull can take long.
+    worker_wait_seconds: int = 3600
     elastic: Elastic | None = None
     metrics: Metrics = Metrics()
     horovod: Horovod = Horovod()

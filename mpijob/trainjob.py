@@ -8,7 +8,13 @@ a ``node`` replicated job running sshd, and a ``launcher`` one, labelled as the
 ``trainer`` ancestor step, created once the nodes are Ready. Both containers
 are named ``node``: the MPI plugin mounts the ssh keys (and, on the launcher,
 the hostfile at /etc/mpi) only into containers of that name. The pods are the
-MPIJob path's, so the launcher runs the very same mpirun command.
+MPIJob path's, so the launcher runs the very same mpirun command, with one
+difference: Trainer mounts the ssh private key with mode 0640
+(pkg/constants: MPISSHPrivateKeyFileMode), which OpenSSH refuses for the key's
+owner (root, when the job file sets no ``user:``), so the launcher's wait hands
+ssh a 0600 copy (``hosts wait --identity``). Each replicated Job fails at its
+first failed pod (``backoffLimit: 0``, Kubernetes' default is 6), so retries are
+the JobSet's ``maxRestarts`` = ``runPolicy.backoffLimit``, as for the MPIJob.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from typing import Any
 from hvdk8s import k8s
 from hvdk8s.k8s import MULTIKUEUE, FieldError, forbidden
 from hvdk8s.mpijob.files import SpecError
-from hvdk8s.mpijob.render import labels, metadata, render
+from hvdk8s.mpijob.render import labels, launcher_command, metadata, render
 from hvdk8s.mpijob.spec import JobSpec
 
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
@@ -45,6 +51,11 @@ def trainjob_problems(spec: JobSpec) -> list[FieldError]:
     if spec.workers == 0:
         errors.append(forbidden("workers", "Trainer always runs at least one node pod besides the launcher: "
                                 "a launcher-only job needs an MPIJob (--api mpijob)"))
+    if spec.scheduler_name == "volcano":
+        errors.append(forbidden("schedulerName", "volcano is not carried to a TrainJob: Trainer's Volcano gang "
+                                "(podGroupPolicy, v2.3.0 plugins/volcano) counts the launcher in minMember, which "
+                                "JobSet creates only once the nodes are Ready, so the gang would never fill: "
+                                "render an MPIJob (--api mpijob) for Volcano"))
     nodes = spec.workers  # JobSet pod hostnames: <job>-<replicated job>-<job index>-<pod index>
     for host in (f"{spec.name}-{NODE}-0-{max(nodes, 1) - 1}", f"{spec.name}-{LAUNCHER}-0-0"):
         if problem := k8s.dns1035_problem(host):
@@ -61,6 +72,8 @@ def render_trainjob(spec: JobSpec) -> list[dict[str, Any]]:
     # the nodes after a resume: the launcher never has to wait for sshd itself.
     mpijob = render(dataclasses.replace(spec, launcher_creation_policy="WaitForWorkersReady"))
     replicas = mpijob["spec"]["mpiReplicaSpecs"]
+    launcher = replicas["Launcher"]["template"]["spec"]["containers"][0]
+    launcher["command"] = launcher_command(spec, ssh_identity=f"{spec.ssh_auth_mount_path}/id_rsa")
     run_policy = spec.run_policy
     jobset: dict[str, Any] = {
         "network": {"publishNotReadyAddresses": True},
@@ -70,12 +83,12 @@ def render_trainjob(spec: JobSpec) -> list[dict[str, Any]]:
     if run_policy.ttl_seconds_after_finished is not None:
         jobset["ttlSecondsAfterFinished"] = run_policy.ttl_seconds_after_finished
     jobset["replicatedJobs"] = [
-        {"name": NODE, "template": {"spec": {"template": _pod(replicas["Worker"])}}},
+        {"name": NODE, "template": {"spec": {"backoffLimit": 0, "template": _pod(replicas["Worker"])}}},
         {
             "name": LAUNCHER,
             "dependsOn": [{"name": NODE, "status": "Ready"}],
             "template": {"metadata": {"labels": {ANCESTOR_LABEL: ANCESTOR_TRAINER}},
-                         "spec": {"template": _pod(replicas["Launcher"])}},
+                         "spec": {"backoffLimit": 0, "template": _pod(replicas["Launcher"])}},
         },
     ]
     runtime = {

@@ -237,6 +237,7 @@ def _check_network(spec: JobSpec) -> list[FieldError]:
     errors = [invalid(f"capabilities[{i}]", f"{cap!r} is not a Linux capability name (e.g. IPC_LOCK)")
               for i, cap in enumerate(spec.capabilities) if not CAPABILITY.match(cap)]
     errors += _port("sshPort", spec.ssh_port)
+    errors += at_least("workerWaitSeconds", spec.worker_wait_seconds, 1)
     return errors
 
 

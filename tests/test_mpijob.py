@@ -30,9 +30,17 @@ from hvdk8s.mpijob.spec import JobSpec
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "mpijob" / "examples"
+WAIT = ["python", "-m", "hvdk8s.launcher.hosts", "wait"]
 BASE = {"name": "digits", "image": "img:1", "command": ["python", "/app/examples/train_digits.py"]}
 FORWARDED = ["HOROVOD_FUSION_THRESHOLD", "HVDK8S_JOB_NAME", "HVDK8S_METRICS_PORT", "LD_LIBRARY_PATH",
              "NCCL_DEBUG", "PATH", "PYTHONUNBUFFERED"]  # fmt: skip
+
+
+def mpirun_of(container: dict[str, Any]) -> list[str]:
+    """The launcher's mpirun argv: what the wait for the workers' sshd runs once they answer."""
+    command = container["command"]
+    assert command[:len(WAIT)] == WAIT, command
+    return command[command.index("--") + 1:]
 
 
 def messages(errors: list[Any]) -> list[str]:
@@ -88,7 +96,8 @@ def test_cpu_example_exact_launcher_and_worker():
         "-x", "LD_LIBRARY_PATH", "-x", "NCCL_DEBUG", "-x", "PATH", "-x", "PYTHONUNBUFFERED",
         "python", "/app/examples/train_digits.py", "--epochs", "12",
     ]  # fmt: skip
-    assert launcher(manifest)["command"] == expected_argv
+    # mpirun behind the wait for every worker's sshd (at most workerWaitSeconds, default an hour) ...
+    assert launcher(manifest)["command"] == [*WAIT, "--port", "2222", "--timeout", "3600", "--", *expected_argv]
     # ... which is exactly what `hvdk8s run` builds locally.
     command = ["python", "/app/examples/train_digits.py", "--epochs", "12"]
     assert expected_argv == mpirun_argv(2, command, env_names=FORWARDED, allow_run_as_root=True)
@@ -114,7 +123,7 @@ def test_cpu_example_exact_launcher_and_worker():
 def test_gpu_example_wiring():
     spec = load_spec(EXAMPLES / "gpu.yaml")
     manifest = render(spec)
-    command = launcher(manifest)["command"]
+    command = mpirun_of(launcher(manifest))
     assert command[:3] == ["mpirun", "-np", "8"] and "--allow-run-as-root" not in command
     assert ["-x", "TF_GPU_ALLOCATOR"] == command[command.index("TF_GPU_ALLOCATOR") - 1 : command.index("TF_GPU_ALLOCATOR") + 1]
     assert "nvidia.com/gpu" not in str(launcher(manifest)["resources"])  # the launcher never takes a GPU
@@ -334,19 +343,20 @@ def test_launcher_only_mpijob_is_accepted_like_the_operator_does():
     del manifest["spec"]["mpiReplicaSpecs"]["Worker"]
     assert check_manifest(manifest) == []
     manifest["spec"]["runLauncherAsWorker"] = True  # the hostfile lists the launcher: -np fills its slots
-    launcher(manifest)["command"][2] = "1"
+    command = launcher(manifest)["command"]
+    command[command.index("-np") + 1] = "1"
     assert check_manifest(manifest) == []
 
 
 def test_run_launcher_as_worker_counts_the_launchers_slots():
     manifest = render(load_spec(BASE | {"runLauncherAsWorker": True, "slotsPerWorker": 2, "gpu": True}))
     assert manifest["spec"]["runLauncherAsWorker"] is True
-    assert launcher(manifest)["command"][:3] == ["mpirun", "-np", "6"]  # (2 workers + launcher) x 2
+    assert mpirun_of(launcher(manifest))[:3] == ["mpirun", "-np", "6"]  # (2 workers + launcher) x 2
     assert launcher(manifest)["resources"]["limits"]["nvidia.com/gpu"] == 2  # it runs ranks: worker-sized
     assert check_manifest(manifest) == []
     alone = render(load_spec(BASE | {"runLauncherAsWorker": True, "workers": 0}))
     assert list(alone["spec"]["mpiReplicaSpecs"]) == ["Launcher"]
-    assert launcher(alone)["command"][:3] == ["mpirun", "-np", "1"]
+    assert launcher(alone)["command"][:3] == ["mpirun", "-np", "1"]  # no worker to wait for
     assert check_manifest(alone) == []
     assert errors_of(BASE | {"workers": 0}) == ["workers: must be >= 1, got 0"]
 
@@ -466,7 +476,7 @@ def test_render_flags_override_file_and_podmonitor(capsys: pytest.CaptureFixture
     assert run_render(str(EXAMPLES / "cpu.yaml"), "--workers", "4", "--podmonitor") == 0
     job, monitor = yaml.safe_load_all(capsys.readouterr().out)
     assert job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 4
-    assert launcher(job)["command"][:3] == ["mpirun", "-np", "4"]
+    assert mpirun_of(launcher(job))[:3] == ["mpirun", "-np", "4"]
     assert monitor["kind"] == "PodMonitor" and monitor["metadata"]["name"] == "digits-cpu"
 
 
@@ -530,7 +540,8 @@ def run_launcher(spec: JobSpec, tmp_path: Path) -> tuple[list[tuple[int | None, 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "HVDK8S_"))}
     env |= {e["name"]: e["value"] for e in container["env"]}
     env |= {"OMPI_MCA_orte_default_hostfile": str(hostfile), "OMPI_MCA_orte_keep_fqdn_hostnames": "true"}
-    proc = subprocess.run(container["command"], env=env, capture_output=True, text=True, timeout=120)
+    # No sshd here to wait for: run what the wait hands over to (test_mpijob_cluster tests the wait).
+    proc = subprocess.run(mpirun_of(container), env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return list(rank_lines(proc.stdout.splitlines())), proc.stderr
 

@@ -16,7 +16,8 @@ import yaml
 
 from hvdk8s.mpijob import SpecError, check_manifest, load_spec, render, render_trainjob
 from hvdk8s.mpijob.trainjob import ANCESTOR_LABEL, checked_render_trainjob
-from test_mpijob import BASE, errors_of, launcher, run_render, worker_pod
+from hvdk8s.mpijob.render import launcher_command
+from test_mpijob import BASE, errors_of, launcher, mpirun_of, run_render, worker_pod
 from test_mpijob_schema import crd_errors, pod_errors, strict_validator, template_errors
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "shared" / "schemas"
@@ -63,7 +64,7 @@ def test_queue_label_and_a_launcher_that_waits_for_its_workers_itself():
     # ... and the launcher waits for every worker's sshd before mpirun
     command = launcher(manifest)["command"]
     assert command[:9] == ["python", "-m", "hvdk8s.launcher.hosts", "wait", "--port", "2222",
-                           "--hostfile", "/etc/mpi/hostfile", "--"]
+                           "--timeout", "3600", "--"]
     assert command[9:12] == ["mpirun", "-np", "2"]
     assert check_manifest(manifest) == []
     broken = dict(manifest, spec=dict(manifest["spec"]))
@@ -183,7 +184,8 @@ def test_wait_runs_the_command_once_hosts_answer_and_gives_up_otherwise(listenin
     gave_up = hosts_cli("wait", "--port", str(listening), "--hostfile", str(hostfile), "--timeout", "0.1",
                         "--", "echo", "mpirun-ran")
     assert gave_up.returncode == 1 and gave_up.stdout == ""
-    assert f"no sshd answers on port {listening} of: 127.0.0.2" in gave_up.stderr
+    assert f"these workers never answered on their sshd port {listening}: 127.0.0.2" in gave_up.stderr
+    assert "raise workerWaitSeconds in the job file" in gave_up.stderr
 
 
 # ---- Kubeflow Trainer v2 ------------------------------------------------------------------
@@ -222,9 +224,11 @@ def test_trainjob_follows_trainers_mpi_conventions():
     # every container is "node": the MPI plugin mounts the ssh keys and hostfile only there
     for rj in (node, launcher_job):
         assert rj["template"]["spec"]["template"]["spec"]["containers"][0]["name"] == "node"
-    # the very mpirun command of the MPIJob path
+    # the very mpirun command of the MPIJob path, behind a wait that gives ssh a 0600 copy of Trainer's 0640 key
     command = launcher_job["template"]["spec"]["template"]["spec"]["containers"][0]["command"]
-    assert command == launcher(render(spec))["command"]
+    assert command == launcher_command(spec, ssh_identity="/home/mpiuser/.ssh/id_rsa")
+    assert command[8:10] == ["--identity", "/home/mpiuser/.ssh/id_rsa"]
+    assert mpirun_of({"command": command}) == mpirun_of(launcher(render(spec)))
     assert job["spec"] == {"runtimeRef": {"name": "hvdk8s-digits-gpu", "apiGroup": "trainer.kubeflow.org",
                                           "kind": "ClusterTrainingRuntime"},
                            "trainer": {"numNodes": 2, "numProcPerNode": 4}, "activeDeadlineSeconds": 86400}

@@ -1,11 +1,15 @@
-"""The rendered MPIJob's launcher command, run for real across emulated pods.
+"""The rendered launcher command, run for real across emulated pods built as the controllers build them.
 
 Each pod is a Linux network namespace with its own address (built by the
-benchmarks' emulated-cluster module, unshaped) and its own host name (UTS
-namespace). Workers run the manifest's sshd; the
-launcher gets what the MPI Operator would give it (the hostfile with the
-workers' DNS names, ``OMPI_MCA_*`` variables, the ssh key) and runs the
-manifest's command unchanged. Needs root and iproute2 (CI has both).
+benchmarks' emulated-cluster module, unshaped), its own host name (UTS
+namespace) and its own mounts: the controller's ssh Secret over ``/root/.ssh``
+with the file modes the controller's model gives it (tests/controllers), and
+the image's ssh client settings (Dockerfile.gpu) in ``/etc/ssh/ssh_config.d``.
+Workers run the rendered sshd; the launcher gets the controller's environment
+and hostfile and runs the rendered command unchanged. Both ways are run: an
+MPIJob as the MPI Operator v0.8.2 builds its pods (key mode 0600), and a
+TrainJob as Kubeflow Trainer v2.3.0 does (key mode 0640, which OpenSSH refuses
+for its owner). Needs root, iproute2 and openssh (CI has them).
 """
 from __future__ import annotations
 
@@ -15,10 +19,11 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,12 +31,16 @@ from hvdk8s import mpijob
 from hvdk8s.benchmarks import netns
 
 from conftest import REPO
+from controllers import mpi_operator, trainer
 
 JOB = "mh"
 NAMESPACE = "default"
 SSH_PORT = 2222  # the image's sshd and ssh client port (Dockerfile.gpu, job spec sshPort)
 SUBNET = "10.231.7"
 PREFIX = f"hvk8s-{os.getpid()}-"
+# Dockerfile.gpu's /etc/ssh/ssh_config.d/hvdk8s.conf: how the image's ssh reaches the workers.
+ROOT_SSH = Path("/root/.ssh")  # where both controllers mount the Secret for root
+IMAGE_SSH_CONFIG = f"Host *\n    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n    Port {SSH_PORT}\n"
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or not Path("/usr/sbin/sshd").exists(),
@@ -41,41 +50,106 @@ pytestmark = pytest.mark.skipif(
 
 @dataclass(frozen=True)
 class Pod:
-    hostname: str  # as the operator names it (<job>-worker-<i> / <job>-launcher)
+    hostname: str  # as the controller names the pod
+    fqdn: str  # as its hostfile names it
     netns: str
     ip: str
-
-    @property
-    def fqdn(self) -> str:
-        # The job's headless Service (operator v0.5+): <job>-worker-<i>.<job>.<namespace>.svc, as in its hostfile.
-        return f"{self.hostname}.{JOB}.{NAMESPACE}.svc"
+    secret: Path  # bind-mounted over /root/.ssh: the controller's Secret volume
+    ssh_config: Path  # bind-mounted over /etc/ssh/ssh_config.d: the image's settings
 
     def exec_argv(self, argv: list[str]) -> list[str]:
-        """Run argv in this pod: its network namespace, and its own host name."""
+        """Run argv in this pod: its network and mount namespaces, and its own host name."""
+        setup = (f'hostname "$0" && mount --bind {self.secret} {ROOT_SSH} '
+                 f'&& mount --bind {self.ssh_config} /etc/ssh/ssh_config.d')
         return [
             "ip", "netns", "exec", self.netns, "unshare", "--uts", "--",
-            "sh", "-c", 'hostname "$0" && exec "$@"', self.hostname, *argv,
+            "sh", "-c", f'{setup} && exec "$@"', self.hostname, *argv,
         ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Built:
+    """What a controller made of the rendered objects: its pods, hostfile and the key's mode."""
+
+    launcher: dict[str, Any]
+    workers: list[dict[str, Any]]
+    hostfile: str
+    key_mode: int
 
 
 def run(argv: list[str]) -> None:
     subprocess.run(argv, check=True, capture_output=True, text=True)
 
 
-@pytest.fixture
-def pods(tmp_path: Path) -> Iterator[tuple[Pod, list[Pod]]]:
-    with netns.cluster(3, None, prefix=PREFIX, subnet=SUBNET) as cluster:
+def job_spec() -> mpijob.JobSpec:
+    return mpijob.load_spec({
+        "name": JOB,
+        "image": "hvdk8s:test",
+        "command": [sys.executable, str(REPO / "examples" / "train_digits.py"), "--epochs", "3"],
+        "workers": 2,
+        "slotsPerWorker": 1,
+        "sshPort": SSH_PORT,
+    })
+
+
+def by_mpi_operator() -> Built:
+    manifest = mpijob.render(job_spec())
+    manifest["metadata"]["namespace"] = NAMESPACE
+    made = mpi_operator.sync(manifest, ready_workers=2)
+    assert made.launcher is not None  # WaitForWorkersReady: created once both workers are Ready
+    launcher = made.launcher["template"]
+    return Built(launcher, made.workers, mpi_operator.hostfile(manifest), mpi_operator.ssh_key_mode(launcher["spec"]))
+
+
+def by_trainer() -> Built:
+    runtime, trainjob = mpijob.render_trainjob(job_spec())
+    pods = trainer.pods(trainjob, runtime)
+    (launcher,) = pods[trainer.LAUNCHER]
+    return Built(launcher, pods[trainer.NODE], trainer.hostfile(trainjob, runtime), trainer.key_mode(launcher))
+
+
+@contextmanager
+def emulated_pods(built: Built, tmp_path: Path) -> Iterator[tuple[Pod, list[Pod]]]:
+    """The namespaces, DNS names, ssh Secret and the rendered sshd of every worker."""
+    names = [p["metadata"]["name"] for p in built.workers]
+    fqdns = [line.split()[0] for line in built.hostfile.splitlines()]
+    assert [f.split(".")[0] for f in fqdns] == names  # the hostfile lists exactly the worker pods
+    secret = tmp_path / "secret"  # one Secret, mounted in every pod
+    secret.mkdir(parents=True)
+    run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-N", "", "-f", str(secret / "id_rsa")])  # both: ECDSA P-521
+    shutil.copy(secret / "id_rsa.pub", secret / "authorized_keys")
+    (secret / "id_rsa").chmod(built.key_mode)
+    for public in ("id_rsa.pub", "authorized_keys"):
+        (secret / public).chmod(0o644)
+    ssh_config = tmp_path / "ssh_config.d"
+    ssh_config.mkdir()
+    (ssh_config / "hvdk8s.conf").write_text(IMAGE_SSH_CONFIG)
+    with mount_point(ROOT_SSH), netns.cluster(1 + len(names), None, prefix=PREFIX, subnet=SUBNET) as cluster:
         launcher, *workers = [
-            Pod(name, host.name, host.ip)
-            for name, host in zip([f"{JOB}-launcher", f"{JOB}-worker-0", f"{JOB}-worker-1"], cluster.hosts)
+            Pod(name, fqdn, host.name, host.ip, secret, ssh_config)
+            for name, fqdn, host in zip([built.launcher["metadata"].get("name") or built.launcher["spec"]["hostname"],
+                                         *names],
+                                        ["launcher", *fqdns], cluster.hosts)
         ]
-        with sshd_workers(launcher, workers, tmp_path):
+        with sshd_workers(launcher, workers, built.workers[0], tmp_path):
             yield launcher, workers
 
 
 @contextmanager
-def sshd_workers(launcher: Pod, workers: list[Pod], tmp_path: Path) -> Iterator[None]:
-    """The pods' DNS names in each pod's /etc/hosts, and the manifest's sshd in each worker pod."""
+def mount_point(path: Path) -> Iterator[None]:
+    """An empty directory to mount over inside the pods (removed again if the test made it)."""
+    made = not path.exists()
+    path.mkdir(mode=0o700, exist_ok=True)
+    try:
+        yield
+    finally:
+        if made:
+            path.rmdir()
+
+
+@contextmanager
+def sshd_workers(launcher: Pod, workers: list[Pod], worker_pod: dict[str, Any], tmp_path: Path) -> Iterator[None]:
+    """The pods' DNS names in each pod's /etc/hosts, and the rendered sshd in each worker pod."""
     hosts_file = "".join(f"{p.ip} {p.fqdn} {p.hostname}\n" for p in [launcher, *workers])
     sshd_pids: list[Path] = []
     try:
@@ -83,23 +157,21 @@ def sshd_workers(launcher: Pod, workers: list[Pod], tmp_path: Path) -> Iterator[
             etc = Path("/etc/netns") / pod.netns  # `ip netns exec` mounts these over /etc
             etc.mkdir(parents=True, exist_ok=True)
             (etc / "hosts").write_text("127.0.0.1 localhost\n" + hosts_file)
-        # The operator's ssh Secret: one key pair, authorized on every worker.
-        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "id_ed25519")])
         run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "host_key")])
-        shutil.copy(tmp_path / "id_ed25519.pub", tmp_path / "authorized_keys")
         Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
-        worker_cmd = manifest()["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["command"]
+        worker_cmd = worker_pod["spec"]["containers"][0]["command"]
         for pod in workers:
+            # The image's sshd settings (Dockerfile.gpu), a host key, and a pid file to see it start.
             config = tmp_path / f"sshd-{pod.hostname}.conf"
             pid = tmp_path / f"sshd-{pod.hostname}.pid"
             config.write_text(
-                f"Port {SSH_PORT}\nHostKey {tmp_path / 'host_key'}\nAuthorizedKeysFile {tmp_path / 'authorized_keys'}\n"
-                f"PermitRootLogin yes\nStrictModes no\nUsePAM no\nPasswordAuthentication no\nPidFile {pid}\n"
+                f"Port {SSH_PORT}\nHostKey {tmp_path / 'host_key'}\nPermitRootLogin prohibit-password\n"
+                f"StrictModes no\nUsePAM no\nPasswordAuthentication no\nPidFile {pid}\n"
             )
             subprocess.Popen(pod.exec_argv([*worker_cmd, "-f", str(config)]), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             sshd_pids.append(pid)
         deadline = time.monotonic() + 20
-        while not all(p.exists() for p in sshd_pids):  # WaitForWorkersReady
+        while not all(p.exists() for p in sshd_pids):
             assert time.monotonic() < deadline, "sshd did not start in the worker namespaces"
             time.sleep(0.1)
         yield
@@ -111,45 +183,38 @@ def sshd_workers(launcher: Pod, workers: list[Pod], tmp_path: Path) -> Iterator[
             shutil.rmtree(Path("/etc/netns") / pod.netns, ignore_errors=True)
 
 
-def manifest() -> dict:
-    spec = mpijob.load_spec({
-        "name": JOB,
-        "image": "hvdk8s:test",
-        "command": [sys.executable, str(REPO / "examples" / "train_digits.py"), "--epochs", "3"],
-        "workers": 2,
-        "slotsPerWorker": 1,
-        "sshPort": SSH_PORT,
-    })
-    return mpijob.render(spec)
-
-
-def test_rendered_launcher_command_trains_across_pods(pods: tuple[Pod, list[Pod]], tmp_path: Path) -> None:
-    launcher, workers = pods
-    container = manifest()["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+@pytest.mark.parametrize("controller", [by_mpi_operator, by_trainer], ids=["mpijob", "trainjob"])
+def test_rendered_launcher_command_trains_across_pods(controller: Callable[[], Built], tmp_path: Path) -> None:
+    built = controller()
+    container = built.launcher["spec"]["containers"][0]
     hostfile = tmp_path / "hostfile"
-    hostfile.write_text("".join(f"{w.fqdn} slots=1\n" for w in workers))  # the operator's ConfigMap
+    hostfile.write_text(built.hostfile)  # the controller's ConfigMap
     env = {
         # the image's environment
         "PATH": f"{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH", ""),
-        "HOME": str(tmp_path),
-        # the manifest's
+        "HOME": "/root",
+        # the pod's, as the controller built it: the manifest's and the controller's own
         **{e["name"]: e["value"] for e in container["env"]},
-        # what the operator adds to the launcher (mpi_job_controller.go), the hostfile path aside
-        "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+        # the ConfigMap is mounted at /etc/mpi in a pod; here the file stands beside the test
         "OMPI_MCA_orte_default_hostfile": str(hostfile),
-        # ssh settings the image's ssh_config and the mounted Secret provide in a pod
-        "OMPI_MCA_plm_rsh_args": f"-p {SSH_PORT} -i {tmp_path / 'id_ed25519'} -o StrictHostKeyChecking=no "
-        "-o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR -o ConnectionAttempts=10",
     }
-    assert container["command"][0] == "mpirun"
-    job = subprocess.run(
-        launcher.exec_argv(container["command"]), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400
-    )
+    with emulated_pods(built, tmp_path) as (launcher, workers):
+        job = subprocess.run(
+            launcher.exec_argv(container["command"]), cwd=tmp_path, env=env, capture_output=True, text=True,
+            timeout=400,
+        )
     out = job.stdout + job.stderr
     assert job.returncode == 0, out[-4000:]
     hosts = re.search(r"hvdk8s: 2 ranks on 2 hosts \((.*)\)", out)
     assert hosts, out[-3000:]
-    assert hosts.group(1) == "mh-worker-0: 1, mh-worker-1: 1"  # one rank in each worker pod, none on the launcher
+    # one rank in each worker pod, none on the launcher
+    assert hosts.group(1) == ", ".join(f"{w.hostname}: 1" for w in workers)
     accuracy = float(re.search(r"test accuracy (\d\.\d+)", out).group(1))
     assert accuracy > 0.5  # 3 epochs: learning happened across the hosts
+
+
+def test_trainers_key_mode_is_one_openssh_refuses_for_root() -> None:
+    """Why the TrainJob's launcher needs its 0600 copy: the model's mode, OpenSSH's rule."""
+    assert by_trainer().key_mode == 0o640 and not trainer.openssh_uses_key(0o640, key_uid=0, user_uid=0)
+    assert by_mpi_operator().key_mode == 0o600
