@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine (as root, package registries only):
 #   make demo   the example pipeline (hvdk8s pipeline run): 3 candidates on 2 ranks -> select -> serve -> load test
 #   make test   the test suite, on the default stack (TensorFlow 2.21 / Keras 3.15)
+#   make docs   the documentation site (MkDocs, docs/), served live at http://127.0.0.1:8000
 # Both run `setup` first: Debian packages, .venv, the stack, Horovod built from source (patched, cached wheel).
 #   make test-stack TF=2.18   the training core and Horovod's own Keras tests on another supported stack,
 #                             in its own virtual environment (.venv-tf2.18) with its own cached Horovod wheel
@@ -15,7 +16,7 @@ SETUP_INPUTS := pyproject.toml scripts/setup.sh scripts/install-horovod.sh scrip
 CORE_TESTS := tests/test_horovod_api.py tests/test_training.py tests/test_fit_step.py tests/test_fused.py \
 	tests/test_schedule.py tests/test_checkpoint.py tests/test_elastic.py tests/test_overlap.py
 
-.PHONY: setup demo test test-stack clean
+.PHONY: setup demo test test-stack docs clean
 
 setup: $(STAMP)
 
@@ -35,6 +36,9 @@ test: setup
 
 test-stack: .venv-tf$(TF)/.hvdk8s-setup
 	.venv-tf$(TF)/bin/python -m pytest $(PYTEST_ARGS) $(CORE_TESTS)
+
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 clean:
 	rm -rf out .pytest_cache
