@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import os
 import sys
 from pathlib import Path
 
+from hvdk8s.atomic import atomic_path
 from hvdk8s.errors import UserError
 
 MANUAL_EXIT = 1
@@ -32,7 +32,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _migrate(args: argparse.Namespace) -> int:
     from hvdk8s.migrate import migrate_source
-    from hvdk8s.mpijob.files import write_atomic
 
     sources = {path: _read(path) for path in args.scripts}  # every file is checked before any is written
     results = {}
@@ -45,9 +44,9 @@ def _migrate(args: argparse.Namespace) -> int:
     for path, result in results.items():
         if result.code != sources[path]:
             if args.write:
-                mode = Path(path).stat().st_mode
-                write_atomic(path, result.code)
-                os.chmod(path, mode)  # a script's executable bit survives
+                with atomic_path(path) as tmp:
+                    tmp.write_bytes(result.code.encode("utf-8"))
+                    tmp.chmod(Path(path).stat().st_mode)  # a script's executable bit survives
                 print(f"{path}: rewritten", file=sys.stderr)
             else:
                 sys.stdout.writelines(difflib.unified_diff(

@@ -1,0 +1,90 @@
+"""Atomic file and folder writes: a reader (``kubectl``, TF Serving's poller, a resuming job) never sees half of one.
+
+Everything is written under a hidden temporary name beside the target, flushed to disk, then renamed
+onto it in one step; on any error the temporary goes and the target is as it was. Files get the mode
+``open()`` would give them (``mkstemp``'s 0600 would hide them from other readers, e.g. a server
+running as another user). This module imports nothing of hvdk8s, so every layer can use it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+TEMP_PREFIX = ".tmp-"
+"""Every temporary starts with this (and is hidden), so a cleaner can tell them from real files."""
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary file beside ``path`` (same suffix, so writers that check it accept it) to write to.
+
+    Renamed onto ``path`` when the block ends, removed if it raises.
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=final.parent, prefix=f"{TEMP_PREFIX}{final.stem}-", suffix=final.suffix)
+    tmp = Path(name)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
+        os.close(fd)
+        yield tmp
+        _fsync(tmp)
+        os.replace(tmp, final)
+        _fsync(final.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A temporary folder beside ``path`` to fill, renamed to ``path`` when the block ends.
+
+    The rename fails (``OSError``) if ``path`` exists, so two writers never merge into one folder.
+    """
+    final = Path(path)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f"{TEMP_PREFIX}{final.name}-"))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())
+        yield tmp
+        os.rename(tmp, final)
+        _fsync(final.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Replace ``path`` with ``data`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)
+    return Path(path)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Replace ``path`` with ``text`` (UTF-8) atomically."""
+    return write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str | os.PathLike[str], data: Any) -> Path:
+    """Replace ``path`` with ``data`` as indented JSON atomically."""
+    return write_text(path, json.dumps(data, indent=1) + "\n")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
