@@ -12,6 +12,7 @@ import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -86,6 +87,15 @@ def quantity(path: str, value: str) -> list[FieldError]:
     if QUANTITY.match(value):
         return []
     return [invalid(path, f"{value!r} is not a Kubernetes quantity (e.g. 500m, 2, 4Gi)")]
+
+
+def scale_quantity(value: str | int, times: int) -> str:
+    """``times`` x a Kubernetes quantity, in its own unit (``500m`` x 3 = ``1500m``, ``4Gi`` x 2 = ``8Gi``)."""
+    text = str(value).lstrip("+")
+    match = re.match(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE])?\Z", text)
+    number, suffix = (Decimal(match.group(1)), match.group(2) or "") if match else (Decimal(text), "")  # 1e3
+    scaled = number * times
+    return (format(scaled.normalize(), "f") if scaled else "0") + suffix
 
 
 # ---- names and labels ------------------------------------------------------

@@ -43,9 +43,12 @@ def load_spec(source: str | os.PathLike[str] | Mapping[str, Any], *, origin: str
     spec = parse.from_mapping(JobSpec, data, parse_errors)
     if spec is None:
         raise SpecError(where, parse_errors)
+    derived = validate.derived_paths(spec)
     spec = validate.with_defaults(spec)
     refused = {e.path for e in parse_errors}  # those fields kept their (valid) defaults
     errors = parse_errors + [e for e in validate.check_spec(spec) if e.path not in refused]
+    if own := [e for e in errors if e.path not in derived]:
+        errors = own  # a derived value is wrong only because a field it comes from is (workers: -2)
     if errors:
         raise SpecError(where, errors)
     return spec

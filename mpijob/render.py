@@ -12,6 +12,7 @@ from typing import Any
 from hvdk8s.k8s import QUEUE_LABEL
 from hvdk8s.launcher.mpirun import forwarded_env, horovodrun_argv, mpirun_argv, transport_mca
 from hvdk8s.mpijob.spec import (
+    DEFAULT_POD_LABELS,
     DISCOVER_HOSTS,
     GPU_RESOURCE,
     LAUNCHER_CONTAINER,
@@ -236,7 +237,7 @@ def _pod_metadata(spec: JobSpec, component: str, *, metrics: bool) -> dict[str, 
             "prometheus.io/port": str(spec.metrics.port),
             "prometheus.io/path": spec.metrics.path,
         }
-    meta: dict[str, Any] = {"labels": labels(spec, component)}
+    meta: dict[str, Any] = {"labels": DEFAULT_POD_LABELS | labels(spec, component)}
     _put(meta, "annotations", annotations)
     return meta
 

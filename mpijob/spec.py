@@ -23,7 +23,10 @@ LAUNCHER_CONTAINER = "launcher"
 WORKER_CONTAINER = "worker"
 # Kubeflow profile namespaces inject Istio sidecars; MPI's ssh between pods
 # and the launcher's exit (the sidecar keeps the pod running) break with them.
-DEFAULT_POD_ANNOTATIONS = {"sidecar.istio.io/inject": "false"}
+# Istio reads this label (the annotation of the same name is deprecated, and the
+# label wins over it); set labels.sidecar.istio.io/inject to override it.
+ISTIO_INJECT = "sidecar.istio.io/inject"
+DEFAULT_POD_LABELS = {ISTIO_INJECT: "false"}
 
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
 RestartPolicyName = Literal["Never", "OnFailure"]  # the operator accepts only these
@@ -124,7 +127,9 @@ class RunPolicy:
     # Data-parallel failures are mostly deterministic (bug, OOM): fail fast and
     # show the reason; opt in to retries, which resume from checkpoints.
     backoff_limit: int = 0
-    # Keep the finished job a day for `hvdk8s status/logs`, then clean up.
+    # The operator gives this to the launcher Job only (newLauncherJob): a day after the job ends
+    # the launcher Job and its pod (and logs) go; the MPIJob, its Service, ConfigMap and Secret stay
+    # (cleanPodPolicy decides the workers) until `hvdk8s delete` or kubectl deletes the MPIJob.
     ttl_seconds_after_finished: int | None = 86400
     active_deadline_seconds: int | None = None
     scheduling_policy: SchedulingPolicy | None = None
@@ -213,7 +218,7 @@ class JobSpec:
     queue: str | None = None
     labels: dict[str, str] = field(default_factory=dict)  # on the MPIJob and every pod
     annotations: dict[str, str] = field(default_factory=dict)  # on the MPIJob
-    # On every pod, over DEFAULT_POD_ANNOTATIONS (set a key to override it).
+    # On every pod (the Istio opt-out is a label: DEFAULT_POD_LABELS).
     pod_annotations: dict[str, str] = field(default_factory=dict)
     service_account_name: str | None = None
     image_pull_secrets: tuple[str, ...] = ()

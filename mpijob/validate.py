@@ -22,7 +22,7 @@ from hvdk8s.k8s import MULTIKUEUE, FieldError, at_least, forbidden, invalid, one
 from hvdk8s.launcher.mpirun import OWNED_MCA, mca_problems, tcp_eager_limit_problem
 from hvdk8s.mpijob.render import API_VERSION, GENERATED_ENV, KIND, LAUNCHER_COMMANDS
 from hvdk8s.mpijob.spec import (
-    DEFAULT_POD_ANNOTATIONS,
+    ISTIO_INJECT,
     GPU_RESOURCE,
     MPI_CONFIG_DIR,
     CleanPodPolicy,
@@ -49,7 +49,7 @@ GPU_TOLERATION = Toleration(key=GPU_RESOURCE, operator="Exists", effect="NoSched
 
 def with_defaults(spec: JobSpec) -> JobSpec:
     """Fill the defaults that depend on other fields (before any rule is checked)."""
-    changes: dict[str, Any] = {"pod_annotations": DEFAULT_POD_ANNOTATIONS | spec.pod_annotations}
+    changes: dict[str, Any] = {}
     if spec.ssh_auth_mount_path is None:
         changes["ssh_auth_mount_path"] = f"{spec.home}/.ssh"
     if spec.scheduling.tolerations is None:
@@ -64,8 +64,35 @@ def with_defaults(spec: JobSpec) -> JobSpec:
     gang = spec.run_policy.scheduling_policy or SchedulingPolicy()
     if gang.min_available is None:
         gang = dataclasses.replace(gang, min_available=gang_pods(spec, policy))
+    if gang.min_resources is None and policy == "WaitForWorkersReady" and spec.workers > 0:
+        gang = dataclasses.replace(gang, min_resources=gang_resources(spec, gang.min_available))
     changes["run_policy"] = dataclasses.replace(spec.run_policy, scheduling_policy=gang)
     return dataclasses.replace(spec, **changes)
+
+
+def derived_paths(spec: JobSpec) -> set[str]:
+    """Job-file paths ``with_defaults`` fills from other fields when the file leaves them out: their
+    errors are reported only when the fields they come from are valid."""
+    gang = spec.run_policy.scheduling_policy or SchedulingPolicy()
+    fields = {"minAvailable": gang.min_available, "minResources": gang.min_resources}
+    return {f"runPolicy.schedulingPolicy.{key}" for key, value in fields.items() if value is None}
+
+
+def gang_resources(spec: JobSpec, pods: int) -> dict[str, str] | None:
+    """What ``pods`` workers request together: the PodGroup's minResources.
+
+    Without it the operator's calPGMinResource (podgroup.go) counts the launcher and cuts the
+    workers to minAvailable - 1, so under WaitForWorkersReady (no launcher yet) Volcano would
+    reserve a launcher and one worker too few. None while the worker's quantities are invalid
+    (their own errors say why).
+    """
+    res = spec.resources.worker
+    amounts: dict[str, str | int] = {"cpu": res.cpu, "memory": res.memory, **res.extra}
+    if spec.gpu:
+        amounts[GPU_RESOURCE] = spec.slots_per_worker
+    if pods < 1 or not all(k8s.QUANTITY.match(str(v)) for v in amounts.values()):
+        return None
+    return {name: k8s.scale_quantity(value, pods) for name, value in amounts.items()}
 
 
 def gang_pods(spec: JobSpec, launcher_creation_policy: str) -> int:
@@ -128,6 +155,9 @@ def _check_metadata(spec: JobSpec) -> list[FieldError]:
         *k8s.labels_errors("annotations", spec.annotations, values=False),
         *k8s.labels_errors("podAnnotations", spec.pod_annotations, values=False),
     ]
+    if ISTIO_INJECT in spec.pod_annotations:
+        errors.append(forbidden(f"podAnnotations.{ISTIO_INJECT}", f"set it as labels.{ISTIO_INJECT}: Istio reads the "
+                                "label (the annotation is deprecated), and hvdk8s's default label would win over it"))
     if spec.queue is not None and not k8s.is_label_value(spec.queue):
         errors.append(invalid("queue", f"{spec.queue!r} is not a LocalQueue name (a label value)"))
     for path, name in (("serviceAccountName", spec.service_account_name), ("schedulerName", spec.scheduler_name),
@@ -251,6 +281,10 @@ def _check_run_policy(spec: JobSpec) -> list[FieldError]:
     if gang := rp.scheduling_policy:
         errors += at_least("runPolicy.schedulingPolicy.minAvailable", gang.min_available, 1)
         errors += at_least("runPolicy.schedulingPolicy.scheduleTimeoutSeconds", gang.schedule_timeout_seconds, 1)
+        if spec.scheduler_name == "volcano" and gang.schedule_timeout_seconds is not None:
+            errors.append(forbidden("runPolicy.schedulingPolicy.scheduleTimeoutSeconds", "Volcano ignores it (the MPI "
+                                    "Operator's VolcanoCtrl does not pass it to the PodGroup; only the "
+                                    "scheduler-plugins coscheduling gang reads it): remove it"))
         for key, value in (gang.min_resources or {}).items():
             errors += quantity(f"runPolicy.schedulingPolicy.minResources.{key}", value)
     return errors
@@ -263,6 +297,8 @@ def _check_gang(spec: JobSpec) -> list[FieldError]:
         return []
     path = "runPolicy.schedulingPolicy.minAvailable"
     max_workers = spec.elastic.max_workers if spec.elastic else spec.workers
+    if gang.min_available < 1 or max_workers < 0:
+        return []  # their own errors say why
     if gang.min_available > max_workers + 1:
         return [invalid(path, f"{gang.min_available} is more than the job's pods ({max_workers} workers + launcher)")]
     waits = spec.launcher_creation_policy == "WaitForWorkersReady" and max_workers > 0

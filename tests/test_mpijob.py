@@ -112,7 +112,8 @@ def test_cpu_example_exact_launcher_and_worker():
     assert manifest["spec"] | {"mpiReplicaSpecs": None} == {
         "slotsPerWorker": 1,
         "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 0, "ttlSecondsAfterFinished": 86400,
-                      "schedulingPolicy": {"minAvailable": 2}},  # the workers: the launcher waits for them
+                      # the workers: the launcher waits for them; minResources what they request together
+                      "schedulingPolicy": {"minAvailable": 2, "minResources": {"cpu": "4", "memory": "8Gi"}}},
         "launcherCreationPolicy": "WaitForWorkersReady",
         "mpiImplementation": "OpenMPI",
         "sshAuthMountPath": "/root/.ssh",
@@ -143,7 +144,9 @@ def test_gpu_example_wiring():
     assert shared in container["volumeMounts"] and shared in launcher(manifest)["volumeMounts"]
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
     # 2, not the operator's default 3: the launcher is created only once both workers run (issue 608)
-    assert manifest["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 2, "queue": "training"}
+    # ... and minResources what those 2 workers request (the operator would count the launcher instead of one)
+    assert manifest["spec"]["runPolicy"]["schedulingPolicy"] == {
+        "minAvailable": 2, "queue": "training", "minResources": {"cpu": "64", "memory": "256Gi", "nvidia.com/gpu": "8"}}
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["NCCL_DEBUG"] == "INFO" and env["HOROVOD_FUSION_THRESHOLD"] == "134217728"
     assert env["HOROVOD_TIMELINE"] == "/shared/digits-gpu/timeline.json"
@@ -266,6 +269,16 @@ def test_many_errors_reported_together():
         "workers: must be >= 1, got 0",
         "slotsPerWorker: must be >= 1, got -1",
     ]
+
+
+def test_derived_fields_are_reported_only_when_the_fields_they_come_from_are_valid():
+    """#28: minAvailable derived from workers: -2 is not the user's error to fix; workers is."""
+    assert errors_of(BASE | {"workers": -2}) == ["workers: must be >= 1, got -2"]
+    # A value the user wrote is always checked, and so is a derived one from valid fields.
+    assert errors_of(BASE | {"workers": -2, "runPolicy": {"schedulingPolicy": {"minAvailable": 0}}}) == [
+        "workers: must be >= 1, got -2", "runPolicy.schedulingPolicy.minAvailable: must be >= 1, got 0"]
+    assert errors_of(BASE | {"resources": {"worker": {"cpu": "two", "memory": "1Gi"}}}) == [
+        "resources.worker.cpu: 'two' is not a Kubernetes quantity (e.g. 500m, 2, 4Gi)"]
 
 
 # ---- the operator's rules on MPIJob manifests ---------------------------------
@@ -434,7 +447,7 @@ def test_metrics_wiring_per_local_rank():
         {"name": "metrics-2", "containerPort": 9402},
     ]
     assert template["metadata"]["annotations"] == {
-        "sidecar.istio.io/inject": "false", "prometheus.io/scrape": "true", "prometheus.io/port": "9400", "prometheus.io/path": "/prom"}  # fmt: skip
+        "prometheus.io/scrape": "true", "prometheus.io/port": "9400", "prometheus.io/path": "/prom"}  # fmt: skip
     for c in (container, launcher(manifest)):
         env = {e["name"]: e["value"] for e in c["env"]}
         assert (env["HVDK8S_METRICS_PORT"], env["HVDK8S_JOB_NAME"]) == ("9400", "digits")
@@ -442,7 +455,7 @@ def test_metrics_wiring_per_local_rank():
 
     off = render(load_spec(BASE | {"metrics": {"enabled": False}}))
     template = off["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
-    assert template["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
+    assert "annotations" not in template["metadata"]
     assert template["spec"]["containers"][0]["ports"] == [{"name": "ssh", "containerPort": 2222}]
     assert "HVDK8S_METRICS_PORT" not in launcher(off)["command"]
 

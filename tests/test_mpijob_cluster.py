@@ -112,11 +112,14 @@ def test_pod_settings_reach_the_pods_they_are_for():
     assert manifest["metadata"]["annotations"] == {"owner": "alice@example.com"}
     for template in pods(manifest):
         assert template["metadata"]["labels"]["cost-center"] == "ml-research"
-        assert template["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+        assert template["metadata"]["labels"]["sidecar.istio.io/inject"] == "false"
         assert template["spec"]["serviceAccountName"] == "training"
         assert template["spec"]["imagePullSecrets"] == [{"name": "registry-credentials"}]
-    istio_on = render(load_spec(BASE | {"podAnnotations": {"sidecar.istio.io/inject": "true", "a": "b"}}))
-    assert all(t["metadata"]["annotations"]["sidecar.istio.io/inject"] == "true" for t in pods(istio_on))
+    istio_on = render(load_spec(BASE | {"labels": {"sidecar.istio.io/inject": "true"}, "podAnnotations": {"a": "b"}}))
+    assert all(t["metadata"]["labels"]["sidecar.istio.io/inject"] == "true" for t in pods(istio_on))
+    assert errors_of(BASE | {"podAnnotations": {"sidecar.istio.io/inject": "true"}}) == [
+        "podAnnotations.sidecar.istio.io/inject: set it as labels.sidecar.istio.io/inject: Istio reads the label "
+        "(the annotation is deprecated), and hvdk8s's default label would win over it"]
 
     volcano = render(load_spec(EXAMPLES / "volcano.yaml"))
     for template in pods(volcano):

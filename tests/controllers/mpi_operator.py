@@ -136,7 +136,8 @@ def podgroup(mpijob: dict[str, Any], scheduler: str = "volcano") -> dict[str, An
 
 def _min_resources(spec: dict[str, Any], min_member: int) -> dict[str, float]:
     """calPGMinResource with equal priorities: the launcher counts, and the workers are cut to
-    minMember - 1 when launcher + workers exceed minMember. Sums of requests, as plain numbers."""
+    minMember - 1 when launcher + workers exceed minMember. Sums of each container's requests, and of
+    its limits without a request (addResources), as plain numbers."""
     replicas = spec["mpiReplicaSpecs"]
     counts = {"Launcher": 1, "Worker": _worker_replicas(spec)}
     if counts["Launcher"] + counts["Worker"] > min_member and "Worker" in replicas:
@@ -144,7 +145,9 @@ def _min_resources(spec: dict[str, Any], min_member: int) -> dict[str, float]:
     total: dict[str, float] = {}
     for role, replica in replicas.items():
         for container in replica["template"]["spec"]["containers"]:
-            for resource, amount in (container.get("resources") or {}).get("requests", {}).items():
+            resources = container.get("resources") or {}
+            merged = resources.get("limits", {}) | resources.get("requests", {})
+            for resource, amount in merged.items():
                 total[resource] = total.get(resource, 0.0) + quantity(amount) * counts[role]
     return total
 
