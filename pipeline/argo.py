@@ -4,9 +4,17 @@ Pure: ``render(dag)`` returns the Workflow as a dict, ``rbac(pipeline)`` the
 ServiceAccount, Role and RoleBinding it runs as. How each DAG step becomes
 Argo templates:
 
-* train: a ``resource`` template creating the candidate's MPIJob, waiting on
-  its status. Argo evaluates ``successCondition``/``failureCondition`` as
-  Kubernetes label selectors over gjson paths of the object
+* train: two ``resource`` templates in sequence, each bounded by its
+  ``activeDeadlineSeconds`` (the pipeline's ``deadlines``; the kubelet ends the
+  executor's pod, and Argo fails the step, when it passes). ``launch-*``
+  creates the candidate's MPIJob and waits until its launcher exists: under
+  ``WaitForWorkersReady`` the MPI Operator creates none until every worker is
+  Ready, so an unschedulable, image-pulling or crash-looping worker fails the
+  step after ``deadlines.launcherMinutes`` instead of leaving it waiting
+  forever (a suspended MPIJob gets its suspended launcher at once, so queueing
+  counts against the next bound). ``wait-*`` then reads the MPIJob until it
+  ends, for at most ``deadlines.trainMinutes``. Argo evaluates
+  ``successCondition``/``failureCondition`` as Kubernetes label selectors over gjson paths of the object
   (workflow/executor/resource.go: ``labels.Parse`` + ``gjsonLabels``): keys must be
   plain dotted paths, so a query into ``status.conditions`` by type cannot be
   written. The MPI Operator mirrors its Succeeded/Failed conditions into
@@ -14,27 +22,38 @@ Argo templates:
   Succeeded condition, ``failed`` is the launcher Job's failed pods, which exceed
   ``runPolicy.backoffLimit`` exactly when that Job, and so the MPIJob, has failed.
   Never retried: a training failure is deterministic (bug, OOM) and the job
-  already has its own backoffLimit.
+  already has its own backoffLimit. The MPIJob is named after the run
+  (``naming``), so overlapping runs never collide, and is owned by the Workflow
+  (``setOwnerReference``): deleting the Workflow deletes it and its pods.
 * select, ingest, loadtest: container steps running the ``dag.*_argv`` commands
   on the shared volume, retried with backoff only on Argo *errors* (pod
   evicted, node lost), never on their own failure (no candidate finished, SLO missed).
 * deploy: a DAG of ``apply`` resource templates, one per serving manifest,
   the server's readiness awaited; applies are idempotent, so they are retried.
-* exit handler: deletes every candidate's MPIJob (``--ignore-not-found``).
+* exit handler: deletes this run's candidate MPIJobs (``--ignore-not-found``),
+  finished or not, so a failed or timed-out run leaves no job running.
+
+Every pod the Workflow runs carries the label ``sidecar.istio.io/inject: "false"``
+(``podMetadata``; the annotation of that name is deprecated): with no injected
+sidecar, Argo never needs ``pods/exec`` to kill one, and the Role does not grant it.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
-from hera.workflows import DAG, Container, Resource, RetryStrategy, Task, Workflow
+from hera.workflows import DAG, Container, Resource, RetryStrategy, Step, Steps, Task, Workflow
 from hera.workflows import models as m
 
 from hvdk8s.k8s import to_yaml
-from hvdk8s.mpijob.files import checked_render
+from hvdk8s.mpijob.files import SpecError
 from hvdk8s.mpijob.render import API_VERSION as MPIJOB_API
 from hvdk8s.mpijob.render import KIND as MPIJOB_KIND
+from hvdk8s.mpijob.render import render as render_mpijob
+from hvdk8s.mpijob.validate import check_manifest
 from hvdk8s.pipeline import dag as d
+from hvdk8s.pipeline import naming
 from hvdk8s.pipeline.load import model_base_path, serving_options
 from hvdk8s.pipeline.spec import Candidate, Pipeline
 from hvdk8s.serving import manifests
@@ -43,11 +62,12 @@ from hvdk8s.serving.manifests_options import REST_PORT
 ENTRYPOINT, EXIT_HANDLER, DEPLOY_DAG = "pipeline", "cleanup", "deploy"
 SHARED_VOLUME = "shared"
 # Argo fills these in when the Workflow runs: one folder per run, services in its namespace.
-WORKFLOW_NAME, WORKFLOW_NAMESPACE = "{{workflow.name}}", "{{workflow.namespace}}"
+WORKFLOW_NAME, WORKFLOW_NAMESPACE = naming.WORKFLOW_NAME, "{{workflow.namespace}}"
+# On every pod the Workflow runs: Istio injects no sidecar (a label since Istio 1.10; the annotation is deprecated).
+POD_LABELS = {"sidecar.istio.io/inject": "false"}
 STEP_RESOURCES = m.ResourceRequirements(requests={"cpu": "1", "memory": "2Gi"})
 ON_ERROR = RetryStrategy(limit=2, retry_policy="OnError", backoff=m.Backoff(duration="15s", factor=2))
 APPLY_RETRY = RetryStrategy(limit=2, retry_policy="Always", backoff=m.Backoff(duration="10s", factor=2))
-READY_DEADLINE_SECONDS = 900  # a server that never becomes ready fails deploy instead of hanging
 # Readiness as Argo can test it (see the module docstring).
 READY = {
     "Deployment": ("status.availableReplicas > 0", None),
@@ -76,10 +96,29 @@ def service_account(pipeline: Pipeline) -> str:
     return f"{pipeline.name}-pipeline"
 
 
-def train_manifest(candidate: Candidate, where: d.Layout) -> dict[str, Any]:
-    """The candidate's MPIJob, its command told where to save the model."""
-    job = dataclasses.replace(candidate.job, command=tuple(d.train_command(candidate, where)))
-    return checked_render(job, f"candidate {candidate.name}")
+def train_manifest(candidate: Candidate, p: Pipeline, where: d.Layout) -> dict[str, Any]:
+    """The candidate's MPIJob as the template holds it: named after the run, its command told where to
+    save the model. Held to the operator's rules as Argo will create it, with the longest run name."""
+    job = dataclasses.replace(candidate.job, name=job_name(candidate),
+                              command=tuple(d.train_command(candidate, where)))
+    manifest = render_mpijob(job)
+    if errors := check_manifest(at_run(manifest, naming.longest_workflow_name(p.name))):
+        raise SpecError(f"candidate {candidate.name}", errors)
+    return manifest
+
+
+def job_name(candidate: Candidate) -> str:
+    return naming.candidate_job(WORKFLOW_NAME, candidate.name)
+
+
+def at_run(obj: dict[str, Any], workflow_name: str) -> dict[str, Any]:
+    """``obj`` with ``{{workflow.name}}`` filled in, as Argo does over a template's JSON text."""
+    return json.loads(json.dumps(obj).replace(WORKFLOW_NAME, workflow_name))
+
+
+# Argo waits for the launcher: the operator writes status.replicaStatuses.Launcher once the launcher Job
+# exists (mpi_job_controller.go updateMPIJobStatus); a bare key is the label selector "exists".
+LAUNCHED = "status.replicaStatuses.Launcher"
 
 
 def train_conditions(candidate: Candidate) -> tuple[str, str]:
@@ -96,8 +135,8 @@ def render(dag: d.Dag) -> dict[str, Any]:
     for step in dag.steps:
         templates += _templates(step, p, where)
     templates += _cleanup(p)
-    meta: dict[str, Any] = {"generate_name": f"{p.name}-", "labels": {"app.kubernetes.io/name": "hvdk8s",
-                                                                      "app.kubernetes.io/instance": p.name}}
+    meta: dict[str, Any] = {"generate_name": naming.generate_name(p.name),
+                            "labels": {"app.kubernetes.io/name": "hvdk8s", "app.kubernetes.io/instance": p.name}}
     if p.namespace:
         meta["namespace"] = p.namespace
     workflow = Workflow(
@@ -105,6 +144,7 @@ def render(dag: d.Dag) -> dict[str, Any]:
         entrypoint=ENTRYPOINT,
         on_exit=EXIT_HANDLER,
         service_account_name=service_account(p),
+        pod_metadata=m.Metadata(labels=POD_LABELS),
         volumes=[m.Volume(name=SHARED_VOLUME, persistent_volume_claim=m.PersistentVolumeClaimVolumeSource(
             claim_name=p.shared_volume.claim_name))],
         templates=templates,
@@ -126,9 +166,7 @@ def _task(step: d.Step) -> Task:
 def _templates(step: d.Step, p: Pipeline, where: d.Layout) -> list[Any]:
     if step.kind == d.TRAIN:
         assert step.candidate is not None
-        success, failure = train_conditions(step.candidate)
-        return [Resource(name=step.name, action="create", manifest=to_yaml(train_manifest(step.candidate, where)),
-                         success_condition=success, failure_condition=failure, set_owner_reference=True)]
+        return _train(step.name, step.candidate, p, where)
     if step.kind == d.INGEST:
         return [_container(step.name, d.ingest_argv(p, where), p)]
     if step.kind == d.SELECT:
@@ -138,6 +176,25 @@ def _templates(step: d.Step, p: Pipeline, where: d.Layout) -> list[Any]:
     if step.kind == d.DEPLOY:
         return _deploy(p)
     raise ValueError(f"step {step.name}: unknown kind {step.kind!r}")
+
+
+def _train(name: str, c: Candidate, p: Pipeline, where: d.Layout) -> list[Any]:
+    """Create the MPIJob and wait for its launcher, then for its end: each wait bounded (module docstring)."""
+    success, failure = train_conditions(c)
+    launch, wait = f"launch-{c.name}", f"wait-{c.name}"
+    return [
+        Steps(name=name, sub_steps=[Step(name=launch, template=launch), Step(name=wait, template=wait)]),
+        Resource(name=launch, action="create", manifest=to_yaml(train_manifest(c, p, where)),
+                 set_owner_reference=True, success_condition=LAUNCHED,
+                 active_deadline_seconds=60 * p.deadlines.launcher_minutes),
+        Resource(name=wait, action="get", manifest=to_yaml(_reference(c)), success_condition=success,
+                 failure_condition=failure, active_deadline_seconds=60 * p.deadlines.train_minutes),
+    ]
+
+
+def _reference(c: Candidate) -> dict[str, Any]:
+    """What kubectl needs to find this run's MPIJob of ``c``."""
+    return {"apiVersion": MPIJOB_API, "kind": MPIJOB_KIND, "metadata": {"name": job_name(c)}}
 
 
 def _container(name: str, argv: list[str], p: Pipeline) -> Container:
@@ -162,20 +219,19 @@ def _deploy(p: Pipeline) -> list[Any]:
         templates.append(Resource(
             name=name, action="apply", manifest=to_yaml(obj), success_condition=success,
             failure_condition=failure, retry_strategy=APPLY_RETRY,
-            active_deadline_seconds=READY_DEADLINE_SECONDS if success else None,
+            active_deadline_seconds=60 * p.deadlines.deploy_minutes if success else None,
         ))
     return templates
 
 
 def _cleanup(p: Pipeline) -> list[Any]:
-    """Exit handler: delete every candidate's MPIJob, finished or not (its model is on the volume)."""
+    """Exit handler: delete this run's candidate MPIJobs, finished or not (their models are on the volume)."""
     names = [f"delete-{c.name}" for c in p.candidates]
     templates: list[Any] = [DAG(name=EXIT_HANDLER, tasks=[Task(name=n, template=n) for n in names])]
     for name, c in zip(names, p.candidates, strict=True):
-        ref = {"apiVersion": MPIJOB_API, "kind": MPIJOB_KIND, "metadata": {"name": c.job.name}}
         # Argo adds --ignore-not-found; --wait=false spares kubectl (and the Role) a list+watch until it is gone.
-        templates.append(Resource(name=name, action="delete", manifest=to_yaml(ref), flags=["--wait=false"],
-                                  retry_strategy=ON_ERROR))
+        templates.append(Resource(name=name, action="delete", manifest=to_yaml(_reference(c)),
+                                  flags=["--wait=false"], retry_strategy=ON_ERROR))
     return templates
 
 

@@ -19,14 +19,22 @@ from hvdk8s.k8s import DNS1035_LABEL, DNS1123_LABEL, FieldError, at_least, inval
 from hvdk8s.k8s import required as required_error
 from hvdk8s.mpijob import parse
 from hvdk8s.mpijob.files import SpecError, load_spec
+from hvdk8s.mpijob.spec import JobSpec
+from hvdk8s.mpijob.validate import pod_hostname_problem
+from hvdk8s.pipeline import naming
 from hvdk8s.pipeline import spec as s
 from hvdk8s.serving.manifests_options import ServingOptions
 from hvdk8s.serving.selection import METRICS
 
 # Job-spec fields the pipeline sets for every candidate, and from where.
-PIPELINE_SET = {"name": "the pipeline (<pipeline>-<candidate>)", "namespace": "the pipeline's namespace",
-                "sharedVolume": "the pipeline's sharedVolume"}
+PIPELINE_SET = {"name": "the pipeline (each Workflow run's <workflow name>-<candidate>)",
+                "namespace": "the pipeline's namespace", "sharedVolume": "the pipeline's sharedVolume"}
 MAX_NAME = 40  # room for "-<candidate>" in job names and "-pipeline" in the service account
+# Valid values for the required top-level fields, used only to go on checking when one was refused.
+STAND_INS: dict[str, Any] = {"name": "pipeline", "image": "image", "sharedVolume": {"claimName": "claim"},
+                             "serving": {"modelName": "model"}}
+# PipelineFile fields the candidates' jobs and the serving options are derived from, and their keys.
+DERIVED_FROM = {"name": "name", "image": "image", "namespace": "namespace", "shared_volume": "sharedVolume"}
 
 
 def load_pipeline(path: str | os.PathLike[str]) -> s.Pipeline:
@@ -35,6 +43,8 @@ def load_pipeline(path: str | os.PathLike[str]) -> s.Pipeline:
 
 
 def from_data(data: Any, where: str, base_dir: Path) -> s.Pipeline:
+    """Check every section, each whenever what it derives from is usable (the candidates' jobs and the
+    serving options take the pipeline's name, image, namespace and volume): all problems at once."""
     errors: list[FieldError] = []
     if not isinstance(data, Mapping):
         raise SpecError(where, [invalid("<top level>", f"must be a mapping, got {parse._kind(data)}")])
@@ -42,20 +52,34 @@ def from_data(data: Any, where: str, base_dir: Path) -> s.Pipeline:
     raw_candidates = top_fields.pop("candidates", None)
     top = parse.from_mapping(s.PipelineFile, top_fields, errors)
     entries = _candidate_entries(raw_candidates, errors)
-    if top is not None:
-        _check_top(top, errors)
-    load_test = _load_test(top.load_test, errors) if top else None
-    if top is None or errors:
-        raise SpecError(where, errors)
-    candidates = tuple(_candidate(top, i, entry, job, base_dir, errors) for i, (entry, job) in enumerate(entries))
-    _serving_options(top, errors)
+    if top is None:  # a required field missing or refused (reported): stand-ins let the rest be checked
+        usable = {k: v for k, v in top_fields.items() if k not in STAND_INS or not _has_error(errors, k)}
+        top = parse.from_mapping(s.PipelineFile, STAND_INS | usable, [])
+    _check_top(top, errors)
+    load_test = _load_test(top.load_test, errors)
+    given = _with_stand_ins(top, errors)
+    candidates = tuple(_candidate(given, i, entry, job, base_dir, errors) for i, entry, job in entries)
+    _serving_options(given, errors)
     if errors:
         raise SpecError(where, errors)
     return s.Pipeline(
         name=top.name, image=top.image, namespace=top.namespace, shared_volume=top.shared_volume,
         data=top.data, candidates=candidates, metric=top.selection.metric, serving=top.serving,
-        load_test=load_test, local=top.local,
+        load_test=load_test, deadlines=top.deadlines, local=top.local,
     )
+
+
+def _has_error(errors: list[FieldError], key: str) -> bool:
+    """Whether the top-level field ``key`` (or anything in it) was reported."""
+    return any(e.path == key or e.path.startswith((f"{key}.", f"{key}[")) for e in errors)
+
+
+def _with_stand_ins(top: s.PipelineFile, errors: list[FieldError]) -> s.PipelineFile:
+    """``top`` with valid stand-ins for the fields the candidates and serving derive from that were reported,
+    so their own problems are found without repeating those (a derived field is judged only on valid input)."""
+    stand_in = parse.from_mapping(s.PipelineFile, STAND_INS, [])
+    changes = {f: getattr(stand_in, f) for f, key in DERIVED_FROM.items() if _has_error(errors, key)}
+    return dataclasses.replace(top, **changes)
 
 
 def serving_options(pipeline: s.Pipeline | s.PipelineFile) -> ServingOptions:
@@ -74,7 +98,8 @@ def model_base_path(pipeline: s.Pipeline | s.PipelineFile) -> str:
     return f"{pipeline.name}/models/{pipeline.serving.model_name}"
 
 
-def _candidate_entries(raw: Any, errors: list[FieldError]) -> list[tuple[s.CandidateEntry, Any]]:
+def _candidate_entries(raw: Any, errors: list[FieldError]) -> list[tuple[int, s.CandidateEntry, Any]]:
+    """The candidates whose job can be checked, with their index in the list."""
     if raw is None:
         errors.append(required_error("candidates", "required (a list of training jobs)"))
         return []
@@ -92,16 +117,17 @@ def _candidate_entries(raw: Any, errors: list[FieldError]) -> list[tuple[s.Candi
         entry = parse.from_mapping(s.CandidateEntry, fields, errors, where)
         if entry is None:
             continue
-        if (job is None) == (entry.job_file is None):
-            errors.append(invalid(where, "give exactly one of job (an inline job spec) or jobFile"))
-        if job is not None and not isinstance(job, Mapping):
-            errors.append(invalid(f"{where}.job", f"must be a mapping of job-spec fields, got {parse._kind(job)}"))
         if not DNS1123_LABEL.match(entry.name):
             errors.append(invalid(f"{where}.name", f"{entry.name!r} must be lower-case letters, digits and '-'"))
         elif entry.name in seen:
             errors.append(FieldError("Duplicate", f"{where}.name", f"{entry.name!r} is used by another candidate"))
         seen.add(entry.name)
-        entries.append((entry, job))
+        if (job is None) == (entry.job_file is None):
+            errors.append(invalid(where, "give exactly one of job (an inline job spec) or jobFile"))
+        elif job is not None and not isinstance(job, Mapping):
+            errors.append(invalid(f"{where}.job", f"must be a mapping of job-spec fields, got {parse._kind(job)}"))
+        else:
+            entries.append((i, entry, job))
     return entries
 
 
@@ -126,6 +152,8 @@ def _check_top(top: s.PipelineFile, errors: list[FieldError]) -> None:
     errors += at_least("data.imageSize", data.image_size, 1)
     errors += one_of("selection.metric", top.selection.metric, METRICS)
     errors += at_least("local.ranks", top.local.ranks, 1)
+    for f in dataclasses.fields(top.deadlines):
+        errors += at_least(f"deadlines.{parse.camel(f.name)}", getattr(top.deadlines, f.name), 1)
 
 
 def _load_test(raw: s.LoadTestFile, errors: list[FieldError]) -> s.LoadTest:
@@ -168,11 +196,26 @@ def _candidate(top: s.PipelineFile, i: int, entry: s.CandidateEntry, job: Any, b
     if top.namespace is not None:
         mapping["namespace"] = top.namespace
     try:
-        return s.Candidate(entry.name, load_spec(mapping, origin=where))
+        job_spec = load_spec(mapping, origin=where)
     except SpecError as err:
         errors.extend(dataclasses.replace(e, path=f"{where}.{e.path}") for e in err.field_errors)
+        return None
     except UserError as err:
         errors.append(invalid(where, str(err)))
+        return None
+    if problem := _run_name_problem(top.name, entry.name, job_spec):
+        errors.append(invalid(f"candidates[{i}].name", problem))
+        return None
+    return s.Candidate(entry.name, job_spec)
+
+
+def _run_name_problem(pipeline: str, candidate: str, job: JobSpec) -> str | None:
+    """The operator's pod-hostname rule applied to the MPIJob name a Workflow run gives the candidate."""
+    name = naming.candidate_job(naming.longest_workflow_name(pipeline), candidate)
+    if problem := pod_hostname_problem(name, job.elastic.max_workers if job.elastic else job.workers):
+        return (f"{problem}: each Workflow run names this MPIJob <workflow name>-{candidate}, the workflow name "
+                f"being {naming.generate_name(pipeline)!r} and {naming.RANDOM_SUFFIX} random characters; "
+                "shorten the pipeline's or the candidate's name")
     return None
 
 

@@ -82,6 +82,21 @@ class LoadTest:
 
 
 @dataclass(frozen=True)
+class Deadlines:
+    """The Argo Workflow only: how long its steps wait before they fail, in minutes (every wait is bounded).
+
+    Under ``WaitForWorkersReady`` the MPI Operator creates a candidate's launcher only once every
+    worker is Ready, and the MPIJob's ``activeDeadlineSeconds`` reaches only that launcher Job: a
+    worker that is unschedulable, stuck pulling its image or crash-looping would otherwise leave
+    the train step waiting forever.
+    """
+
+    launcher_minutes: int = 30  # a candidate's MPIJob still has no launcher: its workers never all got Ready
+    train_minutes: int = 720  # its launcher exists (or waits in a queue) and training has not ended
+    deploy_minutes: int = 15  # the model server is not ready
+
+
+@dataclass(frozen=True)
 class Local:
     """``hvdk8s pipeline run`` only: ranks per candidate (the cluster uses each job's workers x slots)."""
 
@@ -100,6 +115,7 @@ class PipelineFile:
     data: Data = Data()
     selection: Selection = Selection()
     load_test: LoadTestFile = LoadTestFile()
+    deadlines: Deadlines = Deadlines()
     local: Local = Local()
 
 
@@ -124,4 +140,5 @@ class Pipeline:
     metric: str
     serving: Serving
     load_test: LoadTest
+    deadlines: Deadlines
     local: Local

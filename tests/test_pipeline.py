@@ -23,6 +23,7 @@ from hvdk8s.mpijob.files import SpecError
 from hvdk8s.pipeline import argo, build, dag as d, load_pipeline, local, rbac, render_workflow
 from hvdk8s.pipeline.load import from_data
 
+from argo_model import match_conditions
 from conftest import REPO
 from kube_double import failing, succeeding
 from test_mpijob_schema import crd_errors as mpijob_crd_errors
@@ -69,7 +70,7 @@ def test_example_pipeline_loads_with_three_candidates():
     assert pipeline.load_test.max_error_rate == 0.01 and pipeline.load_test.max_p99_ms == 1000.0
 
 
-def test_every_problem_is_reported_with_its_field_path(tmp_path):
+def test_every_problem_is_reported_at_once_with_its_field_path(tmp_path):
     data = minimal(
         nmae="x",
         data={"source": "folder"},
@@ -86,27 +87,36 @@ def test_every_problem_is_reported_with_its_field_path(tmp_path):
     )
     with pytest.raises(SpecError) as caught:
         from_data(data, "p.yaml", tmp_path)
+    # Every section is checked (issue #28): the candidates' jobs and the serving options too.
     assert caught.value.errors == [
         "nmae: unknown field (did you mean 'name'?)",
         "local.ranks: must be an integer, got string 'two'",
-        "candidates[1]: give exactly one of job (an inline job spec) or jobFile",
         "candidates[1].name: 'cnn' is used by another candidate",
+        "candidates[1]: give exactly one of job (an inline job spec) or jobFile",
         "sharedVolume.readOnly: must be false: the steps write candidates and serving versions to it",
         "data.source: 'folder' is not one of digits, imageFolder, tfds",
         "loadTest.maxP99Ms: must be a number, got 'fast'",
         "loadTest.maxErrorRate: must be between 0 and 1, got 2",
+        ("candidates[0].job.name: set by the pipeline (each Workflow run's <workflow name>-<candidate>); "
+         "remove it here"),
+        "candidates[0].job.workerz: unknown field (did you mean 'workers'?)",
+        "candidates[2].job.workers: must be >= 1, got 0",
+        "serving.autoscaling.minReplicas: 0 must be at least 1 (only KServe scales to zero)",
     ]
-    # Once the structure is right, the candidates' jobs and the serving options are checked.
-    data = minimal(candidates=[
-        {"name": "cnn", "job": {"command": ["python", "t.py"], "workerz": 2, "name": "mine"}},
-        {"name": "gpu", "job": {"command": ["python", "t.py"], "workers": 0}},
-    ], serving={"modelName": "digits", "autoscaling": {"minReplicas": 0}})
+    # A required field missing or refused: the rest is still checked, what derives from it is not.
+    data = minimal(candidates=[{"name": "cnn", "job": {"command": ["python", "t.py"], "workers": 0}}],
+                   serving={"modelName": "digits", "autoscaling": {"minReplicas": 0}}, name="Bad_Name",
+                   sharedVolume={"claimNme": "shared"})
+    del data["image"]
     with pytest.raises(SpecError) as caught:
         from_data(data, "p.yaml", tmp_path)
     assert caught.value.errors == [
-        "candidates[0].job.name: set by the pipeline (<pipeline>-<candidate>); remove it here",
-        "candidates[0].job.workerz: unknown field (did you mean 'workers'?)",
-        "candidates[1].job.workers: must be >= 1, got 0",
+        "sharedVolume.claimNme: unknown field (did you mean 'claimName'?)",
+        "sharedVolume.claimName: required",
+        "image: required",
+        ("name: 'Bad_Name' must be a DNS-1035 label (lower-case letters, digits, '-', starting with a letter) "
+         "of at most 40 characters"),
+        "candidates[0].job.workers: must be >= 1, got 0",
         "serving.autoscaling.minReplicas: 0 must be at least 1 (only KServe scales to zero)",
     ]
 
@@ -182,10 +192,16 @@ def test_workflow_shape(tmp_path):
     assert (spec["entrypoint"], spec["onExit"], spec["serviceAccountName"]) == ("pipeline", "cleanup",
                                                                                 "digits-pipeline")
     assert spec["volumes"] == [{"name": "shared", "persistentVolumeClaim": {"claimName": "hvdk8s-shared"}}]
-    train = by_name["train-cnn"]
-    assert "retryStrategy" not in train  # deterministic failures are not retried
-    assert train["resource"]["action"] == "create" and train["resource"]["setOwnerReference"] is True
-    command = yaml.safe_load(train["resource"]["manifest"])["spec"]["mpiReplicaSpecs"]["Launcher"]["template"][
+    assert by_name["train-cnn"]["steps"] == [[{"name": "launch-cnn", "template": "launch-cnn"}],
+                                             [{"name": "wait-cnn", "template": "wait-cnn"}]]
+    launch, wait = by_name["launch-cnn"], by_name["wait-cnn"]
+    assert "retryStrategy" not in launch and "retryStrategy" not in wait  # deterministic failures: not retried
+    assert (launch["activeDeadlineSeconds"], wait["activeDeadlineSeconds"]) == (30 * 60, 720 * 60)
+    assert launch["resource"]["action"] == "create" and launch["resource"]["setOwnerReference"] is True
+    assert launch["resource"]["successCondition"] == "status.replicaStatuses.Launcher"
+    assert (wait["resource"]["action"], yaml.safe_load(wait["resource"]["manifest"])) == (
+        "get", {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": "{{workflow.name}}-cnn"}})
+    command = yaml.safe_load(launch["resource"]["manifest"])["spec"]["mpiReplicaSpecs"]["Launcher"]["template"][
         "spec"]["containers"][0]["command"]
     assert command[-2:] == ["--save", "/shared/digits/runs/{{workflow.name}}/candidates/cnn.keras"]
     select = by_name["select"]
@@ -201,17 +217,18 @@ def test_workflow_shape(tmp_path):
     deploy = [t["name"] for t in by_name["deploy"]["dag"]["tasks"]]
     assert deploy == ["apply-configmap", "apply-deployment", "apply-service", "apply-horizontalpodautoscaler"]
     assert by_name["apply-deployment"]["resource"]["successCondition"] == "status.availableReplicas > 0"
+    assert by_name["apply-deployment"]["activeDeadlineSeconds"] == 15 * 60
     cleanup = [t["name"] for t in by_name["cleanup"]["dag"]["tasks"]]
     assert cleanup == ["delete-cnn", "delete-cnn-dropout", "delete-cnn-bn"]
     delete = by_name["delete-cnn"]["resource"]
     assert (delete["action"], delete["flags"], yaml.safe_load(delete["manifest"])) == (
         "delete", ["--wait=false"], {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob",
-                                     "metadata": {"name": "digits-cnn"}})
+                                     "metadata": {"name": "{{workflow.name}}-cnn"}})
 
 
 def embedded(workflow: dict[str, Any]) -> list[dict[str, Any]]:
     return [yaml.safe_load(t["resource"]["manifest"]) for t in workflow["spec"]["templates"]
-            if "resource" in t and t["resource"]["action"] != "delete"]
+            if "resource" in t and t["resource"]["action"] not in ("delete", "get")]
 
 
 @pytest.mark.parametrize("kserve", [False, True], ids=["tfserving", "kserve"])
@@ -260,21 +277,6 @@ def test_role_grants_exactly_what_the_steps_do():
 
 # ------------------------------------------------------------------ Argo's resource conditions
 
-QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")  # k8s IsQualifiedName, no prefix
-
-
-def argo_matches(condition: str, obj: dict[str, Any]) -> bool:
-    """One requirement as Argo's executor evaluates it: a label selector whose key is a gjson path
-    (workflow/executor/resource.go). ``labels.Parse`` accepts only qualified-name keys."""
-    key, op, value = re.fullmatch(r"(\S+) (==|>) (\S+)", condition).groups()
-    assert QUALIFIED_NAME.match(key) and len(key) <= 63, f"labels.Parse would refuse the key {key!r}"
-    found: Any = obj
-    for part in key.split("."):
-        if not isinstance(found, dict) or part not in found:
-            return False  # a missing key never matches (gjson: does not exist)
-        found = found[part]
-    return str(found) == value if op == "==" else int(found) > int(value)
-
 
 def test_mpijob_conditions_fire_on_the_operators_terminal_statuses_only():
     candidate = load_pipeline(EXAMPLE).candidates[0]
@@ -282,14 +284,13 @@ def test_mpijob_conditions_fire_on_the_operators_terminal_statuses_only():
     # The statuses the MPI Operator writes on the way (as the Kubernetes API double plays them).
     for steps, ends_in in ((succeeding(["log"]), "success"), (failing("BackoffLimitExceeded", "x"), "failure")):
         statuses = [{"status": {"replicaStatuses": s.replicas}} for s in steps if s.replicas is not None]
-        verdicts = [(argo_matches(success, st), argo_matches(failure, st)) for st in statuses]
-        assert verdicts[:-1] == [(False, False)] * (len(verdicts) - 1)
-        assert verdicts[-1] == ((True, False) if ends_in == "success" else (False, True))
+        verdicts = [match_conditions(st, success, failure) for st in statuses]
+        assert verdicts == [None] * (len(verdicts) - 1) + ["Succeeded" if ends_in == "success" else "Failed"]
     retrying = dataclasses.replace(candidate.job, run_policy=dataclasses.replace(candidate.job.run_policy,
                                                                                  backoff_limit=2))
     _, failure = argo.train_conditions(dataclasses.replace(candidate, job=retrying))
     one_failed_pod = {"status": {"replicaStatuses": {"Launcher": {"failed": 1, "active": 1}}}}
-    assert not argo_matches(failure, one_failed_pod)  # still retrying: not a failure yet
+    assert match_conditions(one_failed_pod, success, failure) is None  # still retrying: not a failure yet
 
 
 # ------------------------------------------------------------------ the local executor, for real
