@@ -210,7 +210,10 @@ def _candidate(top: s.PipelineFile, i: int, entry: s.CandidateEntry, job: Any, b
 
 
 def _run_name_problem(pipeline: str, candidate: str, job: JobSpec) -> str | None:
-    """The operator's pod-hostname rule applied to the MPIJob name a Workflow run gives the candidate."""
+    """The MPI Operator's name rule (v0.8.2 ``pkg/apis/kubeflow/validation/validation.go``, validateMPIJobName:
+    ``<job>-worker-<N-1>`` must be a DNS-1035 label) on the MPIJob name a Workflow run gives the candidate.
+    It covers the names derived from the job: its Service (the job name), its pods' job-name label and the
+    launcher Job ``<job>-launcher``, whose name Kubernetes also puts in a label (at most 63 characters)."""
     name = naming.candidate_job(naming.longest_workflow_name(pipeline), candidate)
     if problem := pod_hostname_problem(name, job.elastic.max_workers if job.elastic else job.workers):
         return (f"{problem}: each Workflow run names this MPIJob <workflow name>-{candidate}, the workflow name "
