@@ -26,6 +26,9 @@ API_VERSION = "kubeflow.org/v2beta1"
 KIND = "MPIJob"
 LAUNCHER_COMMANDS = ("mpirun", "horovodrun")
 HOSTS_MODULE = ("python", "-m", "hvdk8s.launcher.hosts")
+# Seconds (min, max) Horovod keeps a failed elastic host out: doubled per failure from min, capped at
+# max, so a replacement pod rejoins in 10-20 s and a crash-looping one is retried every 5 minutes.
+BLACKLIST_COOLDOWN = (10, 300)
 SHM_VOLUME = "dshm"
 SHARED_VOLUME = "shared"
 # Variables an ssh-started rank would not see otherwise: orted's session gets
@@ -82,7 +85,7 @@ def launcher_command(spec: JobSpec, ssh_identity: str | None = None) -> list[str
         # per line without a count (hence --slots); only those whose sshd
         # answers (Ready) are handed to Horovod.
         slots = spec.slots_per_worker
-        return horovodrun_argv(
+        argv = horovodrun_argv(
             spec.np,
             spec.command,
             min_np=spec.elastic.min_workers * slots,
@@ -90,6 +93,9 @@ def launcher_command(spec: JobSpec, ssh_identity: str | None = None) -> list[str
             slots=slots,
             discovery_script=" ".join([*HOSTS_MODULE, "ready", "--port", port, "--", DISCOVER_HOSTS]),
         )
+        # The operator re-creates a lost worker pod under its old name; Horovod blacklists a failed
+        # host for good unless it has a cooldown (horovod/runner/elastic/discovery.py, HostState).
+        return [argv[0], "--blacklist-cooldown-range", *map(str, BLACKLIST_COOLDOWN), *argv[1:]]
     names = forwarded_env(pod_env(spec), extra=(*IMAGE_ENV, *spec.env))
     ompi = spec.open_mpi
     argv = mpirun_argv(spec.np, spec.command, env_names=names, allow_run_as_root=spec.user is None,

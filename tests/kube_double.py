@@ -374,6 +374,18 @@ class KubeDouble:
                     if ns == namespace and p.manifest["metadata"]["labels"].get(res.job_label) == job
                     and p.manifest["metadata"]["labels"].get(res.role_label) == res.roles[0]]
 
+    def put_worker(self, namespace: str, job: str, name: str, *, phase: str = "Running", ready: bool = True,
+                   res: Resource = MPIJOBS) -> None:
+        """A worker pod as its controller makes it (the MPI Operator re-creates a deleted one under its name)."""
+        with self._cond:
+            self._pod(res, {"metadata": {"namespace": namespace, "name": job}}, name, res.roles[1], "worker",
+                      phase=phase, conditions=[{"type": "Ready", "status": "True" if ready else "False"}])
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        """The pod is gone (node drain, spot reclaim, ``kubectl delete pod``)."""
+        with self._cond:
+            del self.pods[(namespace, name)]
+
     # ------------------------------------------------------------ HTTP
 
     @Request.application

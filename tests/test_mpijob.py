@@ -411,7 +411,9 @@ def test_manifest_from_file(tmp_path: Path):
 def test_elastic_launcher_command_and_bounds():
     manifest = render(load_spec(BASE | {"workers": 3, "slotsPerWorker": 2, "elastic": {"minWorkers": 2, "maxWorkers": 5}}))
     assert launcher(manifest)["command"] == [
-        "horovodrun", "-np", "6", "--min-np", "4", "--max-np", "10", "--slots", "2",
+        # a failed host (a deleted pod, re-created under its name) may rejoin after its cooldown
+        "horovodrun", "--blacklist-cooldown-range", "10", "300",
+        "-np", "6", "--min-np", "4", "--max-np", "10", "--slots", "2",
         "--host-discovery-script", "python -m hvdk8s.launcher.hosts ready --port 2222 -- /etc/mpi/discover_hosts.sh",
         "python", "/app/examples/train_digits.py",
     ]  # fmt: skip

@@ -1,0 +1,138 @@
+"""The elastic MPIJob on Kubernetes: which workers its host discovery offers Horovod.
+
+The chain as on a cluster: the API server's worker pods (tests/kube_double.py,
+read with the real client) -> the MPI Operator's ``discover_hosts.sh`` of the
+Running ones (its model, tests/controllers/mpi_operator.py) -> the rendered
+discovery command, which keeps the workers whose sshd answers (what their
+readiness probe tests) -> Horovod. Pod DNS names resolve through a hosts file
+mounted over /etc/hosts in a private mount namespace, each pod's sshd is a
+listener on its own loopback address. Needs root (unshare, mount).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import pytest
+
+from controllers import mpi_operator
+from hvdk8s.k8s import connect
+from hvdk8s.launcher import kube
+from hvdk8s.mpijob import load_spec, render
+from kube_double import KubeDouble
+from test_mpijob import EXAMPLES, REPO, launcher
+
+NAMESPACE, JOB = "team-a", "digits-elastic"
+WORKERS = [f"{JOB}-worker-{i}" for i in range(3)]
+ADDRESS = {name: f"127.0.0.{10 + i}" for i, name in enumerate(WORKERS)}
+
+
+def test_the_elastic_example_runs_the_elastic_script_with_flags_it_takes(monkeypatch: pytest.MonkeyPatch):
+    """#28: mpijob/examples/elastic.yaml runs train_digits.py --elastic, and the script takes its flags."""
+    command = load_spec(EXAMPLES / "elastic.yaml").command
+    assert command[:2] == ("python", "/app/examples/train_digits.py") and "--elastic" in command
+    loader = importlib.util.spec_from_file_location("train_digits", REPO / "examples" / "train_digits.py")
+    script = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(script)
+    monkeypatch.setattr(sys, "argv", ["train_digits.py", *command[2:]])
+    args = script.parse_args()
+    assert args.elastic and args.epochs == 20 and str(args.checkpoint_dir) == "/shared/digits-elastic"
+
+
+def discovery_command() -> list[str]:
+    """The rendered launcher's --host-discovery-script, with the operator's script path left to the caller."""
+    command = launcher(render(load_spec(EXAMPLES / "elastic.yaml")))["command"]
+    assert command[:4] == ["horovodrun", "--blacklist-cooldown-range", "10", "300"]  # a re-created pod may rejoin
+    return shlex.split(command[command.index("--host-discovery-script") + 1])
+
+
+@contextmanager
+def sshd(name: str, port: int) -> Iterator[None]:
+    """The pod's sshd: a listener on its address, as long as the pod's sshd runs."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind((ADDRESS[name], port))
+        server.listen()
+        yield
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_discovery_offers_ready_workers_survives_a_deleted_pod_and_takes_its_replacement(tmp_path: Path):
+    with socket.socket() as probe:  # a free port on the pods' addresses
+        probe.bind((ADDRESS[WORKERS[0]], 0))
+        port = probe.getsockname()[1]
+    argv = discovery_command()
+    assert argv[argv.index("--port") + 1] == "2222"
+    argv[argv.index("--port") + 1] = str(port)
+    script = tmp_path / "discover_hosts.sh"  # the operator's ConfigMap, mounted at /etc/mpi
+    assert argv[-1] == "/etc/mpi/discover_hosts.sh"
+    argv[-1] = str(script)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n" + "".join(
+        f"{ip} {name}.{JOB}.{NAMESPACE}.svc\n" for name, ip in ADDRESS.items()))
+    manifest = render(load_spec(EXAMPLES / "elastic.yaml"))
+    manifest["metadata"]["namespace"] = NAMESPACE
+
+    with KubeDouble() as api:
+        cluster = connect(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+
+        def operator_syncs() -> None:
+            """updateDiscoverHostsInConfigMap from the API's Running worker pods."""
+            pods = kube.job_pods(cluster, NAMESPACE, JOB)
+            running = [p["metadata"]["name"] for p in pods if p["status"]["phase"] == "Running"
+                       and p["metadata"]["labels"]["training.kubeflow.org/job-role"] == "worker"]
+            script.write_text(mpi_operator.discover_hosts(manifest, running))
+            script.chmod(0o755)
+
+        def offered() -> list[str]:
+            """What Horovod's driver gets from the rendered discovery command, run as in the launcher pod."""
+            found = subprocess.run(
+                ["unshare", "--mount", "--", "sh", "-c", f'mount --bind {hosts} /etc/hosts && exec "$@"', "pod",
+                 *[sys.executable if a == "python" else a for a in argv]],
+                capture_output=True, text=True, timeout=60, check=True)
+            return [line.split(".")[0] for line in found.stdout.split()]
+
+        with ExitStack() as pods_sshd:
+            listening: dict[str, ExitStack] = {}
+
+            def sshd_up(name: str) -> None:
+                listening[name] = pods_sshd.enter_context(ExitStack())
+                listening[name].enter_context(sshd(name, port))
+
+            # Two workers Running and Ready, a third Running whose sshd is not up yet.
+            for name in WORKERS[:2]:
+                api.put_worker(NAMESPACE, JOB, name)
+                sshd_up(name)
+            api.put_worker(NAMESPACE, JOB, WORKERS[2], ready=False)
+            operator_syncs()
+            assert script.read_text().count("echo ") == 3  # the operator lists every Running pod
+            assert offered() == WORKERS[:2]  # Horovod gets the Ready ones
+
+            # worker-1 is deleted (drain, spot reclaim): its sshd goes with it. Before the operator's
+            # new script reaches the launcher (the kubelet syncs ConfigMap volumes late), it is dropped.
+            api.delete_pod(NAMESPACE, WORKERS[1])
+            listening.pop(WORKERS[1]).close()
+            assert offered() == WORKERS[:1]
+            operator_syncs()
+            assert script.read_text().count("echo ") == 2 and offered() == WORKERS[:1]
+
+            # The operator re-creates it under its name; Pending, then Running before sshd is up: not offered.
+            api.put_worker(NAMESPACE, JOB, WORKERS[1], phase="Pending", ready=False)
+            operator_syncs()
+            assert offered() == WORKERS[:1]
+            api.put_worker(NAMESPACE, JOB, WORKERS[1], ready=False)
+            operator_syncs()
+            assert offered() == WORKERS[:1]
+            # Its sshd answers (Ready): it joins, and so does worker-2 once its own sshd is up.
+            sshd_up(WORKERS[1])
+            assert offered() == WORKERS[:2]
+            sshd_up(WORKERS[2])
+            assert offered() == WORKERS
