@@ -1,0 +1,40 @@
+"""The wheel users install (the GPU image installs one) holds every subpackage and the public names' stub."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from conftest import REPO
+
+
+def test_wheel_has_every_subpackage_and_the_public_names_stub(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (wheel,) = tmp_path.glob("hvdk8s-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert "hvdk8s/__init__.pyi" in names  # without it `import hvdk8s` fails (lazy_loader reads it)
+    for package in ("launcher", "mpijob", "serving", "benchmarks", "pipeline"):
+        assert f"hvdk8s/{package}/__init__.py" in names, package
+    # the stub names only modules that exist, so every public name resolves
+    stub = (REPO / "hvdk8s" / "__init__.pyi").read_text()
+    for line in stub.splitlines():
+        if line.startswith("from . import"):
+            for module in (part.split(" as ")[0].strip() for part in line.removeprefix("from . import").split(",")):
+                assert {f"hvdk8s/{module}.py", f"hvdk8s/{module}/__init__.py"} & names, module
+        elif line.startswith("from ."):
+            module = line.split()[1][1:]
+            assert f"hvdk8s/{module}.py" in names, module
+
+
+def test_public_names_resolve_lazily() -> None:
+    code = (
+        "import sys, hvdk8s; assert 'tensorflow' not in sys.modules; "
+        "missing = [n for n in hvdk8s.__all__ if getattr(hvdk8s, n, None) is None]; print(missing)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr[-3000:]
