@@ -1,19 +1,27 @@
 """``horovod.tensorflow.keras.elastic`` for Keras 3, on Horovod's elastic driver (``horovodrun --min-np/--max-np``).
 
 Horovod's ``TensorFlowKerasState`` calls ``optimizer.variables()``, which is a
-list in Keras 3, and its ``run`` only recognises failures of ops named
-``HorovodAllreduce``/``Allgather``/``Broadcast``, so a failed
-``HorovodGroupedAllreduce`` never triggered a reset, and any other
+list in Keras 3, and its ``run`` only recognises failures whose message names
+``HorovodAllreduce``/``Allgather``/``Broadcast``: a failed grouped allreduce, or
+a Gloo error such as "Connection reset by peer" raised in a collective whose
+node is named after the optimizer, never triggered a reset, and any other
 ``UnknownError`` was swallowed. This module keeps Horovod's names and driver
-protocol (``ObjectState``, ``run_fn``) and fixes both.
+protocol (``ObjectState``, ``run_fn``) and fixes both: ``is_collective_failure``
+decides by the error's type and by where the failing op was defined.
 """
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import os
+import re
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import horovod.tensorflow as hvd
+import horovod.tensorflow.mpi_ops
 import keras
 import numpy as np
 import tensorflow as tf
@@ -62,16 +70,19 @@ class KerasState(ObjectState):
         super().restore()
 
     def sync(self) -> None:
-        build_config = collectives.broadcast_object(
-            self.model.get_build_config() if self.model.built else None, name="hvdk8s.elastic.build"
-        )
-        self._variables_synced = False
-        if build_config is not None:
-            if not self.model.built:
-                self.model.build_from_config(build_config)
-            self.sync_variables()
-        self._save_variables()
-        super().sync()
+        """Bring every rank to rank 0's state; a peer lost meanwhile resets again (Horovod's ``run_fn`` calls
+        this outside the wrapped function, where only ``HorovodInternalError`` leads to a reset)."""
+        with _failed_collectives_reset():
+            build_config = collectives.broadcast_object(
+                self.model.get_build_config() if self.model.built else None, name="hvdk8s.elastic.build"
+            )
+            self._variables_synced = False
+            if build_config is not None:
+                if not self.model.built:
+                    self.model.build_from_config(build_config)
+                self.sync_variables()
+            self._save_variables()
+            super().sync()
 
     def sync_variables(self) -> None:
         """Broadcast model and optimizer variables from rank 0 once per sync, when the model is built."""
@@ -159,21 +170,99 @@ def _snapshot(variables: list[tf.Variable]) -> list[tf.Tensor]:
     return [tf.identity(v) for v in variables]
 
 
+# Horovod's Python op wrappers: an op defined in a frame of these files is one of its collectives.
+_HOROVOD_OPS = os.path.dirname(os.path.abspath(horovod.tensorflow.mpi_ops.__file__)) + os.sep
+# The statuses of a collective that failed in transport (Horovod v0.28.1): horovod/common/operations.cc turns
+# any exception of Gloo or MPI (a reset connection, a timeout, a vanished peer) into UNKNOWN_ERROR, and so is
+# SHUT_DOWN_ERROR, the status of every pending op once the background loop has died; a removed process set
+# gives ABORTED (process_set.h). horovod/tensorflow/mpi_ops.cc ConvertStatus maps them to TensorFlow's
+# UnknownError and AbortedError. Its PRECONDITION_ERROR and INVALID_ARGUMENT (mismatched shapes, types or
+# names across ranks) are mistakes in the script: resetting would only repeat them.
+_TRANSPORT_FAILURES = (tf.errors.UnknownError, tf.errors.AbortedError)
+# TensorFlow's account of a failed node in a tf.function (atomic_function.InterpolateRuntimeError): where the
+# node was defined, one ``traceback.format_list`` entry per frame, outermost first.
+_DEFINED_AT = re.compile(r"^Detected at node .* defined at \(most recent call last\):$")
+_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line \d+, in ')
+# The tags TensorFlow puts around an op's status: the function and node that ran it, the eager op's type.
+_TF_TAGS = re.compile(r"\{\{function_node [^}]*\}\}|\[\[\{\{node [^}]*\}\}\]\]|\[Op:[^\]]*\](?: name: \S*)?")
+
+
+def is_collective_failure(err: BaseException) -> bool:
+    """Whether ``err`` (or an error it was raised from) is a failed Horovod collective: a reset, not a bug.
+
+    Decided by the error's type and by where the failing op was defined (the
+    innermost frame of TensorFlow's node definition stack for an op in a
+    tf.function, of the Python traceback for an op run eagerly): never by
+    words in the message, which for a Gloo error is Gloo's own text.
+    """
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, HorovodInternalError):
+            return True
+        if isinstance(err, _TRANSPORT_FAILURES) and _defined_by_horovod(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def _defined_by_horovod(err: tf.errors.OpError) -> bool:
+    stacks = _node_definition_stacks(err.message)
+    stacks.append([frame.filename for frame in traceback.extract_tb(err.__traceback__)])
+    return any(_innermost_file(files).startswith(_HOROVOD_OPS) for files in stacks)
+
+
+def _node_definition_stacks(message: str) -> list[list[str]]:
+    """The files of each failed node's definition stack in a tf.function error message, outermost first."""
+    stacks: list[list[str]] = []
+    for line in message.splitlines():
+        if _DEFINED_AT.match(line):
+            stacks.append([])
+        elif stacks and (frame := _FRAME.match(line)):
+            stacks[-1].append(frame.group("file"))
+    return stacks
+
+
+def _innermost_file(files: list[str]) -> str:
+    """The innermost frame's file, skipping the op wrappers TensorFlow generates (file ``<string>``)."""
+    real = [os.path.abspath(f) for f in files if not f.startswith("<")]
+    return real[-1] if real else ""
+
+
+@contextmanager
+def _failed_collectives_reset() -> Iterator[None]:
+    """Turn a failed collective into ``HorovodInternalError`` (reset and restore); let anything else through."""
+    try:
+        yield
+    except HorovodInternalError:
+        raise
+    except Exception as err:
+        if not is_collective_failure(err):
+            raise
+        summary = f"{type(err).__name__}: {_status_text(str(err))}"
+        print(f"hvdk8s.elastic: a collective failed ({summary}); resetting to the last commit",
+              file=sys.stderr, flush=True)
+        raise HorovodInternalError(summary) from err
+
+
+def _status_text(message: str) -> str:
+    """The failed op's own status (Horovod's or Gloo's text), without TensorFlow's annotations around it."""
+    texts = [text for line in message.splitlines() if (text := _TF_TAGS.sub("", line).strip())]
+    return texts[-1] if texts else ""
+
+
 def _reset() -> None:
     hvd.shutdown()
     hvd.init()
 
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Decorator: run ``func(state, ...)`` again, from the last commit, whenever workers change."""
+    """Decorator: run ``func(state, ...)`` again, from the last commit, whenever workers change or a
+    collective fails; any other error ends the job."""
 
     @functools.wraps(func)
     def wrapper(state: KerasState, *args: Any, **kwargs: Any) -> Any:
-        try:
+        with _failed_collectives_reset():
             return func(state, *args, **kwargs)
-        except tf.errors.UnknownError as err:
-            if "Horovod" in err.message:
-                raise HorovodInternalError(err) from err
-            raise
 
     return run_fn(wrapper, _reset)

@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     elastic.add_argument("--host-discovery-script", metavar="SCRIPT", help="prints the available host[:slots] lines")
     elastic.add_argument("--slots", type=int, help="slots of hosts listed without a count")
     elastic.add_argument("--network-interface", metavar="NIC", help="interface for Gloo (lo for one host)")
-    run.add_argument("command", nargs=argparse.REMAINDER, help="script.py [args] or any command")
+    # dest argv: "command" is the top-level parser's dest for the subcommand, which error messages name
+    run.add_argument("argv", metavar="command", nargs=argparse.REMAINDER, help="script.py [args] or any command")
     run.set_defaults(handler=_run)
     _register_cluster(sub)
 
@@ -43,7 +44,7 @@ def _run(args: argparse.Namespace) -> int:
     from hvdk8s.errors import UserError
     from hvdk8s.launcher import local
 
-    if not args.command:
+    if not args.argv:
         raise UserError("run: give the script to run, e.g. hvdk8s run -np 2 train.py")
     elastic = None
     if args.host_discovery_script:
@@ -58,7 +59,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     elif args.min_np or args.max_np:
         raise UserError("--min-np/--max-np: elastic runs need --host-discovery-script")
-    return local.run(args.np, args.command, hosts=args.hosts, env=args.env, timeline=args.timeline, elastic=elastic,
+    return local.run(args.np, args.argv, hosts=args.hosts, env=args.env, timeline=args.timeline, elastic=elastic,
                      allreduce_algorithm=args.allreduce_algorithm, tcp_eager_limit=args.tcp_eager_limit)
 
 

@@ -2,7 +2,8 @@
 
 The side-effecting edge around ``mpirun_argv``: picks the interpreter, the
 environment to forward, root flags, then relays output with rank prefixes and
-turns mpirun's failure report into one line that names the failing rank.
+turns the failure into one line that names its cause: the exception a rank raised, else the
+rank that left first (mpirun's or horovodrun's report).
 """
 from __future__ import annotations
 
@@ -113,6 +114,7 @@ def run(
     tail: deque[str] = deque(maxlen=60)  # mpirun's own closing report, for failure_summary
     ranks: set[int] = set()
     collateral: set[int] = set()
+    errors = mpirun.RankErrors()
     with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environ, bufsize=1) as proc:
         assert proc.stdout is not None
         for rank, text in mpirun.rank_lines(proc.stdout):
@@ -121,10 +123,12 @@ def run(
                 print(text, file=out, flush=True)
             else:
                 ranks.add(rank)
+                errors.feed(rank, text)
                 if mpirun.HOROVOD_SHUTDOWN in text:
                     collateral.add(rank)
                 print(f"[{rank}] {text}", file=out, flush=True)
     if proc.returncode != 0:
-        reason = mpirun.failure_summary("\n".join(tail), proc.returncode, ranks, collateral)
+        reason = mpirun.failure_summary("\n".join(tail), proc.returncode, ranks, collateral, errors.errors,
+                                        launcher="mpirun" if elastic is None else "horovodrun")
         print(f"hvdk8s run: job failed: {reason}", file=sys.stderr, flush=True)
     return proc.returncode

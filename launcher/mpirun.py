@@ -233,32 +233,79 @@ def rank_lines(stream: Iterable[str]) -> Iterator[tuple[int | None, str]]:
 
 # Printed by ranks that Horovod stopped because another rank left the job.
 HOROVOD_SHUTDOWN = "Horovod has been shut down"
+_TRACEBACK = "Traceback (most recent call last):"
+# horovodrun's elastic driver (horovod/runner/gloo_run.py, elastic/registration.py, v0.28.1): a worker's exit,
+# the reason it stopped the whole job, and its closing report.
+_ELASTIC_EXIT = re.compile(r"^Process (\d+) exit with status code (\d+)\.$", re.M)
+_ELASTIC_STOP = re.compile(r"^ERROR:root:(.+) -> stop running$", re.M)
+_ELASTIC_FIRST = re.compile(r"^Process name: (\S+)\nExit code: (\d+)$", re.M)
+_BLACKLISTED = (
+    "Horovod's elastic driver stopped the job: it blacklists the whole host of a failed worker, and no host was "
+    "left; list each slot under a host name of its own (e.g. localhost:1 and 127.0.0.1:1) to keep the others"
+)
+
+
+class RankErrors:
+    """The exception that ended each rank's Python traceback, by rank (the last one a rank printed)."""
+
+    def __init__(self) -> None:
+        self.errors: dict[int, str] = {}
+        self._in_traceback: set[int] = set()
+
+    def feed(self, rank: int, text: str) -> None:
+        if text == _TRACEBACK:
+            self._in_traceback.add(rank)
+        elif rank in self._in_traceback and text.strip() and not text[0].isspace():
+            self.errors[rank] = text  # a traceback's first unindented line is its exception
+            self._in_traceback.discard(rank)
+
+
+def _exit_status(code: int) -> str:
+    return f"was killed by signal {code - 128}" if code > 128 else f"exited with code {code}"
 
 
 def failed_rank(output: str) -> str | None:
-    """mpirun's report of the first rank to exit badly, as one readable sentence."""
+    """The launcher's report of the first rank (mpirun) or worker process (horovodrun) to exit badly."""
     if match := _FAILED_SIGNAL.search(output):
         return f"rank {match.group(1)} on {match.group(2)} was killed by signal {match.group(3)}"
     if match := _FAILED_EXIT.search(output):
         return f"rank {match.group(1)} exited with code {match.group(2)}"
+    if match := _ELASTIC_EXIT.search(output):
+        return f"worker process {match.group(1)} {_exit_status(int(match.group(2)))}"
+    if match := _ELASTIC_FIRST.search(output):
+        return f"worker {match.group(1)} {_exit_status(int(match.group(2)))}"
     return None
 
 
-def failure_summary(output: str, returncode: int, ranks: Iterable[int], collateral: Iterable[int]) -> str:
-    """One line naming the rank that failed the job.
+def failure_summary(
+    output: str, returncode: int, ranks: Iterable[int], collateral: Iterable[int],
+    errors: Mapping[int, str] | None = None, launcher: str = "mpirun",
+) -> str:
+    """One line naming what failed the job: the exception a rank raised, else the rank that left first.
 
     mpirun names the first rank to *exit*, which is often a healthy rank that
     Horovod shut down after the faulty one left. Ranks that printed Horovod's
     shutdown message are therefore reported as collateral, and the ranks that
-    did not are named as where to look.
+    did not are named as where to look; their own exceptions, when they raised
+    one, are the cause. Horovod's elastic driver says why it stopped the job.
     """
-    first = failed_rank(output) or f"mpirun exited with code {returncode}"
+    first = failed_rank(output) or f"{launcher} exited with code {returncode}"
     collateral = set(collateral)
     suspects = sorted(set(ranks) - collateral)
-    if collateral and suspects:
+    raised = [f"rank {rank} raised {errors[rank]}" for rank in suspects if rank in (errors or {})]
+    if raised:
+        cause = "; ".join(raised)
+    elif collateral and suspects:
         ranks_word = "rank" if len(suspects) == 1 else "ranks"
-        return (
+        cause = (
             f"{ranks_word} {', '.join(map(str, suspects))} left the job first; "
             f"ranks {', '.join(map(str, sorted(collateral)))} were stopped by Horovod as a result ({first})"
         )
-    return first
+    else:
+        cause = first
+    stop = _ELASTIC_STOP.search(output)
+    if stop and stop.group(1).startswith("blacklisted"):
+        cause = f"{cause}; {_BLACKLISTED}"
+    elif stop and not stop.group(1).startswith("failure count"):  # every worker failed: named above
+        cause = f"{cause}; Horovod's elastic driver stopped the job ({stop.group(1)})"
+    return cause

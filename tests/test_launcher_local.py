@@ -5,7 +5,7 @@ import sys
 
 from hvdk8s.launcher import mpirun
 
-from conftest import hvdk8s_cli, run_ranks
+from conftest import SCRIPTS, hvdk8s_cli, run_ranks
 
 
 def test_failing_rank_fails_the_job_and_is_named() -> None:
@@ -20,8 +20,8 @@ def test_failing_rank_fails_the_job_and_is_named() -> None:
 def test_missing_script_is_a_clear_error() -> None:
     proc = run_ranks(2, "no_such_script.py", check=False, timeout=30)
     assert proc.returncode == 2
-    assert "no_such_script.py: no such file" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    # the subcommand names itself (the script's argv list used to take its place: hvdk8s ['...']: error:)
+    assert proc.stderr == f"hvdk8s run: error: script {SCRIPTS / 'no_such_script.py'}: no such file\n"
 
 
 def test_hosts_with_a_discovery_script_is_refused() -> None:
@@ -108,3 +108,29 @@ def test_rank_lines_and_failure_report() -> None:
     )
     assert mpirun.failure_summary(exit_report, 1, ranks={0, 1}, collateral=()) == "rank 0 exited with code 1"
     assert mpirun.failure_summary("", 7, ranks={0}, collateral=()) == "mpirun exited with code 7"
+
+
+def test_the_closing_line_names_the_exception_a_rank_raised_and_why_horovodrun_stopped() -> None:
+    errors = mpirun.RankErrors()
+    for rank, text in [
+        (0, "Traceback (most recent call last):"), (0, '  File "t.py", line 3, in <module>'), (0, "    boom()"),
+        (0, "tensorflow.python.framework.errors_impl.UnknownError: Graph execution error:"), (0, ""),
+        (0, "Detected at node DistributedSGD/cond/DistributedSGD.0 defined at (most recent call last):"),
+        (1, "Epoch 3/12: 40%"),
+    ]:  # fmt: skip
+        errors.feed(rank, text)
+    assert errors.errors == {0: "tensorflow.python.framework.errors_impl.UnknownError: Graph execution error:"}
+    # horovodrun's own closing lines (horovod/runner/gloo_run.py, elastic/registration.py) after a one-host
+    # elastic job lost a worker: the driver blacklists the host, and with it every slot
+    driver = ("Process 1 exit with status code 137.\nERROR:root:blacklisted slots count == 2 -> stop running\n"
+              "RuntimeError: Horovod detected that one or more processes exited with non-zero status, thus causing "
+              "the job to be terminated. The first process to do so was:\nProcess name: localhost[1]\nExit code: 137\n")
+    assert mpirun.failure_summary(driver, 1, ranks={0, 1}, collateral=(), launcher="horovodrun") == (
+        "worker process 1 was killed by signal 9; Horovod's elastic driver stopped the job: it blacklists the whole "
+        "host of a failed worker, and no host was left; list each slot under a host name of its own "
+        "(e.g. localhost:1 and 127.0.0.1:1) to keep the others"
+    )
+    script_bug = "Process 0 exit with status code 1.\nERROR:root:failure count == 1 -> stop running\n"
+    assert mpirun.failure_summary(script_bug, 1, ranks={0}, collateral=(), errors={0: "ValueError: bad record 17"},
+                                  launcher="horovodrun") == "rank 0 raised ValueError: bad record 17"
+    assert mpirun.failure_summary("", 1, ranks={0}, collateral=(), launcher="horovodrun") == "horovodrun exited with code 1"
