@@ -1,5 +1,5 @@
 """The Kubernetes edge of hvdk8s: MPIJob and TrainJob create/get/list/watch/delete, the
-ClusterTrainingRuntime a TrainJob runs on, launcher pods and logs, pods' events
+TrainingRuntime a TrainJob runs on (owned by it), launcher pods and logs, pods' events
 (connecting is ``hvdk8s.k8s.connect``).
 
 Every call goes through :func:`translate`, which turns API and connection
@@ -47,7 +47,7 @@ MPIJOB = JobKind("MPIJob", "kubeflow.org", "v2beta1", "mpijobs", "training.kubef
 TRAINJOB = JobKind("TrainJob", "trainer.kubeflow.org", "v1alpha1", "trainjobs", "jobset.sigs.k8s.io/jobset-name",
                    (("jobset.sigs.k8s.io/replicatedjob-name", "launcher"),))
 KINDS = {k.kind: k for k in (MPIJOB, TRAINJOB)}
-RUNTIMES = "clustertrainingruntimes"
+RUNTIMES = "trainingruntimes"
 REQUEST_TIMEOUT = (10, 60)  # connect, read (seconds) for calls that are not streams
 # Foreground: the MPIJob stays (with a deletionTimestamp) until the garbage collector has removed
 # its pods, services and secrets, so a resubmission under the same name cannot collide with
@@ -105,26 +105,42 @@ def create_job(cluster: Cluster, manifest: dict, namespace: str, dry_run: bool =
             field_validation="Strict", _request_timeout=REQUEST_TIMEOUT)
 
 
-def apply_runtime(cluster: Cluster, runtime: dict, dry_run: bool = False) -> dict:
-    """Create the job's ClusterTrainingRuntime, or replace it when a resubmission finds it there."""
+def apply_runtime(cluster: Cluster, runtime: dict, namespace: str, dry_run: bool = False) -> dict:
+    """Create the job's TrainingRuntime in its namespace, or replace one a resubmission finds there."""
     group, version = runtime["apiVersion"].split("/")
     name = runtime["metadata"]["name"]
     dry = "All" if dry_run else None
-    with translate(cluster, Action("create", f"{RUNTIMES}.{group}", "", name)):
+    body = copy.deepcopy(runtime)
+    body["metadata"]["namespace"] = namespace
+    with translate(cluster, Action("create", f"{RUNTIMES}.{group}", namespace, name)):
         try:
-            return cluster.custom.create_cluster_custom_object(group, version, RUNTIMES, runtime, dry_run=dry,
-                                                               field_validation="Strict",
-                                                               _request_timeout=REQUEST_TIMEOUT)
+            return cluster.custom.create_namespaced_custom_object(group, version, namespace, RUNTIMES, body,
+                                                                  dry_run=dry, field_validation="Strict",
+                                                                  _request_timeout=REQUEST_TIMEOUT)
         except client.ApiException as err:
             if err.status != 409:
                 raise
-        current = cluster.custom.get_cluster_custom_object(group, version, RUNTIMES, name,
-                                                           _request_timeout=REQUEST_TIMEOUT)
-        body = copy.deepcopy(runtime)
+        current = cluster.custom.get_namespaced_custom_object(group, version, namespace, RUNTIMES, name,
+                                                              _request_timeout=REQUEST_TIMEOUT)
         body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        return cluster.custom.replace_cluster_custom_object(group, version, RUNTIMES, name, body, dry_run=dry,
-                                                            field_validation="Strict",
-                                                            _request_timeout=REQUEST_TIMEOUT)
+        return cluster.custom.replace_namespaced_custom_object(group, version, namespace, RUNTIMES, name, body,
+                                                               dry_run=dry, field_validation="Strict",
+                                                               _request_timeout=REQUEST_TIMEOUT)
+
+
+def own_runtime(cluster: Cluster, runtime: dict, job: dict) -> dict:
+    """Make the created TrainJob the owner of its runtime: the garbage collector then deletes the
+    runtime with the job (``hvdk8s delete`` or ``kubectl delete``), leaving nothing behind."""
+    group, version = runtime["apiVersion"].split("/")
+    namespace, name = job["metadata"]["namespace"], runtime["metadata"]["name"]
+    owner = {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": job["metadata"]["name"],
+             "uid": job["metadata"]["uid"]}
+    with translate(cluster, Action("update", f"{RUNTIMES}.{group}", namespace, name)):
+        current = cluster.custom.get_namespaced_custom_object(group, version, namespace, RUNTIMES, name,
+                                                              _request_timeout=REQUEST_TIMEOUT)
+        current["metadata"]["ownerReferences"] = [owner]
+        return cluster.custom.replace_namespaced_custom_object(group, version, namespace, RUNTIMES, name, current,
+                                                               _request_timeout=REQUEST_TIMEOUT)
 
 
 def get_job(cluster: Cluster, namespace: str, name: str, kind: JobKind = MPIJOB) -> dict:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 MPIJOBS = "mpijobs.kubeflow.org"
 TRAINJOBS = "trainjobs.trainer.kubeflow.org"
-RUNTIMES = "clustertrainingruntimes.trainer.kubeflow.org"
+RUNTIMES = "trainingruntimes.trainer.kubeflow.org"
 OPERATOR_VERSION = "v0.8.2"
 OPERATOR_MANIFEST = (f"https://raw.githubusercontent.com/kubeflow/mpi-operator/{OPERATOR_VERSION}"
                      "/deploy/v2beta1/mpi-operator.yaml")
@@ -22,7 +22,12 @@ INSTALL_TRAINER = ('kubectl apply --server-side -k "https://github.com/kubeflow/
                    f'manager?ref={TRAINER_VERSION}"')
 # resource -> (kind, apiVersion) of the objects hvdk8s creates
 KINDS = {MPIJOBS: ("MPIJob", "kubeflow.org/v2beta1"), TRAINJOBS: ("TrainJob", "trainer.kubeflow.org/v1alpha1"),
-         RUNTIMES: ("ClusterTrainingRuntime", "trainer.kubeflow.org/v1alpha1")}
+         RUNTIMES: ("TrainingRuntime", "trainer.kubeflow.org/v1alpha1")}
+# Kubeflow's kubeflow-edit role (Trainer v2.3.0 manifests/overlays/kubeflow-platform/kubeflow-trainer-roles.yaml)
+# lets profile users create TrainJobs but only read TrainingRuntimes.
+RUNTIME_RIGHTS = ("each hvdk8s TrainJob brings its own TrainingRuntime, which Kubeflow's kubeflow-edit role does not "
+                  "let profile users create: ask an admin to grant create, get and update on "
+                  f"{RUNTIMES} in this namespace")
 ARTICLE = {"MPIJob": "an"}
 
 
@@ -66,9 +71,9 @@ def api_error_message(code: int, body: str | bytes | None, action: Action) -> st
                 f'"{action.namespace}": delete it first (hvdk8s delete {action.name}{api} -n {action.namespace}) '
                 "or change metadata.name")
     if code == 403:
+        ask = RUNTIME_RIGHTS if action.resource == RUNTIMES else "ask a cluster admin for a Role and RoleBinding that grant it"
         return (f"forbidden by RBAC: you may not {action}. The API server said: {said}. "
-                f"Check with: kubectl auth can-i {action.verb} {action.resource} -n {action.namespace}; "
-                "ask a cluster admin for a Role and RoleBinding that grant it")
+                f"Check with: kubectl auth can-i {action.verb} {action.resource} -n {action.namespace}; {ask}")
     if code == 401:
         return ("the API server rejected the credentials (401 Unauthorized): refresh them in the kubeconfig "
                 "(log in again) or choose another --context")

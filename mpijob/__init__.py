@@ -2,7 +2,7 @@
 
     spec = load_spec("job.yaml")      # strict parse, defaults, the operator's rules
     manifest = render(spec)           # dict for kubectl apply / the API
-    objects = render_trainjob(spec)   # [ClusterTrainingRuntime, TrainJob] (Kubeflow Trainer v2)
+    objects = render_trainjob(spec)   # [TrainingRuntime, TrainJob] (Kubeflow Trainer v2)
     print(to_yaml(manifest))
 """
 from hvdk8s.mpijob.files import SpecError, load_spec, manifest_from_file, objects_from_file, to_yaml

@@ -13,7 +13,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "render",
         help="print (or write) the Kubeflow MPIJob (or TrainJob) manifest of a job spec",
         description="Render an hvdk8s job spec as a kubeflow.org/v2beta1 MPIJob (or, with --api trainjob, "
-        "a Kubeflow Trainer TrainJob and its ClusterTrainingRuntime). Either give "
+        "a Kubeflow Trainer TrainJob and its TrainingRuntime). Either give "
         "JOB.yaml (flags then override its fields), or build the spec from flags alone: "
         "hvdk8s render --name digits --image IMAGE --workers 2 -- python /app/examples/train_digits.py",
     )
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     render.add_argument("--podmonitor", action="store_true", help="append a Prometheus Operator PodMonitor")
     render.add_argument("--api", choices=("mpijob", "trainjob"), default="mpijob",
                         help="mpijob: MPI Operator MPIJob (default); trainjob: Kubeflow Trainer v2 TrainJob "
-                        "+ an hvdk8s ClusterTrainingRuntime")
+                        "+ its hvdk8s TrainingRuntime")
     render.add_argument("--name", help="job name")
     render.add_argument("--namespace", help="namespace (default: none in the manifest, so kubectl's or the context's)")
     render.add_argument("--image", help="container image for launcher and workers")

@@ -87,7 +87,7 @@ def manifest_from_file(path: str | os.PathLike[str], warn: Callable[[str], None]
 
 def objects_from_file(path: str | os.PathLike[str], api: str = "mpijob") -> list[dict[str, Any]]:
     """What ``submit`` creates, in order: the MPIJob (a ready one as is, or a job spec rendered), or with
-    ``api="trainjob"`` a job spec's ClusterTrainingRuntime and TrainJob."""
+    ``api="trainjob"`` a job spec's TrainingRuntime and TrainJob."""
     from hvdk8s.mpijob.trainjob import checked_render_trainjob  # it imports this module
 
     data, where = read_yaml(path), str(path)

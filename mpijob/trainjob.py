@@ -1,7 +1,15 @@
-"""JobSpec -> Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1) TrainJob + ClusterTrainingRuntime.
+"""JobSpec -> Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1) TrainJob + TrainingRuntime.
 
 Trainer ships no generic MPI runtime (only DeepSpeed and MLX ones), so each
-job gets an hvdk8s runtime named ``hvdk8s-<job>``: the MPI policy (OpenMPI,
+job gets an hvdk8s runtime named ``hvdk8s-<job>``, a namespaced TrainingRuntime
+beside its TrainJob (``hvdk8s submit`` makes the TrainJob its owner, so the
+garbage collector deletes it with the job; nothing is cluster-scoped, and the
+same job name in two namespaces gets two runtimes). Not one shared
+ClusterTrainingRuntime: Trainer v2.3.0 carries a TrainJob's image, command, env
+and resourcesPerNode to the launcher only (plugins/jobset/builder.go
+Builder.Trainer, runtime/core/trainingruntime.go), and runtimePatches cannot
+set an image or resources, so the node pods, where the ranks run, would keep a
+shared runtime's image and size. The runtime holds the MPI policy (OpenMPI,
 ``numProcPerNode`` = slots, the ssh mount path) and a JobSet template with
 Trainer's naming conventions (v2.3.0, pkg/runtime/framework/plugins/mpi):
 a ``node`` replicated job running sshd, and a ``launcher`` one, labelled as the
@@ -31,7 +39,7 @@ from hvdk8s.mpijob.spec import JobSpec
 GROUP, VERSION = "trainer.kubeflow.org", "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 TRAINJOB_KIND = "TrainJob"
-RUNTIME_KIND = "ClusterTrainingRuntime"
+RUNTIME_KIND = "TrainingRuntime"
 NODE, LAUNCHER = "node", "launcher"  # replicated-job names; NODE is also every container's name
 ANCESTOR_LABEL = f"{GROUP}/trainjob-ancestor-step"
 ANCESTOR_TRAINER = "trainer"
@@ -66,7 +74,7 @@ def trainjob_problems(spec: JobSpec) -> list[FieldError]:
 
 
 def render_trainjob(spec: JobSpec) -> list[dict[str, Any]]:
-    """[ClusterTrainingRuntime, TrainJob] for ``kubectl apply -f`` (``spec`` from ``load_spec``,
+    """[TrainingRuntime, TrainJob] for ``kubectl apply -f`` (``spec`` from ``load_spec``,
     with no ``trainjob_problems``)."""
     # The JobSet starts the launcher after the nodes are Ready, and again from
     # the nodes after a resume: the launcher never has to wait for sshd itself.
@@ -94,7 +102,8 @@ def render_trainjob(spec: JobSpec) -> list[dict[str, Any]]:
     runtime = {
         "apiVersion": API_VERSION,
         "kind": RUNTIME_KIND,
-        "metadata": {"name": runtime_name(spec), "labels": labels(spec)},
+        "metadata": {"name": runtime_name(spec), **({"namespace": spec.namespace} if spec.namespace else {}),
+                     "labels": labels(spec)},
         "spec": {
             "mlPolicy": {
                 "numNodes": spec.workers,

@@ -6,7 +6,8 @@ the way a real API server does for: create (with ``dryRun=All``), get, list
 (with ``fieldSelector=metadata.name=``), watch (chunked JSON events, bookmarks,
 server-side timeouts, ``410 Gone``) and delete (Foreground/Background) of
 ``kubeflow.org/v2beta1`` MPIJobs and ``trainer.kubeflow.org/v1alpha1`` TrainJobs,
-create/get/replace of (cluster-scoped) ClusterTrainingRuntimes; listing pods by label selector; reading a
+create/get/replace of (namespaced) TrainingRuntimes, deleted with their owner as the garbage
+collector does; listing pods by label selector; reading a
 pod's log, following it as lines arrive. Create bodies are pruned, defaulted
 and validated against the REAL CRD schema (``shared/schemas``); invalid ones
 get ``422 Invalid`` with per-field causes like the API server's.
@@ -72,8 +73,10 @@ MPIJOBS = Resource(GROUP, VERSION, PLURAL, KIND, CRD_PATH.name, job_label=LAUNCH
 TRAINJOBS = Resource("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob", "trainer.kubeflow.org_trainjobs.yaml",
                      job_label="jobset.sigs.k8s.io/jobset-name", role_label="jobset.sigs.k8s.io/replicatedjob-name",
                      roles=("launcher", "node"))
-RUNTIMES = Resource("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", "ClusterTrainingRuntime",
-                    "trainer.kubeflow.org_clustertrainingruntimes.yaml", namespaced=False)
+# TrainingRuntime's CRD (Trainer v2.3.0 manifests/base/crds) differs from ClusterTrainingRuntime's only in
+# its scope and description, so the ClusterTrainingRuntime schema in ../shared/schemas validates it.
+RUNTIMES = Resource("trainer.kubeflow.org", "v1alpha1", "trainingruntimes", "TrainingRuntime",
+                    "trainer.kubeflow.org_clustertrainingruntimes.yaml")
 RESOURCES = (MPIJOBS, TRAINJOBS, RUNTIMES)
 DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
@@ -278,7 +281,7 @@ class KubeDouble:
     """The fake API server. Use as a context manager; ``write_kubeconfig`` points the client at it.
 
     crd_installed: False answers every kubeflow.org/v2beta1 call with a plain ``404 page not found``;
-    trainer_installed: the same for trainer.kubeflow.org (TrainJobs, ClusterTrainingRuntimes).
+    trainer_installed: the same for trainer.kubeflow.org (TrainJobs, TrainingRuntimes).
     forbidden: (verb, resource) pairs this user may not do, e.g. ("create", "mpijobs"), ("get", "pods/log").
     lifecycle: the steps the scripted operator takes after each (non-dry-run) create.
     max_watch_seconds: end every watch this soon (as a server's timeout), forcing the client to resume.
@@ -310,7 +313,7 @@ class KubeDouble:
         prefix = "/apis/<group>/<version>/namespaces/<ns>/<plural>"
         self._routes = Map([
             Rule(prefix, methods=["GET", "POST"], endpoint="jobs"),
-            Rule(f"{prefix}/<name>", methods=["GET", "DELETE"], endpoint="job"),
+            Rule(f"{prefix}/<name>", methods=["GET", "PUT", "DELETE"], endpoint="job"),
             Rule("/apis/<group>/<version>/<plural>", methods=["GET", "POST"], endpoint="jobs"),
             Rule("/apis/<group>/<version>/<plural>/<name>", methods=["GET", "PUT", "DELETE"], endpoint="job"),
             Rule("/api/v1/namespaces/<ns>/pods", methods=["GET"], endpoint="pods"),
@@ -525,6 +528,10 @@ class KubeDouble:
 
     def _remove(self, res: Resource, ns: str, name: str) -> None:
         job = self.jobs.pop((res.plural, ns, name))
+        uid = job["metadata"]["uid"]
+        for key in [k for k, obj in self.jobs.items()  # the garbage collector: objects this one owned
+                    if k[1] == ns and any(o.get("uid") == uid for o in obj["metadata"].get("ownerReferences", []))]:
+            self._record("DELETED", self.jobs.pop(key))
         for key in [k for k, p in self.pods.items()
                     if k[0] == ns and p.manifest["metadata"]["labels"].get(res.job_label) == name]:
             del self.pods[key]

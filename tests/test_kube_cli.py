@@ -437,8 +437,14 @@ def test_trainjob_submit_follow_status_logs_delete(api, job_spec, capsys):
     assert said[-2:] == ["Complete: jobset completed successfully [AllJobsCompleted]",
                          "replicas: launcher 1 succeeded; node none"]
     assert [line for line in out if line in TRAINING_LOG] == TRAINING_LOG
-    assert double.job("", "hvdk8s-digits", RUNTIMES)["spec"]["mlPolicy"]["mpi"]["numProcPerNode"] == 1
-    assert double.job(NS, "digits", TRAINJOBS)["spec"]["runtimeRef"]["name"] == "hvdk8s-digits"
+    # its own TrainingRuntime in the job's namespace, owned by the TrainJob
+    runtime, trainjob = double.job(NS, "hvdk8s-digits", RUNTIMES), double.job(NS, "digits", TRAINJOBS)
+    assert runtime["spec"]["mlPolicy"]["mpi"]["numProcPerNode"] == 1
+    assert trainjob["spec"]["runtimeRef"] == {"name": "hvdk8s-digits", "apiGroup": "trainer.kubeflow.org",
+                                              "kind": "TrainingRuntime"}
+    assert runtime["metadata"]["ownerReferences"] == [{"apiVersion": "trainer.kubeflow.org/v1alpha1",
+                                                       "kind": "TrainJob", "name": "digits",
+                                                       "uid": trainjob["metadata"]["uid"]}]
 
     code, out, _ = run(capsys, "status", "digits", "--api", "trainjob", *flags)
     assert code == 0 and out[0] == "TrainJob team/digits: Complete"
@@ -446,11 +452,27 @@ def test_trainjob_submit_follow_status_logs_delete(api, job_spec, capsys):
     assert (code, out) == (0, TRAINING_LOG)
     code, out, _ = run(capsys, "delete", "digits", "--api", "trainjob", "--wait", *flags)
     assert code == 0 and out[-1] == "trainjob.trainer.kubeflow.org/digits deleted"
-    assert double.job(NS, "digits", TRAINJOBS) is None
+    # the garbage collector took the runtime with its owner: nothing is left, nothing was cluster-scoped
+    assert double.job(NS, "digits", TRAINJOBS) is None and double.job(NS, "hvdk8s-digits", RUNTIMES) is None
+    assert not double.jobs
 
-    # resubmitting replaces the runtime that is still there (it is cluster-scoped, not owned by the job)
+    # the same job name in another namespace gets a runtime of its own, and this one's stays as it was
     code, out, _ = run(capsys, "submit", str(job_spec), "--api", "trainjob", *flags)
-    assert code == 0 and double.job("", "hvdk8s-digits", RUNTIMES)["metadata"]["generation"] == 2
+    assert code == 0
+    mine = double.job(NS, "hvdk8s-digits", RUNTIMES)
+    code, out, _ = run(capsys, "submit", str(job_spec), "--api", "trainjob", "-n", "other", *flags)
+    assert code == 0 and out[0].endswith("in namespace other on runtime hvdk8s-digits")
+    assert double.job(NS, "hvdk8s-digits", RUNTIMES) == mine
+    assert double.job("other", "hvdk8s-digits", RUNTIMES)["metadata"]["ownerReferences"][0]["uid"] == double.job(
+        "other", "digits", TRAINJOBS)["metadata"]["uid"]
+
+
+def test_trainjob_runtime_rights_missing_says_what_to_ask_for(api, job_spec, capsys):
+    """Kubeflow's kubeflow-edit role lets profile users create TrainJobs but only read TrainingRuntimes."""
+    _, flags = api(forbidden=[("create", "trainingruntimes")])
+    code, _, err = run(capsys, "submit", str(job_spec), "--api", "trainjob", *flags)
+    assert code == 2 and 'you may not create trainingruntimes.trainer.kubeflow.org "hvdk8s-digits" in namespace "team"' in err
+    assert "ask an admin to grant create, get and update on trainingruntimes.trainer.kubeflow.org" in err
 
 
 def test_trainjob_without_trainer_installed_says_how_to_install_it(api, job_spec, capsys):

@@ -202,7 +202,8 @@ def trainer_validator(file: str) -> Any:
 
 def trainer_errors(obj: dict[str, Any]) -> list[str]:
     file = {"TrainJob": "trainer.kubeflow.org_trainjobs.yaml",
-            "ClusterTrainingRuntime": "trainer.kubeflow.org_clustertrainingruntimes.yaml"}[obj["kind"]]
+            # TrainingRuntime's CRD differs only in scope (Trainer v2.3.0 manifests/base/crds)
+            "TrainingRuntime": "trainer.kubeflow.org_clustertrainingruntimes.yaml"}[obj["kind"]]
     return sorted(f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in trainer_validator(file).iter_errors(obj))
 
 
@@ -233,7 +234,7 @@ def test_trainjob_follows_trainers_mpi_conventions():
     assert command[8:10] == ["--identity", "/home/mpiuser/.ssh/id_rsa"]
     assert mpirun_of({"command": command}) == mpirun_of(launcher(render(spec)))
     assert job["spec"] == {"runtimeRef": {"name": "hvdk8s-digits-gpu", "apiGroup": "trainer.kubeflow.org",
-                                          "kind": "ClusterTrainingRuntime"},
+                                          "kind": "TrainingRuntime"},
                            "trainer": {"numNodes": 2, "numProcPerNode": 4}, "activeDeadlineSeconds": 86400}
     queued = render_trainjob(load_spec(EXAMPLES / "kueue.yaml"))[1]
     assert queued["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a-gpu"
@@ -249,6 +250,6 @@ def test_trainjob_refuses_what_trainer_cannot_express(capsys: pytest.CaptureFixt
                                  "host discovery (no discover_hosts.sh): render an MPIJob (--api mpijob)"]
     assert run_render(str(EXAMPLES / "cpu.yaml"), "--api", "trainjob") == 0
     kinds = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
-    assert kinds == ["ClusterTrainingRuntime", "TrainJob"]
+    assert kinds == ["TrainingRuntime", "TrainJob"]
     assert run_render(str(EXAMPLES / "cpu.yaml")) == 0  # --api mpijob stays the default
     assert yaml.safe_load(capsys.readouterr().out)["kind"] == "MPIJob"
