@@ -3,12 +3,16 @@
 A checkpoint is a whole ``.keras`` file (model, optimizer state, config), so
 it loads with plain Keras. It is written under a hidden temporary name in the
 same folder and renamed into place: a job killed mid-write leaves the previous
-checkpoint intact and never a truncated file under a checkpoint name.
+checkpoint intact and never a truncated file under a checkpoint name. The
+temporary it leaves behind names its writer (host and process id), so the next
+run removes it once that writer is gone.
 """
 from __future__ import annotations
 
 import os
 import re
+import socket
+import time
 from pathlib import Path
 
 import keras
@@ -16,6 +20,11 @@ import keras
 from hvdk8s import collectives, runtime
 
 _NAME = re.compile(r"^ckpt-(\d{4,})\.keras$")
+# save_atomic's temporary of a checkpoint; older versions wrote it without the host.
+_TEMPORARY = re.compile(r"^\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)-ckpt-\d{4,}\.keras$")
+# A temporary written on another host (a rank 0 whose pod was replaced) is taken for abandoned once it has not
+# been written to for this long: its writer cannot be asked, and a live save writes to it all along.
+ABANDONED_AFTER_S = 3600.0
 
 
 def checkpoint_path(directory: str | os.PathLike[str], epoch: int) -> Path:
@@ -32,11 +41,53 @@ def list_checkpoints(directory: str | os.PathLike[str]) -> list[tuple[int, Path]
     return sorted(found)
 
 
+def temporary_path(final: Path) -> Path:
+    """Where ``save_atomic`` writes ``final`` before renaming it: hidden, and named after its writer."""
+    return final.with_name(f".tmp-{socket.gethostname()}-{os.getpid()}-{final.name}")
+
+
+def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temporaries of checkpoint writes that will never finish (their writer was killed); return them.
+
+    Stale: written on this host by a process that is no longer running, or on
+    another host and untouched for ``ABANDONED_AFTER_S``. A temporary that a
+    live writer is still filling is left alone.
+    """
+    folder = Path(directory)
+    if not folder.is_dir():
+        return []
+    host, now, removed = socket.gethostname(), time.time(), []
+    for path in folder.iterdir():
+        if not (match := _TEMPORARY.match(path.name)):
+            continue
+        try:
+            if match.group("host") == host:
+                stale = not _running(int(match.group("pid")))
+            else:
+                stale = now - path.stat().st_mtime > ABANDONED_AFTER_S
+            if stale:
+                path.unlink()
+                removed.append(path)
+        except FileNotFoundError:  # its writer renamed it into place meanwhile
+            continue
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def save_atomic(model: keras.Model, path: str | os.PathLike[str]) -> Path:
     """Save ``model`` to ``path`` through a temporary file and an atomic rename."""
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".tmp-{os.getpid()}-{final.name}")
+    tmp = temporary_path(final)
     try:
         model.save(tmp)
         with open(tmp, "rb") as fh:
@@ -53,10 +104,12 @@ def restore_latest(model: keras.Model, directory: str | os.PathLike[str]) -> int
     Only rank 0 reads (workers need no access to its disk); every rank gets
     the epoch number, and ``BroadcastGlobalVariablesCallback`` then copies rank 0's
     weights and optimizer state to the others when training starts. The
-    model must be compiled so its optimizer state can be restored.
+    model must be compiled so its optimizer state can be restored. Rank 0
+    first removes the temporaries that killed writes left behind.
     """
     epoch = 0
     if runtime.is_chief():
+        remove_stale_temporaries(directory)
         checkpoints = list_checkpoints(directory)
         if checkpoints:
             epoch, path = checkpoints[-1]
@@ -77,6 +130,10 @@ class Checkpoint(keras.callbacks.Callback):
         self.directory = Path(directory)
         self.every_epochs = every_epochs
         self.keep = keep
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if runtime.is_chief():
+            remove_stale_temporaries(self.directory)
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         done = epoch + 1

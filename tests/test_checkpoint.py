@@ -53,6 +53,47 @@ def test_listing_ignores_temporaries_and_other_files(tmp_path: Path) -> None:
     assert checkpoint.list_checkpoints(tmp_path / "missing") == []
 
 
+WRITER = (  # a checkpoint write in progress: its temporary, named as save_atomic names it, half written
+    "import sys, time\nfrom pathlib import Path\nfrom hvdk8s import checkpoint\n"
+    "tmp = checkpoint.temporary_path(Path(sys.argv[1]))\ntmp.write_bytes(b'half a zip')\n"
+    "print(tmp.name, flush=True)\ntime.sleep(300)\n"
+)
+
+
+def writer(final: Path) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(final)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+def killed_writer(final: Path) -> str:
+    """The temporary a writer SIGKILLed mid-write leaves behind."""
+    proc, name = writer(final)
+    proc.kill()
+    proc.wait()
+    return name
+
+
+def test_only_stale_temporaries_are_removed(tmp_path: Path) -> None:
+    dead = killed_writer(checkpoint.checkpoint_path(tmp_path, 4))
+    live, live_name = writer(checkpoint.checkpoint_path(tmp_path, 5))
+    try:
+        old = time.time() - checkpoint.ABANDONED_AFTER_S - 60
+        for name, mtime in [(".tmp-other-pod-77-ckpt-0003.keras", None), (".tmp-other-pod-78-ckpt-0002.keras", old),
+                            (".tmp-99-ckpt-0001.keras", old), ("ckpt-0001.keras", old), (".tmp-1-model.keras", old)]:
+            (tmp_path / name).write_text("x")
+            if mtime:
+                os.utime(tmp_path / name, (mtime, mtime))
+        removed = checkpoint.remove_stale_temporaries(tmp_path)
+        assert sorted(p.name for p in removed) == sorted([dead, ".tmp-other-pod-78-ckpt-0002.keras", ".tmp-99-ckpt-0001.keras"])
+        # a live writer's, and a recent one from another host, whose writer cannot be asked, stay
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+            [live_name, ".tmp-other-pod-77-ckpt-0003.keras", "ckpt-0001.keras", ".tmp-1-model.keras"])
+    finally:
+        live.kill()
+        live.wait()
+
+
 def kill_session(sid: int) -> None:
     """SIGKILL every process of session ``sid`` and wait until none is left."""
     def members() -> list[int]:
@@ -95,12 +136,14 @@ def test_killed_job_resumes_from_last_checkpoint(tmp_path: Path) -> None:
         job.wait()
     killed_at = checkpoint.list_checkpoints(ckpt)[-1][0]
     assert 3 <= killed_at < 60
+    leftover = killed_writer(checkpoint.checkpoint_path(ckpt, killed_at + 1))  # as a kill mid-write leaves it
 
     resumed = hvdk8s_cli(*args, "--epochs", str(killed_at + 2))
     assert f"resumed from {checkpoint.checkpoint_path(ckpt, killed_at)} (epoch {killed_at})" in resumed.stdout
     epochs_run = [int(e) for e in re.findall(r"^\[0\] Epoch (\d+)/\d+: 100%", resumed.stdout, re.M)]
     assert epochs_run == [killed_at + 1, killed_at + 2]
     assert checkpoint.list_checkpoints(ckpt)[-1][0] == killed_at + 2
+    assert not (ckpt / leftover).exists()
 
 
 @pytest.fixture(scope="module")
