@@ -77,7 +77,7 @@ def _register_cluster(sub: argparse._SubParsersAction) -> None:
     submit = sub.add_parser(
         "submit", help="create an MPIJob (or TrainJob) on Kubernetes from a job spec or MPIJob YAML",
         description="Create the MPIJob (kubeflow.org/v2beta1; with --api trainjob a Kubeflow Trainer TrainJob "
-        "and its ClusterTrainingRuntime) and, with --wait, report its conditions and replica counts as they "
+        "and its TrainingRuntime) and, with --wait, report its conditions and replica counts as they "
         "change until it ends, and what it waits for when it does not start: exit 0 when it succeeded, "
         "1 when it failed.")
     submit.add_argument("file", help="hvdk8s job spec or MPIJob manifest (YAML)")
@@ -127,8 +127,10 @@ def _submit(args: argparse.Namespace) -> int:
     namespace = k8s.resolve_namespace(args.namespace, manifest.get("metadata", {}).get("namespace"),
                                       cluster.namespace)
     for runtime in runtimes:
-        kube.apply_runtime(cluster, runtime, dry_run=dry_run)
+        kube.apply_runtime(cluster, runtime, namespace, dry_run=dry_run)
     job = kube.create_job(cluster, manifest, namespace, dry_run=dry_run)
+    for runtime in runtimes if not dry_run else ():
+        kube.own_runtime(cluster, runtime, job)
     name, resource = job["metadata"]["name"], f"{kind.kind.lower()}.{kind.group}"
     if dry_run:
         print(f"# {resource}/{name} accepted by the API server (dry run: nothing was created)")
