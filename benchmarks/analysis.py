@@ -240,6 +240,30 @@ def with_ratio_to_hvdk8s(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for r in training(raw)["throughput"]]
 
 
+def synthetic(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Horovod's synthetic benchmarks, per (section, knob, model, N): each script's per-launch img/s per rank (the
+    median of its timed iterations) summarised over launches, hvdk8s's launch over the raw loop's of the same round,
+    and in the knob study each script's launch over the baseline's of the same round (``*_vs_baseline``)."""
+    rates: dict[tuple[str, str, str, int, int], dict[str, float]] = defaultdict(dict)
+    batch: dict[str, int] = {}
+    for run in raw:
+        key = (run["section"], run["knob"], run["model"], run["workers"], run["round"])
+        rates[key][run["script"]] = statistics.median(run["iter_img_per_s_per_rank"])
+        batch[run["model"]] = run["batch_per_rank"]
+    rows: dict[tuple[str, str, str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for (section, knob, model, n, r), rate in sorted(rates.items()):
+        row = rows[(section, knob, model, n)]
+        for who, v in rate.items():
+            row[who].append(v)
+            base = rates.get((section, "baseline", model, n, r), {}).get(who)
+            if section == "knobs" and base:
+                row[f"{who}_vs_baseline"].append(v / base)
+        if "raw" in rate and "hvdk8s" in rate:
+            row["hvdk8s_over_raw"].append(rate["hvdk8s"] / rate["raw"])
+    return [{"section": section, "knob": knob, "model": model, "workers": n, "batch_per_rank": batch[model],
+             **{k: summary(v) for k, v in d.items()}} for (section, knob, model, n), d in rows.items()]
+
+
 def allreduce(raw_runs: list[dict[str, Any]], memcopy: dict[str, Any] | None) -> dict[str, Any]:
     sweep, fusion = [], []
     for run in raw_runs:
@@ -362,6 +386,7 @@ def derive(raw: dict[str, Any]) -> dict[str, Any]:
     return {
         "training": training(raw.get("training", [])),
         "ratios": ratios(raw.get("training", [])),
+        "synthetic": synthetic(raw.get("synthetic", [])),
         "profile": profile(raw.get("profile")),
         "knobs": knob_study(raw.get("knobs", [])),
         "allreduce": ar,

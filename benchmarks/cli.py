@@ -47,7 +47,8 @@ def _knobs(text: str) -> tuple[str, ...]:
 # flag -> (settings field, parser, help)
 OVERRIDES: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "--strategies": ("strategies", _list(str.strip, "--strategies"), f"comma list of {','.join(STRATEGIES)} (default: {','.join(DEFAULT_STRATEGIES)})"),
-    "--workloads": ("workloads", _list(str.strip, "--workloads"), "comma list of cnn,mlp"),
+    "--workloads": ("workloads", _list(str.strip, "--workloads"), "comma list of cnn,mlp and Horovod's synthetic benchmarks "
+                    "as horovod-synthetic:<keras.applications model>, e.g. horovod-synthetic:MobileNetV2,horovod-synthetic:ResNet50"),
     "--ranks": ("ranks", _list(int, "--ranks"), "worker counts N, must include 1 (default 1,2)"),
     "--threads-per-rank": ("threads_per_rank", int, "TensorFlow intra-op threads per process (default 1)"),
     "--mlp-width": ("mlp_width", int, "width of the communication-heavy MLP"),
@@ -76,6 +77,9 @@ OVERRIDES: dict[str, tuple[str, Callable[[str], Any], str]] = {
                 f"knob ({','.join(settings_names())}); stack knobs, whose ranks run another virtual environment, only "
                 f"by name ({'; '.join(f'{k}: built by {KNOBS[k].build}' for k in stacks())})"),
     "--knob-rounds": ("knob_rounds", int, "interleaved rounds of the knob study"),
+    "--synthetic-rounds": ("synthetic_rounds", int, "launches of each Horovod synthetic script per model and N"),
+    "--synthetic-batches": ("synthetic_batches_per_iter", int, "batches per timed iteration of Horovod's synthetic scripts"),
+    "--synthetic-iters": ("synthetic_iters", int, "timed iterations per launch of Horovod's synthetic scripts"),
     "--timeout": ("launch_timeout_s", float, "seconds before a job is killed"),
 }
 

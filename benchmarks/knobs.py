@@ -13,18 +13,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hvdk8s.launcher.mpirun import transport_mca
+from hvdk8s.threads import THREAD_POLICIES
 
 
 @dataclass(frozen=True)
 class Knob:
     """``python``: the interpreter its ranks run, relative to the repository root (or absolute);
-    "" is the one running the suite. ``build``: the command that makes that interpreter."""
+    "" is the one running the suite. ``build``: the command that makes that interpreter.
+    ``thread_policy``: the ranks get no thread count from the suite and run ``hvdk8s.init``'s
+    ``HVDK8S_THREAD_POLICY`` of that name (``hvdk8s.runtime.THREAD_POLICIES``) instead."""
 
     env: dict[str, str] = field(default_factory=dict)
     mca: dict[str, str] = field(default_factory=dict)
     what: str = ""
     python: str = ""
     build: str = ""
+    thread_policy: str = ""
 
 
 BASELINE = "baseline"
@@ -36,6 +40,15 @@ def stack(tf: str, keras: str) -> Knob:
     return Knob(python=f"{venv}/bin/python", build=f"make test-stack TF={tf}",
                 what=f"TensorFlow {tf} / Keras {keras} stack: the ranks run {venv}/bin/python")
 
+
+def threads(policy: str, spin: bool = False) -> Knob:
+    """A CPU thread policy of ``hvdk8s.init`` (ranks yielding when idle, as the baseline, or busy-polling)."""
+    return Knob({"HVDK8S_THREAD_POLICY": policy}, mca={"mpi_yield_when_idle": "0"} if spin else {}, thread_policy=policy,
+                what=f"thread policy {policy}: {THREAD_POLICIES[policy]}; "
+                     + ("ranks busy-poll while waiting (mpi_yield_when_idle 0)" if spin else "ranks yield when idle"))
+
+
+THREAD_KNOBS = {f"threads_{p}{'_spin' if spin else ''}": threads(p, spin) for p in THREAD_POLICIES for spin in (False, True)}
 
 KNOBS: dict[str, Knob] = {
     BASELINE: Knob(what="the suite's settings: Horovod's defaults (1 ms cycle, 128 MiB fusion buffer, cache of 1024), "
@@ -54,6 +67,7 @@ KNOBS: dict[str, Knob] = {
         what="Open MPI's recursive-doubling allreduce (openMpi.allreduceAlgorithm: recursive_doubling)",
     ),
     "ompi_spin": Knob(mca={"mpi_yield_when_idle": "0"}, what="ranks busy-poll while waiting (Open MPI's default)"),
+    **THREAD_KNOBS,
     # Every supported stack but the default one (.venv's, the baseline's when the suite runs from .venv).
     "tf2.18": stack("2.18", "3.8"),
     "tf2.19": stack("2.19", "3.15"),

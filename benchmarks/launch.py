@@ -93,18 +93,26 @@ def probe_stack(python: str, timeout: float = STACK_PROBE_TIMEOUT_S) -> dict[str
     return json.loads(lines[-1])
 
 
-def base_env(threads: int, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "HVDK8S_THREADS_PER_RANK")
+
+
+def base_env(threads: int | None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A job's environment; ``threads`` None sets no thread count (and drops one inherited), so the processes
+    choose their own as a user's script does: TensorFlow's defaults, or ``hvdk8s.init``'s policy."""
     env = dict(os.environ)
     env.update(
         {
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")])),
             "PYTHONUNBUFFERED": "1",
             "TF_CPP_MIN_LOG_LEVEL": "2",
-            "OMP_NUM_THREADS": str(threads),
-            "HVDK8S_THREADS_PER_RANK": str(threads),
             "CUDA_VISIBLE_DEVICES": "",
         }
     )
+    for name in THREAD_VARIABLES:
+        if threads is None:
+            env.pop(name, None)
+        else:
+            env[name] = str(threads)
     env.pop("TF_CONFIG", None)
     env.update(extra or {})
     return env
@@ -261,9 +269,11 @@ class Launcher:
         env: Mapping[str, str] | None = None,
         cluster: netns.Cluster | None = None,
         mca: Mapping[str, str] | None = None,
+        own_threads: bool = False,
     ) -> JobStats:
-        """``np`` ranks via hvdk8s's own mpirun command line; in ``cluster``, one rank per emulated host."""
-        environ = base_env(self.threads, env)
+        """``np`` ranks via hvdk8s's own mpirun command line; in ``cluster``, one rank per emulated host.
+        ``own_threads``: the ranks get no thread count from the suite (``base_env``)."""
+        environ = base_env(None if own_threads else self.threads, env)
         command = mpi_command(np, argv, mpirun.forwarded_env(environ), cluster, as_root=os.geteuid() == 0, mca=mca)
         return self.group(name, [(command, environ)], cpu_counted=cluster is None)
 

@@ -73,13 +73,14 @@ def spread(s: dict[str, Any] | None, fmt: Any = num) -> str:
     return f"{fmt(s['median'])} [{fmt(s['min'])}–{fmt(s['max'])}]"
 
 
-def iqr(s: dict[str, Any] | None, fmt: Any = num) -> str:
-    """``median [q1–q3] (n)`` of a ``stats.summary``: the interquartile range over launches."""
+def over_launches(s: dict[str, Any] | None, fmt: Any = num) -> str:
+    """``median [min–max] (n)`` of a ``stats.summary`` of one value per launch: the whole range, not quartiles
+    interpolated from a handful of launches."""
     if not s:
         return "–"
     if s["n"] == 1:
         return f"{fmt(s['median'])} (1)"
-    return f"{fmt(s['median'])} [{fmt(s['q1'])}–{fmt(s['q3'])}] ({s['n']})"
+    return f"{fmt(s['median'])} [{fmt(s['min'])}–{fmt(s['max'])}] ({s['n']})"
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -354,7 +355,7 @@ def _ratio_section(d: dict[str, Any]) -> str:
     out = [
         "## Summary: throughput relative to the raw Horovod loop (" + MEASURED + ")",
         "",
-        "One ratio per launch, then the median, interquartile range [q1–q3] and number of launches. "
+        "One ratio per launch, then the median, the lowest and highest launch [min–max] and the number of launches. "
         "**Alternating windows**: every launch of hvdk8s (and of its steps_per_execution row) also builds the raw "
         "`horovod.tensorflow` loop on the same ranks "
         "and times its windows between hvdk8s's (warm-up, then hvdk8s window, raw window, ...; a fresh pair of models "
@@ -365,15 +366,15 @@ def _ratio_section(d: dict[str, Any]) -> str:
     ]
     if r["paired"]:
         out += [
-            table(["workload", "strategy", "N", "strategy / raw loop, alternating windows: median [IQR] (launches)"],
-                  [[p["workload"], label(p["strategy"]), num(p["workers"]), iqr(p["ratio"])]
+            table(["workload", "strategy", "N", "strategy / raw loop, alternating windows: median [min–max] (launches)"],
+                  [[p["workload"], label(p["strategy"]), num(p["workers"]), over_launches(p["ratio"])]
                    for p in r["paired"]]),
             "",
         ]
     if r["rounds"]:
         out += [
-            table(["workload", "strategy", "N", "strategy / raw loop, separate launches: median [IQR] (rounds)"],
-                  [[p["workload"], label(p["strategy"]), num(p["workers"]), iqr(p["ratio"])] for p in r["rounds"]]),
+            table(["workload", "strategy", "N", "strategy / raw loop, separate launches: median [min–max] (rounds)"],
+                  [[p["workload"], label(p["strategy"]), num(p["workers"]), over_launches(p["ratio"])] for p in r["rounds"]]),
             "",
         ]
     if r.get("time_to_accuracy_paired"):
@@ -382,14 +383,54 @@ def _ratio_section(d: dict[str, Any]) -> str:
             "data, one epoch after each of its own (after its evaluation), for as many epochs; the ratio is the raw loop's "
             "training seconds over hvdk8s's.",
             "",
-            table(["N", "hvdk8s / raw loop, time to accuracy, alternating epochs: median [IQR] (launches)"],
-                  [[num(p["workers"]), iqr(p["ratio"])] for p in r["time_to_accuracy_paired"]]),
+            table(["N", "hvdk8s / raw loop, time to accuracy, alternating epochs: median [min–max] (launches)"],
+                  [[num(p["workers"]), over_launches(p["ratio"])] for p in r["time_to_accuracy_paired"]]),
             "",
         ]
     if r["time_to_accuracy"]:
         out += [
-            table(["strategy", "N", "time-to-accuracy examples/s / raw loop's: median [IQR] (rounds)"],
-                  [[label(p["strategy"]), num(p["workers"]), iqr(p["ratio"])] for p in r["time_to_accuracy"]]),
+            table(["strategy", "N", "time-to-accuracy examples/s / raw loop's: median [min–max] (rounds)"],
+                  [[label(p["strategy"]), num(p["workers"]), over_launches(p["ratio"])] for p in r["time_to_accuracy"]]),
+            "",
+        ]
+    return "\n".join(out)
+
+
+def _synthetic_section(rows: list[dict[str, Any]], settings: dict[str, Any], what: dict[str, str]) -> str:
+    main = [r for r in rows if r["section"] == "synthetic"]
+    knob_rows = [r for r in rows if r["section"] == "knobs"]
+    if not rows:
+        return ""
+    out = [
+        "## Horovod's synthetic benchmarks: the raw loop and hvdk8s on Horovod's own scripts (" + MEASURED + ")",
+        "",
+        "Horovod's `examples/tensorflow2/tensorflow2_synthetic_benchmark.py` (the raw `horovod.tensorflow` loop, with the "
+        "fixes Keras 3 forces: one `hvd.allreduce` per gradient in place of `DistributedGradientTape`, whose "
+        "`Variable.ref()` Keras 3 variables lack, and `opt.variables` as a list) against "
+        "`tensorflow2_keras_synthetic_benchmark.py` as `hvdk8s migrate` ports it; both copied into "
+        "`benchmarks/horovod_examples/` with their origin and every change marked. Each launch runs one script under "
+        "mpirun with `--no-cuda` as a user runs it: the suite sets no thread count, so the raw loop keeps TensorFlow's "
+        "defaults and hvdk8s applies `hvdk8s.init`'s CPU thread policy. img/s per rank is the median of the launch's "
+        f"{num(settings['synthetic_iters'])} timed iterations of {num(settings['synthetic_batches_per_iter'])} batches "
+        "(after one iteration's worth of warm-up steps); each round launches both scripts back to back, alternating "
+        "which goes first. Columns: median [lowest–highest launch] (launches); the ratio is hvdk8s's launch over the raw "
+        "loop's of the same round.",
+        "",
+    ]
+    if main:
+        out += [table(["model", "batch per rank", "N", "raw loop img/s per rank", "hvdk8s img/s per rank", "hvdk8s / raw loop, per round"],
+                      [[r["model"], num(r["batch_per_rank"]), num(r["workers"]), over_launches(r.get("raw")),
+                        over_launches(r.get("hvdk8s")), over_launches(r.get("hvdk8s_over_raw"))] for r in main]), ""]
+    if knob_rows:
+        out += [
+            "Knob study on these scripts (N=2): every knob round launches both scripts with the baseline and with each "
+            "knob; each launch's rate over the baseline launch's of the same round and script (a thread policy changes "
+            "only hvdk8s's script: the raw loop sets no threads; Open MPI parameters change both).",
+            "",
+            table(["knob", "what it sets", "model", "raw loop vs baseline", "hvdk8s vs baseline", "hvdk8s / raw loop", "hvdk8s img/s per rank"],
+                  [[r["knob"], what.get(r["knob"], ""), r["model"], over_launches(r.get("raw_vs_baseline")),
+                    over_launches(r.get("hvdk8s_vs_baseline")), over_launches(r.get("hvdk8s_over_raw")), over_launches(r.get("hvdk8s"))]
+                   for r in knob_rows]),
             "",
         ]
     return "\n".join(out)
@@ -485,7 +526,7 @@ def _knob_section(rows: list[dict[str, Any]], settings: dict[str, Any], what: di
         return ""
     intro = ("Each knob is one mpirun launch of the alternating hvdk8s/raw-loop worker, run right after the baseline launch "
              f"in each of {num(settings['knob_rounds'])} round(s); the ratio is the knob's median rate over the baseline's in "
-             "the same round (above 1: the knob helps), then median [IQR] (rounds).")
+             "the same round (above 1: the knob helps), then median [min–max] (rounds).")
     if "stack" not in rows[0]:  # results from before stack knobs: as they were rendered
         return "\n".join([
             "## 7. Horovod and Open MPI knobs, N=2 (" + MEASURED + ")",
@@ -493,7 +534,7 @@ def _knob_section(rows: list[dict[str, Any]], settings: dict[str, Any], what: di
             intro,
             "",
             table(["knob", "what it sets", "workload", "hvdk8s vs baseline", "raw loop vs baseline", "hvdk8s / raw loop"],
-                  [[r["knob"], what.get(r["knob"], ""), r["workload"], iqr(r["hvdk8s"]), iqr(r["horovod"]), iqr(r["hvdk8s_over_raw"])]
+                  [[r["knob"], what.get(r["knob"], ""), r["workload"], over_launches(r["hvdk8s"]), over_launches(r["horovod"]), over_launches(r["hvdk8s_over_raw"])]
                    for r in rows]),
             "",
         ])
@@ -509,8 +550,8 @@ def _knob_section(rows: list[dict[str, Any]], settings: dict[str, Any], what: di
         "",
         table(["knob", "what it sets", "workload", "stack", "hvdk8s / raw loop", "baseline's hvdk8s / raw loop, same rounds",
                "hvdk8s vs baseline", "raw loop vs baseline"],
-              [[r["knob"], what.get(r["knob"], ""), r["workload"], r["stack"] or "–", iqr(r["hvdk8s_over_raw"]),
-                iqr(r["baseline_hvdk8s_over_raw"]), iqr(r["hvdk8s"]), iqr(r["horovod"])] for r in rows]),
+              [[r["knob"], what.get(r["knob"], ""), r["workload"], r["stack"] or "–", over_launches(r["hvdk8s_over_raw"]),
+                over_launches(r["baseline_hvdk8s_over_raw"]), over_launches(r["hvdk8s"]), over_launches(r["horovod"])] for r in rows]),
         "",
     ])
 
@@ -595,16 +636,16 @@ def _emulated_section(emu: dict[str, Any]) -> str:
                 f"{_launches(r['training'])}; "
                 + ("fp32 gradients everywhere but the fp16-compression row, which is not a like-for-like comparison). "
                    if any(t["strategy"] == "hvdk8s_fp16" for t in r["training"]) else "fp32 gradients everywhere). ")
-                + "The last column is each launch's median rate over hvdk8s's launch of the same round: median [IQR] (rounds).",
+                + "The last column is each launch's median rate over hvdk8s's launch of the same round: median [min–max] (rounds).",
                 "",
                 table(
                     ["workload", "strategy", "N", "examples/s median [min–max]", "/ hvdk8s, per round"],
-                    [[t["workload"], label(t["strategy"]), num(t["workers"]), spread(t["examples_per_s"]), "1" if t["strategy"] == "hvdk8s" else iqr(t["over_hvdk8s"])]
+                    [[t["workload"], label(t["strategy"]), num(t["workers"]), spread(t["examples_per_s"]), "1" if t["strategy"] == "hvdk8s" else over_launches(t["over_hvdk8s"])]
                      for t in r["training"]],
                 ),
                 "",
                 *([table(["workload", "strategy", "N", "strategy / raw loop, alternating windows"],
-                         [[x["workload"], label(x["strategy"]), num(x["workers"]), iqr(x["ratio"])]
+                         [[x["workload"], label(x["strategy"]), num(x["workers"]), over_launches(x["ratio"])]
                           for x in r["training_paired"]]), ""]
                   if r["training_paired"] else []),
             ]
@@ -739,6 +780,7 @@ def render(results: dict[str, Any]) -> str:
     parts = [
         _header(results),
         _ratio_section(d),
+        _synthetic_section(d.get("synthetic", []), results["settings"], results["labels"].get("knobs", {})),
         _training_section(d["training"]) if d["training"]["throughput"] else "",
         _tta_section(d["training"]),
         _allreduce_section(d["allreduce"]),

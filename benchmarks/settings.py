@@ -12,6 +12,7 @@ from typing import Any
 
 from hvdk8s.launcher.mpirun import MIN_TCP_EAGER_LIMIT, transport_mca
 
+from . import synthetic
 from .knobs import names as knob_names
 from .netns import parse_rate
 
@@ -112,11 +113,26 @@ class Settings:
     # per-phase breakdown of one N=2 step (hvdk8s and the raw loop) and a Horovod timeline of it
     profile: bool = False
     profile_steps: int = 20
+    # Horovod's synthetic benchmarks (``--workloads horovod-synthetic:<Model>``, see ``synthetic``): launches of each
+    # script per model and N, raw loop and hvdk8s alternating which goes first
+    synthetic_rounds: int = 3
+    synthetic_batches_per_iter: int = 10
+    synthetic_iters: int = 3
     # Horovod, Open MPI and stack knobs (``knobs``), each measured against the defaults in the same round
     knobs: tuple[str, ...] = ()
     knob_rounds: int = 2
     # process limits
     launch_timeout_s: float = 600.0
+
+    @property
+    def suite_workloads(self) -> tuple[str, ...]:
+        """The workloads the suite's own worker trains (not Horovod's synthetic scripts)."""
+        return tuple(w for w in self.workloads if synthetic.model_of(w) is None)
+
+    @property
+    def synthetic_models(self) -> tuple[str, ...]:
+        """keras.applications models of the ``horovod-synthetic:<Model>`` workloads."""
+        return tuple(m for w in self.workloads if (m := synthetic.model_of(w)))
 
     def workload(self, name: str) -> Workload:
         if name == "cnn":
@@ -181,17 +197,22 @@ def validate(s: Settings) -> None:
     bad = [x for x in s.strategies if x not in STRATEGIES]
     if bad:
         raise ValueError(f"strategies: unknown {bad}; expected some of {STRATEGIES}")
-    bad = [x for x in s.workloads if x not in WORKLOADS]
+    bad = [x for x in s.workloads if x not in WORKLOADS and not x.startswith(synthetic.PREFIX)]
     if bad:
-        raise ValueError(f"workloads: unknown {bad}; expected some of {WORKLOADS}")
+        raise ValueError(f"workloads: unknown {bad}; expected some of {WORKLOADS} or {synthetic.PREFIX}<Model>")
+    for w in s.workloads:
+        synthetic.model_of(w)  # a malformed model name fails here
     if s.warmup_steps < 1:
         raise ValueError("warmup_steps: at least 1 (the first step traces the model and is never timed)")
     if not s.ranks or min(s.ranks) < 1 or 1 not in s.ranks:
         raise ValueError(f"ranks {list(s.ranks)}: must include 1 (the baseline of E(N)) and be >= 1")
     for name in ("steps", "windows", "models", "rounds", "threads_per_rank", "allreduce_repeats", "tta_max_epochs", "profile_steps",
-                 "knob_rounds", "emulated_train_steps"):
+                 "knob_rounds", "emulated_train_steps", "synthetic_rounds", "synthetic_iters"):
         if getattr(s, name) < 1:
             raise ValueError(f"{name}={getattr(s, name)}: too small")
+    if s.synthetic_batches_per_iter < 2:
+        raise ValueError(f"synthetic_batches_per_iter={s.synthetic_batches_per_iter}: at least 2 (the raw loop's first step "
+                         "and at least one warm-up batch make its warm-up iteration)")
     if s.allreduce_ranks < 2:
         raise ValueError("allreduce_ranks: busbw needs at least 2 ranks")
     if not 0 < s.tta_target <= 1:

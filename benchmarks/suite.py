@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import analysis, envinfo, knobs, memcopy, netns
+from . import analysis, envinfo, knobs, memcopy, netns, synthetic
 from .launch import JobFailed, Launcher, base_env, interpreter, module_argv, probe_stack
 from .settings import HOROVOD_STRATEGIES, MANY_PROCESSES_ONLY, NO_TTA, ONE_PROCESS_ONLY, STRATEGY_LABELS, STRATEGY_MCA, Settings
 from .util import write_json_atomic
@@ -50,7 +50,10 @@ class Progress:
 
 
 def training_configs(s: Settings) -> list[tuple[int, str, int]]:
-    """(round, strategy, N), interleaved by round; the single process only at N=1, the MANY_PROCESSES_ONLY ones above."""
+    """(round, strategy, N), interleaved by round; the single process only at N=1, the MANY_PROCESSES_ONLY ones above;
+    none without a suite workload (only Horovod's synthetic scripts asked for)."""
+    if not s.suite_workloads:
+        return []
     return [
         (r, strategy, n)
         for r in range(s.rounds)
@@ -58,6 +61,18 @@ def training_configs(s: Settings) -> list[tuple[int, str, int]]:
         for strategy in s.strategies
         if not (strategy in ONE_PROCESS_ONLY and n != 1) and not (strategy in MANY_PROCESSES_ONLY and n == 1)
     ]
+
+
+def synthetic_configs(s: Settings) -> list[tuple[int, int, str, str]]:
+    """(round, N, model, script) of Horovod's synthetic benchmarks: every model and N in each round, the raw loop
+    and hvdk8s back to back, alternating which goes first (``synthetic.order``)."""
+    return [(r, n, model, which) for r in range(s.synthetic_rounds) for n in s.ranks for model in s.synthetic_models
+            for which in synthetic.order(r)]
+
+
+def knob_synthetic_configs(s: Settings, r: int) -> list[tuple[str, str]]:
+    """(model, script) launched for every knob in knob round ``r``: Horovod's synthetic benchmarks at N=2."""
+    return [(model, which) for model in s.synthetic_models for which in synthetic.order(r)]
 
 
 def emulated_hosts(s: Settings) -> int:
@@ -94,7 +109,10 @@ def emulated_train_configs(s: Settings) -> list[tuple[int, str]]:
 
 
 def job_count(s: Settings, emulated: bool) -> int:
-    count = len(training_configs(s)) + 3 + int(s.profile) + len(knob_configs(s))  # + allreduce: default, fusion off, fast cycle
+    knob_jobs = sum((1 if s.suite_workloads else 0) + len(knob_synthetic_configs(s, r)) for r, _ in knob_configs(s))
+    profile = int(s.profile and bool(s.suite_workloads))
+    # + allreduce: default, fusion off, fast cycle
+    count = len(training_configs(s)) + len(synthetic_configs(s)) + 3 + profile + knob_jobs
     if emulated:
         per_rate = 1 + 2 * len(s.emulated_workers)
         count += per_rate * len(s.emulated_rates) + len(emulated_train_configs(s)) * len(s.emulated_train_rates)
@@ -116,7 +134,7 @@ class Suite:
             "environment": {**envinfo.collect(command), **({"stacks": stacks} if stacks else {})},
             "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "labels": {"strategies": STRATEGY_LABELS, "knobs": {k: v.what for k, v in knobs.KNOBS.items()}},
-            "raw": {"training": [], "allreduce": [], "memcopy": None, "emulated": {"skipped": None, "rates": []},
+            "raw": {"training": [], "synthetic": [], "allreduce": [], "memcopy": None, "emulated": {"skipped": None, "rates": []},
                     "profile": None, "knobs": []},
             "errors": [],
         }
@@ -151,14 +169,16 @@ class Suite:
         self, name: str, settings: Settings, strategy: str, n: int, *, tta: bool, seed: int, cluster: Any = None,
         knob: knobs.Knob | None = None, profile: bool = False,
     ) -> dict[str, Any]:
-        job = self._job_file(name, {"settings": settings.to_json(), "workloads": list(settings.workloads), "tta": tta, "seed": seed})
+        own_threads = bool(knob and knob.thread_policy)
+        job = self._job_file(name, {"settings": settings.to_json(), "workloads": list(settings.suite_workloads), "tta": tta,
+                                    "seed": seed, "own_threads": own_threads})
         out = self.jobs / f"{name}.result.json"
         args = ["--strategy", strategy, "--job", str(job), "--out", str(out), *(["--profile"] if profile else [])]
         if strategy in HOROVOD_STRATEGIES:
             knob = knob or knobs.KNOBS[knobs.BASELINE]
             mca = knob.mca | STRATEGY_MCA.get(strategy, {})
             argv = module_argv("worker", *args, python=interpreter(knob.python))
-            stats = self.launcher.mpi(name, n, argv, env=knob.env, mca=mca, cluster=cluster)
+            stats = self.launcher.mpi(name, n, argv, env=knob.env, mca=mca, cluster=cluster, own_threads=own_threads)
         elif strategy == "tf_mwms":
             stats = self.launcher.tf_cluster(name, {"worker": n}, module_argv("worker", *args), [], mains="worker", cluster=cluster)
         elif strategy == "tf_ps":
@@ -180,9 +200,30 @@ class Suite:
             if run:
                 self.results["raw"]["training"].append({**run, "round": r})
 
+    def _synthetic_job(self, name: str, model: str, which: str, n: int, knob: knobs.Knob) -> dict[str, Any]:
+        """One launch of one of Horovod's synthetic scripts, as a user runs it (no thread count from the suite)."""
+        s = self.s
+        argv = [interpreter(knob.python), "-u", str(synthetic.script(which)),
+                *synthetic.script_args(which, model, s.synthetic_batches_per_iter, s.synthetic_iters)]
+        stats = self.launcher.mpi(name, n, argv, env=knob.env, mca=knob.mca, own_threads=True)
+        rates = synthetic.iter_rates((self.out / stats.log).read_text(errors="replace"), which, s.synthetic_iters)
+        return {"model": model, "script": which, "workers": n, "batch_per_rank": synthetic.batch(model),
+                "batches_per_iter": s.synthetic_batches_per_iter, "iter_img_per_s_per_rank": rates, "job": stats.to_json()}
+
+    def synthetic(self) -> None:
+        """Horovod's synthetic benchmarks: the raw loop's script and the hvdk8s port, alternating, every round."""
+        base = knobs.KNOBS[knobs.BASELINE]
+        for r, n, model, which in synthetic_configs(self.s):
+            run = self._attempt(
+                f"horovod-synthetic {model} {which} N={n} round {r + 1}/{self.s.synthetic_rounds}",
+                lambda: self._synthetic_job(f"synthetic-{model}-{which}-n{n}-r{r}", model, which, n, base),
+            )
+            if run:
+                self.results["raw"]["synthetic"].append({**run, "section": "synthetic", "round": r, "knob": knobs.BASELINE})
+
     def profile(self) -> None:
         """Per-phase breakdown of hvdk8s's and the raw loop's step at N=2, and a Horovod timeline of hvdk8s's."""
-        if not self.s.profile:
+        if not self.s.profile or not self.s.suite_workloads:
             return
         run = self._attempt("profile hvdk8s and raw loop N=2", lambda: self._train_job(
             "profile", self.s, "hvdk8s", 2, tta=False, seed=0, profile=True, knob=knobs.Knob({"HOROVOD_TIMELINE": "DYNAMIC"})))
@@ -194,12 +235,21 @@ class Suite:
         (a stack knob's ranks run its own interpreter: ``python`` "" is the suite's)."""
         short = dataclasses.replace(self.s, tta=False)
         for r, name in knob_configs(self.s):
-            run = self._attempt(
-                f"knob {name} N=2 round {r + 1}/{self.s.knob_rounds}",
-                lambda: self._train_job(f"knob-{name}-r{r}", short, "hvdk8s", 2, tta=False, seed=r, knob=knobs.KNOBS[name]),
-            )
-            if run:
-                self.results["raw"]["knobs"].append({**run, "knob": name, "round": r, "python": knobs.KNOBS[name].python})
+            knob = knobs.KNOBS[name]
+            if self.s.suite_workloads:
+                run = self._attempt(
+                    f"knob {name} N=2 round {r + 1}/{self.s.knob_rounds}",
+                    lambda: self._train_job(f"knob-{name}-r{r}", short, "hvdk8s", 2, tta=False, seed=r, knob=knob),
+                )
+                if run:
+                    self.results["raw"]["knobs"].append({**run, "knob": name, "round": r, "python": knob.python})
+            for model, which in knob_synthetic_configs(self.s, r):
+                run = self._attempt(
+                    f"knob {name} horovod-synthetic {model} {which} N=2 round {r + 1}/{self.s.knob_rounds}",
+                    lambda: self._synthetic_job(f"knob-{name}-synthetic-{model}-{which}-r{r}", model, which, 2, knob),
+                )
+                if run:
+                    self.results["raw"]["synthetic"].append({**run, "section": "knobs", "round": r, "knob": name})
 
     # --- allreduce microbenchmark ------------------------------------------------------------
     def _allreduce_job(self, name: str, n: int, sizes: list[int], fusion_bytes: list[int], env: dict[str, str], cluster: Any = None) -> dict[str, Any]:
@@ -290,6 +340,7 @@ class Suite:
     def run(self) -> dict[str, Any]:
         self.save()
         self.training()
+        self.synthetic()
         self.profile()
         self.knob_study()
         self.allreduce()

@@ -48,7 +48,8 @@ def serve(threads: int) -> None:
 class Runtime:
     """Strategy-level set-up done once per process, before any model exists."""
 
-    def __init__(self, strategy: str, threads: int) -> None:
+    def __init__(self, strategy: str, threads: int | None) -> None:
+        """``threads`` None: no thread count (a thread-policy knob: ``hvdk8s.init``'s policy, TensorFlow's defaults elsewhere)."""
         self.name = strategy
         self.strategy: Any = None
         self.coordinator: Any = None
@@ -61,7 +62,8 @@ class Runtime:
             return
         from hvdk8s.runtime import set_threads
 
-        set_threads(threads)
+        if threads:
+            set_threads(threads)
         import tensorflow as tf
 
         if strategy == "horovod":
@@ -221,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         serve(settings.threads_per_rank)
         return 0
     started = time.time()
-    rt = Runtime(args.strategy, settings.threads_per_rank)
+    rt = Runtime(args.strategy, None if job.get("own_threads") else settings.threads_per_rank)
     seed = int(job.get("seed", 0))
     result: dict[str, Any] = {"strategy": args.strategy, "pid": os.getpid(), "throughput": []}
     if "OMPI_COMM_WORLD_RANK" in os.environ:  # started by mpirun, which hands its -mca parameters to the ranks

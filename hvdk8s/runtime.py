@@ -37,6 +37,8 @@ from horovod.tensorflow import (  # noqa: F401  (re-exported)
     stop_timeline,
 )
 
+from .threads import DEFAULT_CPU_THREAD_POLICY, thread_pools
+
 _devices_set = False
 
 
@@ -89,8 +91,19 @@ def _set_devices(threads_per_rank: int | None) -> None:
         tf.config.experimental.set_memory_growth(gpu, True)
         tf.config.set_visible_devices(gpu, "GPU")
     else:
-        threads = threads_per_rank or int(os.environ.get("HVDK8S_THREADS_PER_RANK", 0))
-        set_threads(threads or max(1, (os.cpu_count() or 1) // hvd.local_size()))
+        env = os.environ.get("HVDK8S_THREADS_PER_RANK", "").strip()
+        if env and not env.isdigit():
+            raise ValueError(f"HVDK8S_THREADS_PER_RANK={env!r}: expected a whole number of threads")
+        policy = os.environ.get("HVDK8S_THREAD_POLICY", "").strip() or DEFAULT_CPU_THREAD_POLICY
+        intra, inter = thread_pools(policy, os.cpu_count() or 1, hvd.local_size(), threads_per_rank or int(env or 0))
+        _set_pools(intra, inter)
+
+
+def _set_pools(intra: int | None, inter: int | None) -> None:
+    if intra is not None:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+    if inter is not None:
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
 
 
 def set_threads(threads: int) -> None:
@@ -99,8 +112,7 @@ def set_threads(threads: int) -> None:
     Must run before TensorFlow starts its runtime (``init`` calls it); the
     benchmarks give non-Horovod processes the same budget through it.
     """
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+    _set_pools(*thread_pools("split", threads, 1, threads))
 
 
 def placement(hosts: list[str]) -> str:
