@@ -12,7 +12,6 @@ from typing import Any
 from . import costmodel
 from .stats import summary
 
-EMULATED_REFERENCE_RATE = "1gbit"  # the link speed this machine's CPUs can keep up with
 REFERENCE = "horovod"  # the raw horovod.tensorflow loop every ratio is taken against
 
 
@@ -341,38 +340,23 @@ def emulated(raw: dict[str, Any]) -> dict[str, Any]:
     return {"skipped": None, "rates": rates}
 
 
-def model(ar: dict[str, Any], emu: dict[str, Any]) -> dict[str, Any]:
-    """Fits from the measurements, then the extrapolation (only when emulated links were measured)."""
+def model(ar: dict[str, Any]) -> dict[str, Any]:
+    """Fits from the measurements (reported as measured, not extrapolated: a per-hop latency fitted on two
+    oversubscribed cores is CPU scheduling), then the ideal-transport extrapolation with the measured H100 rates."""
     local_points = [
         {"workers": p["workers"], "bytes": p["bytes"], "seconds": p["seconds"]["median"]} for p in ar["sweep"] if p["fusion"] == "default"
     ]
-    out: dict[str, Any] = {
+    gpus = costmodel.gpus()
+    return {
         "local_ring_fit": costmodel.fit_ring(local_points) if len(local_points) >= 2 else None,
         "networks": costmodel.NETWORKS,
         "models": costmodel.MODELS,
-        "gpus": costmodel.GPUS,
+        "gpus": gpus,
         "ps_ratio": costmodel.PS_RATIO,
-        "assumptions": costmodel.ASSUMPTIONS,
+        "assumptions": costmodel.assumptions(gpus),
         "published": costmodel.PUBLISHED,
-        "predictions": [],
+        "predictions": [row for gpu, spec in gpus.items() for row in costmodel.predict(gpu, spec["rates"])],
     }
-    for gpu in costmodel.GPUS:
-        out["predictions"] += costmodel.predict(variant="ideal transport", gpu=gpu)
-    ref = next((r for r in emu.get("rates", []) if r["rate"] == EMULATED_REFERENCE_RATE), None)
-    if ref is None or "ring_fit" not in ref or "ps_fit" not in ref:
-        out["this_stack_skipped"] = f"needs ring and PS fits on the emulated {EMULATED_REFERENCE_RATE} links"
-        return out
-    rf, pf = ref["ring_fit"], ref["ps_fit"]
-    out["basis"] = {
-        "reference_rate": EMULATED_REFERENCE_RATE, "ring_alpha_s": rf["alpha_s"], "ring_overhead_s": rf["overhead_s"],
-        "ps_alpha_s": pf["alpha_s"], "ring_fraction_of_rate": rf["fraction_of_rate"], "ps_fraction_of_rate": pf["fraction_of_rate"],
-    }
-    for gpu in costmodel.GPUS:
-        out["predictions"] += costmodel.predict(
-            variant="this stack", gpu=gpu, ring_alpha=rf["alpha_s"], ring_overhead=rf["overhead_s"], ps_alpha=pf["alpha_s"],
-            ring_efficiency=min(1.0, rf["fraction_of_rate"]), ps_efficiency=min(1.0, pf["fraction_of_rate"]), ethernet_only=True,
-        )
-    return out
 
 
 def epoch_examples(run: dict[str, Any]) -> int:
@@ -391,5 +375,5 @@ def derive(raw: dict[str, Any]) -> dict[str, Any]:
         "knobs": knob_study(raw.get("knobs", [])),
         "allreduce": ar,
         "emulated": emu,
-        "model": model(ar, emu),
+        "model": model(ar),
     }

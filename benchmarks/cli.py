@@ -129,7 +129,10 @@ def run(args: argparse.Namespace) -> int:
         if not args.report_only.is_file():
             raise UserError(f"--report-only {args.report_only}: no such file")
         results = json.loads(args.report_only.read_text())
-        results["derived"] = analysis.derive(results["raw"])  # summaries always from the raw timings, with today's analysis
+        try:  # summaries always from the raw timings, with today's analysis
+            results["derived"] = analysis.derive(results["raw"])
+        except ValueError as err:  # the cost model's measured H100 rates are missing
+            raise UserError(str(err)) from None
         paths = report.write(results, args.report_only.parent)
         print(f"hvdk8s bench: wrote {paths['markdown']}")
         return 0
@@ -146,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     try:
         suite = Suite(settings, args.out, args.command_line or ["hvdk8s", *sys.argv[1:]])
-    except ValueError as err:  # a stack knob's interpreter is missing or broken: nothing was started
+    except ValueError as err:  # a stack knob's interpreter is missing or broken, or the H100 rates: nothing was started
         raise UserError(str(err)) from None
     results = suite.run()
     paths = report.write(results, args.out)

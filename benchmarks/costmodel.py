@@ -15,7 +15,7 @@ The parameters are fitted by non-negative least squares on relative error (so
 small messages weigh as much as large ones); a term whose best value would
 be negative is dropped (fixed at 0), and the result says which were fitted. The extrapolation uses
 constants that are NOT measured here: link speeds, per-GPU compute time and
-latencies of real fabrics; each is listed in ``ASSUMPTIONS`` with its source
+latencies of real fabrics; each is listed in ``assumptions`` with its source
 or marked as an assumption, and the published figures are kept apart.
 """
 from __future__ import annotations
@@ -51,16 +51,32 @@ MODELS: dict[str, dict[str, float]] = {
     "VGG-16": {"params": 138e6, "gflops": 15.3},
 }
 
-# Per-GPU compute. H100: measured single-GPU training rates (images/s at a batch), copied from
-# ../shared/measurements/h100_training_rates.json (PyTorch 2.11 eager, bf16 autocast, channels_last,
-# synthetic 224x224 input on the GPU, measured 2026-11-22; a test checks the copy against the file).
+# Per-GPU compute. H100: measured single-GPU training rates (images/s at a batch), read from
+# ../shared/measurements/h100_training_rates.json beside the repository (``gpus``: its bf16 rows).
 # P100 has no measurement here: the Horovod paper's era is modelled from an ASSUMED ResNet-50 rate,
 # other models scaled by forward FLOPs.
-H100_RATES_FILE = "shared/measurements/h100_training_rates.json"
-GPUS: dict[str, dict[str, Any]] = {
-    "H100": {"measured": True, "rates": {"ResNet-50": [3970.0, 256], "ResNet-101": [2642.0, 256], "VGG-16": [3233.0, 128]}},
-    "P100": {"measured": False, "rates": {"ResNet-50": [220.0, 64]}},
-}
+H100_RATES_PATH = Path(__file__).resolve().parents[1].parent / "shared" / "measurements" / "h100_training_rates.json"
+H100_MODEL_NAMES = {"resnet50": "ResNet-50", "resnet101": "ResNet-101", "vgg16": "VGG-16"}
+P100: dict[str, Any] = {"measured": False, "rates": {"ResNet-50": [220.0, 64]}}
+
+
+def gpus(h100_rates: Path = H100_RATES_PATH) -> dict[str, dict[str, Any]]:
+    """Per-GPU rates {model: [images/s, batch]}: H100's measured bf16 rows from ``h100_rates``, P100's assumed one.
+    ValueError naming the file when it is missing or lacks a model."""
+    try:
+        data = json.loads(h100_rates.read_text())
+        rows = [r for r in data["rates"] if r["precision"].startswith("bf16") and r["model"] in H100_MODEL_NAMES]
+        rates = {H100_MODEL_NAMES[r["model"]]: [float(r["images_per_second"]), int(r["batch"])] for r in rows}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"cost model: cannot read the measured H100 rates from {h100_rates} ({err}); the extrapolation "
+                         "needs that file (the repository's ../shared/measurements/)") from None
+    missing = sorted(set(MODELS) - set(rates))
+    if missing:
+        raise ValueError(f"cost model: {h100_rates} has no bf16 rate for {missing}")
+    return {"H100": {"measured": True, "rates": rates, "source": f"{h100_rates.name}, measured {data.get('measured')}"},
+            "P100": P100}
+
+
 BACKWARD_SHARE = 2 / 3  # ASSUMED: backward = 2 x forward, spread over layers by their multiply-adds
 BUCKET_BYTES = 25 * 2**20  # gradient bucket size of the overlap model (PyTorch DDP's default bucket_cap_mb=25)
 LAYERS: dict[str, list[list[int]]] = json.loads((Path(__file__).with_name("model_layers.json")).read_text())["models"]
@@ -68,15 +84,18 @@ LAYERS: dict[str, list[list[int]]] = json.loads((Path(__file__).with_name("model
 PS_RATIO = 4  # workers per parameter server in the predictions (ASSUMED)
 SCALE_WORKERS = (8, 16, 32, 64, 128, 256, 512)
 
-ASSUMPTIONS = [
-    "Parameter counts: ResNet-50 25.6M, ResNet-101 44.5M, VGG-16 138M (torchvision model documentation; VGG-16 also Simonyan & Zisserman 2015, Table 2); fp32 gradients, 4 bytes each. Per-layer sizes and multiply-adds: benchmarks/model_layers.json (from keras.applications' definitions).",
-    "H100 compute per step = batch / MEASURED single-H100 training rate (shared/measurements/h100_training_rates.json, 2026-11-22: ResNet-50 3,970 and ResNet-101 2,642 images/s at batch 256, VGG-16 3,233 images/s at batch 128; PyTorch eager, bf16 autocast). TensorFlow's rate on the same GPU may differ.",
-    "P100 compute (the published figures' GPUs, no measurement here): ASSUMED 220 images/s for ResNet-50 at batch 64, other models scaled by forward multiply-adds (ResNet-50 3.8 G, ResNet-101 7.6 G, VGG-16 15.3 G; He et al. 2016).",
-    f"Two schedules: 'no overlap' = compute, then one allreduce of all gradients; 'overlapped' = gradients leave in {BUCKET_BYTES >> 20} MiB buckets in reverse layer order as backprop produces them (backward = {BACKWARD_SHARE:.0%} of the step, ASSUMED, spread over layers by multiply-adds), buckets reduced one after another on the ring; the step ends when both compute and the last bucket are done.",
-    f"Parameter servers: one server per {PS_RATIO} workers (ASSUMED ratio), variables split evenly.",
-    "Variant 'ideal transport': full line rate per direction, the network's ASSUMED alpha (below), c = 0 - roughly NCCL over RDMA, the stack of the published figures.",
-    "Variant 'this stack' (Ethernet only): the line rate scaled by the fraction of the shaped rate each transport reached on the emulated 1 Gbit/s links, with the alpha and c fitted there - Horovod on Open MPI over kernel TCP, and TF's gRPC parameter servers, as measured on this machine.",
-]
+def assumptions(gpu_rates: dict[str, dict[str, Any]]) -> list[str]:
+    """The extrapolation's assumptions, with the H100 rates it was given."""
+    h100 = ", ".join(f"{m} {rate:,.0f} images/s at batch {batch}" for m, (rate, batch) in gpu_rates["H100"]["rates"].items())
+    return [
+        "Parameter counts: ResNet-50 25.6M, ResNet-101 44.5M, VGG-16 138M (torchvision model documentation; VGG-16 also Simonyan & Zisserman 2015, Table 2); fp32 gradients, 4 bytes each. Per-layer sizes and multiply-adds: benchmarks/model_layers.json (from keras.applications' definitions).",
+        f"H100 compute per step = batch / MEASURED single-H100 training rate (shared/measurements/h100_training_rates.json, {gpu_rates['H100']['source']}: {h100}; PyTorch eager, bf16 autocast). TensorFlow's rate on the same GPU may differ.",
+        "P100 compute (the published figures' GPUs, no measurement here): ASSUMED 220 images/s for ResNet-50 at batch 64, other models scaled by forward multiply-adds (ResNet-50 3.8 G, ResNet-101 7.6 G, VGG-16 15.3 G; He et al. 2016).",
+        f"Two schedules: 'no overlap' = compute, then one allreduce of all gradients; 'overlapped' = gradients leave in {BUCKET_BYTES >> 20} MiB buckets in reverse layer order as backprop produces them (backward = {BACKWARD_SHARE:.0%} of the step, ASSUMED, spread over layers by multiply-adds), buckets reduced one after another on the ring; the step ends when both compute and the last bucket are done.",
+        f"Parameter servers: one server per {PS_RATIO} workers (ASSUMED ratio), variables split evenly.",
+        "Transport 'ideal': full line rate per direction, the network's ASSUMED alpha (below), c = 0 - roughly NCCL over RDMA, the stack of the published figures. No prediction uses the alpha and c fitted on this machine: fitted on two oversubscribed cores they are CPU scheduling, not a network's latency (they made overlapped communication slower than none).",
+    ]
+
 
 # Published, never mixed with measured numbers (labelled in every table and plot).
 PUBLISHED = [
@@ -177,9 +196,9 @@ def _with_check(kind: str, alpha: float, bandwidth: float, points: Sequence[dict
     }
 
 
-def compute_seconds(model: str, gpu: str) -> float:
-    """Per-step compute time of ``model`` (see ASSUMPTIONS): measured where the GPU has a rate, else FLOP-scaled."""
-    rates = GPUS[gpu]["rates"]
+def compute_seconds(model: str, rates: dict[str, list[float]]) -> float:
+    """Per-step compute time of ``model`` (see ``assumptions``) from one GPU's ``rates``: measured where it has a rate,
+    else FLOP-scaled from its ResNet-50 rate."""
     if model in rates:
         rate, batch = rates[model]
         return batch / rate
@@ -216,41 +235,23 @@ def overlapped_step(t_compute: float, model: str, comm: Any) -> float:
     return max(t_compute, free)
 
 
-def predict(
-    *,
-    variant: str,
-    gpu: str,
-    ring_alpha: float | None = None,
-    ring_overhead: float = 0.0,
-    ps_alpha: float | None = None,
-    ring_efficiency: float = 1.0,
-    ps_efficiency: float = 1.0,
-    ethernet_only: bool = False,
-    workers: Sequence[int] = SCALE_WORKERS,
-) -> list[dict[str, Any]]:
-    """Scaling efficiency T_compute / T_step for every model, network and N, without and with overlap.
-
-    Alphas left None take each network's assumed alpha; ``*_efficiency``
-    scale the line rate to what a transport achieved (1.0 = line rate).
-    """
+def predict(gpu: str, rates: dict[str, list[float]], workers: Sequence[int] = SCALE_WORKERS) -> list[dict[str, Any]]:
+    """Scaling efficiency T_compute / T_step for every model, network and N, without and with overlap, on the ideal
+    transport (line rate, each network's assumed alpha) with ``gpu``'s ``rates`` (``gpus``)."""
     rows = []
     for model, spec in MODELS.items():
         nbytes = spec["params"] * 4
-        t_c = compute_seconds(model, gpu)
+        t_c = compute_seconds(model, rates)
         for net, link in NETWORKS.items():
-            if ethernet_only and not link["ethernet"]:
-                continue
-            a_ring = link["alpha_s"] if ring_alpha is None else ring_alpha
-            a_ps = link["alpha_s"] if ps_alpha is None else ps_alpha
-            bw = link["bytes_per_s"] * ring_efficiency
+            alpha, bw = link["alpha_s"], link["bytes_per_s"]
             for n in workers:
-                t_ring = ring_time(n, nbytes, a_ring, bw, ring_overhead)
-                t_ps = ps_time(n, max(1, n // PS_RATIO), nbytes, a_ps, link["bytes_per_s"] * ps_efficiency)
-                t_overlap = overlapped_step(t_c, model, lambda b, _n=n: ring_time(_n, b, a_ring, bw, ring_overhead))
+                t_ring = ring_time(n, nbytes, alpha, bw)
+                t_ps = ps_time(n, max(1, n // PS_RATIO), nbytes, alpha, bw)
+                t_overlap = overlapped_step(t_c, model, lambda b, _n=n: ring_time(_n, b, alpha, bw))
                 rows.append(
                     {
-                        "variant": variant, "model": model, "network": net, "gpu": gpu, "workers": n, "gradient_bytes": nbytes,
-                        "compute_s": t_c, "ring_comm_s": t_ring, "ps_comm_s": t_ps,
+                        "variant": "ideal transport", "model": model, "network": net, "gpu": gpu, "workers": n,
+                        "gradient_bytes": nbytes, "compute_s": t_c, "ring_comm_s": t_ring, "ps_comm_s": t_ps,
                         "ring_efficiency": t_c / (t_c + t_ring), "ring_overlapped_efficiency": t_c / t_overlap,
                         "ps_efficiency": t_c / (t_c + t_ps),
                     }

@@ -675,7 +675,7 @@ def _fit_rows(d: dict[str, Any]) -> list[list[str]]:
 def _model_section(d: dict[str, Any]) -> str:
     m = d["model"]
     out = [
-        "## 5. Cost model: fitted here, extrapolated with stated assumptions",
+        "## 5. Cost model: fitted here; extrapolated on an ideal transport with stated assumptions",
         "",
         "Ring allreduce: T = 2(N−1)/N · M/B + 2(N−1)·α + c. Parameter servers (P servers, N workers, each server link "
         "carries N·M/P each way): T = max(N/P, 2) · M/B + 2α. B, α and c are fitted (non-negative least squares on "
@@ -685,36 +685,25 @@ def _model_section(d: dict[str, Any]) -> str:
         table(["measured on", "transport", "fitted", "α", "c", "B", "B / link rate", "median model error"], _fit_rows(d)),
         "",
     ]
-    b = m.get("basis")
     out += [
         "**Extrapolation** (modelled, not measured). Scaling efficiency = T_compute / T_step, with T_compute from "
         "measured single-H100 training rates. *No overlap*: T_step = T_compute + T_comm. *Overlapped*: gradients leave "
         "in buckets as backprop produces them and are reduced one after another while earlier layers still "
-        "differentiate (the schedule hvdk8s and Horovod use; details under the assumptions). Two transports: *ideal* = line rate and an assumed RDMA-class α (NCCL-like, the "
-        "stack of the published figures); *this stack* = Ethernet at the fraction of the line rate and with the α and c "
-        "that Horovod/Open MPI over TCP and TF's gRPC parameter servers showed on the emulated links"
-        + (
-            f" ({b['reference_rate']}: ring α = {secs(b['ring_alpha_s'])}, c = {secs(b['ring_overhead_s'])}, "
-            f"{pct(b['ring_fraction_of_rate'])} of the rate; PS α = {secs(b['ps_alpha_s'])}, {pct(b['ps_fraction_of_rate'])} of the rate)."
-            if b else f" (not available: {m.get('this_stack_skipped')})."
-        )
-        + f" Parameter servers: one per {num(m['ps_ratio'])} workers.",
+        "differentiate (the schedule hvdk8s and Horovod use; details under the assumptions). Transport: line rate and "
+        "an assumed RDMA-class α (NCCL-like, the stack of the published figures). The α and c fitted above are not "
+        "extrapolated: on two oversubscribed cores they measure CPU scheduling, not a network's latency."
+        f" Parameter servers: one per {num(m['ps_ratio'])} workers.",
         "",
     ]
     by_key = {(p["variant"], p["gpu"], p["model"], p["network"], p["workers"]): p for p in m["predictions"]}
-    rows = []
-    for (variant, gpu, model_name, net, n), p in by_key.items():
-        if variant != "ideal transport" or gpu != "H100" or n not in PREDICTION_WORKERS:
-            continue
-        mine = by_key.get(("this stack", gpu, model_name, net, n))
-        rows.append([model_name, net, num(n), secs(p["compute_s"]), secs(p["ring_comm_s"]), pct(p["ring_efficiency"]),
-                     pct(p["ring_overlapped_efficiency"]), pct(p["ps_efficiency"]),
-                     *([pct(mine[k]) for k in ("ring_efficiency", "ring_overlapped_efficiency", "ps_efficiency")] if mine else ["–"] * 3)])
+    rows = [[model_name, net, num(n), secs(p["compute_s"]), secs(p["ring_comm_s"]), pct(p["ring_efficiency"]),
+             pct(p["ring_overlapped_efficiency"]), pct(p["ps_efficiency"])]
+            for (variant, gpu, model_name, net, n), p in by_key.items()
+            if variant == "ideal transport" and gpu == "H100" and n in PREDICTION_WORKERS]
     out += [
         "Predicted scaling efficiency, H100 compute (measured single-GPU rates):",
         "",
-        table(["model", "network", "N", "compute/step", "ring comm (ideal)", "ring E no overlap (ideal)", "ring E overlapped (ideal)",
-               "PS E (ideal)", "ring E no overlap (this stack)", "ring E overlapped (this stack)", "PS E (this stack)"], rows),
+        table(["model", "network", "N", "compute/step", "ring comm", "ring E no overlap", "ring E overlapped", "PS E"], rows),
         "",
         "**Published figures** (not measured here; P100 GPUs, Horovod with NCCL over 25 GbE) next to this model with "
         "P100-era compute at the same N:",
@@ -723,12 +712,11 @@ def _model_section(d: dict[str, Any]) -> str:
     rows = []
     for pub in m["published"]:
         keys = ("ring_efficiency", "ring_overlapped_efficiency") if pub["system"] == "Horovod" else ("ps_efficiency", None)
-        model_e = [by_key.get((v, "P100", pub["model"], "25 GbE", pub["workers"])) for v in ("ideal transport", "this stack")]
+        p = by_key.get(("ideal transport", "P100", pub["model"], "25 GbE", pub["workers"]))
         rows.append([pub["model"], num(pub["workers"]), pub["network"], pub["system"], pct(pub["efficiency"]), pub["source"],
-                     *[pct(p[k]) if p and k else "–" for p in model_e for k in keys]])
+                     *[pct(p[k]) if p and k else "–" for k in keys]])
     out += [
-        table(["model", "N", "network", "system", "published E", "source", "model no overlap (ideal)", "model overlapped (ideal)",
-               "model no overlap (this stack)", "model overlapped (this stack)"], rows),
+        table(["model", "N", "network", "system", "published E", "source", "model no overlap", "model overlapped"], rows),
         "",
         "![predicted efficiency](prediction.png)",
         "",

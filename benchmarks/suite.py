@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import analysis, envinfo, knobs, memcopy, netns, synthetic
+from . import analysis, costmodel, envinfo, knobs, memcopy, netns, synthetic
 from .launch import JobFailed, Launcher, base_env, interpreter, module_argv, probe_stack
 from .settings import HOROVOD_STRATEGIES, MANY_PROCESSES_ONLY, NO_TTA, ONE_PROCESS_ONLY, STRATEGY_LABELS, STRATEGY_MCA, Settings
 from .util import write_json_atomic
@@ -121,8 +121,9 @@ def job_count(s: Settings, emulated: bool) -> int:
 
 class Suite:
     def __init__(self, settings: Settings, out_dir: Path, command: list[str]) -> None:
-        """Refuses (``ValueError``) a stack knob that cannot run before anything is started or written."""
+        """Refuses (``ValueError``) a stack knob that cannot run, or missing H100 rates, before anything is started or written."""
         stacks = check_stacks(settings)
+        costmodel.gpus()  # the measured H100 rates the report extrapolates from: missing, nothing is started
         self.s = settings
         self.out = out_dir
         self.jobs = out_dir / "jobs"

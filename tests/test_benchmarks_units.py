@@ -65,7 +65,7 @@ def test_fit_ps_recovers_parameters() -> None:
 
 
 def test_predictions_follow_the_formulas_and_keep_published_apart() -> None:
-    rows = costmodel.predict(variant="ideal transport", gpu="H100", workers=(512,))
+    rows = costmodel.predict("H100", costmodel.gpus()["H100"]["rates"], workers=(512,))
     r101 = next(r for r in rows if r["model"] == "ResNet-101" and r["network"] == "25 GbE")
     nbytes = 44.5e6 * 4
     t_c = 256 / 2642  # the measured H100 rate, not a FLOP-scaled guess
@@ -78,11 +78,27 @@ def test_predictions_follow_the_formulas_and_keep_published_apart() -> None:
     assert all(p["source"] and p["system"] for p in costmodel.PUBLISHED)
 
 
-def test_h100_rates_are_the_shared_measurements() -> None:
-    measured = json.loads((REPO.parent / costmodel.H100_RATES_FILE).read_text())
+def test_h100_rates_are_read_from_the_shared_measurements(tmp_path: Path) -> None:
+    path = REPO.parent / "shared" / "measurements" / "h100_training_rates.json"
+    assert costmodel.H100_RATES_PATH == path  # ../shared/measurements beside the repository
+    measured = json.loads(path.read_text())
     names = {"resnet50": "ResNet-50", "resnet101": "ResNet-101", "vgg16": "VGG-16"}
     bf16 = {names[r["model"]]: [float(r["images_per_second"]), r["batch"]] for r in measured["rates"] if r["precision"].startswith("bf16")}
-    assert costmodel.GPUS["H100"]["rates"] == bf16
+    assert costmodel.gpus()["H100"]["rates"] == bf16
+    changed = {**measured, "rates": [{**r, "images_per_second": 2 * r["images_per_second"]} for r in measured["rates"]]}
+    (tmp_path / "rates.json").write_text(json.dumps(changed))
+    assert costmodel.gpus(tmp_path / "rates.json")["H100"]["rates"]["ResNet-50"] == [2 * bf16["ResNet-50"][0], 256]
+    with pytest.raises(ValueError, match=r"cannot read the measured H100 rates from .*missing.json"):
+        costmodel.gpus(tmp_path / "missing.json")
+
+
+def test_the_extrapolation_is_the_ideal_transport_only() -> None:
+    model = analysis.model({"sweep": []})
+    assert {p["variant"] for p in model["predictions"]} == {"ideal transport"} and "basis" not in model
+    for n in (128, 512):  # brackets the published 88% and 90% (ResNet-101, 25 GbE), unlike the CPU-fitted latencies did
+        r101 = next(p for p in model["predictions"] if p["model"] == "ResNet-101" and p["gpu"] == "P100" and p["network"] == "25 GbE"
+                    and p["workers"] == n)
+        assert r101["ring_efficiency"] < 0.88 and 0.90 < r101["ring_overlapped_efficiency"] <= 1
 
 
 def test_layer_tables_match_the_parameter_counts_and_buckets_follow_backprop() -> None:
