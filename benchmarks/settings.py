@@ -154,8 +154,13 @@ class Settings:
 
 
 PRESETS: dict[str, Settings] = {
-    # 23 minutes with --profile on an idle 2-core machine (bf9188c).
+    # 62 jobs with --profile: 22 minutes on an idle 2-core machine (about 20 s a job, 1de9d70), about an hour on a
+    # slower, shared 2-core VM (about a minute a job).
     "quick": Settings(preset="quick", rounds=2, models=2, windows=2),
+    # The headline only: hvdk8s with the raw loop's windows alternating in the same launches, N=1 and N=2, three
+    # rounds, and the allreduce microbenchmark; no time to accuracy, no emulated links (9 jobs, under ten minutes).
+    "brief": Settings(preset="brief", strategies=("hvdk8s",), rounds=3, models=2, windows=2, tta=False, emulated_rates=(),
+                      allreduce_sizes=tuple(4 ** k * 1024 for k in range(0, 8, 2)), allreduce_repeats=2),
     # Longer windows, three interleaved launches per configuration, bigger
     # messages and the 4096-wide MLP (134 MB of fp32 gradients).
     "full": Settings(

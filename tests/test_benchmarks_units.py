@@ -549,3 +549,31 @@ def test_synthetic_ratio_per_round_then_min_max_and_knobs_against_the_same_round
     assert tf_knob["hvdk8s_vs_baseline"]["median"] == 1.5 and tf_knob["raw_vs_baseline"]["median"] == 1.0
     assert tf_knob["hvdk8s_over_raw"]["median"] == 0.75
     assert report.over_launches(main["hvdk8s_over_raw"]) == "1 [0.9–1.1] (2)"
+
+
+def test_presets_state_their_job_counts_and_brief_is_the_headline_only() -> None:
+    brief = PRESETS["brief"]
+    assert suite.job_count(brief, emulated=False) == 2 * 3 + 3  # N=1,2 x 3 rounds of hvdk8s (raw loop alternating) + allreduce
+    assert brief.strategies == ("hvdk8s",) and not brief.tta and brief.emulated_rates == ()
+    assert suite.job_count(PRESETS["quick"], emulated=True) == 61
+    text = cli_help()
+    assert "61 jobs (+1 with --profile)" in text and "9 jobs" in text and "85 jobs" in text
+
+
+def cli_help() -> str:
+    return subprocess.run([sys.executable, "-m", "benchmarks", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60).stdout
+
+
+def test_headline_puts_emulated_links_and_horovods_scripts_beside_shared_memory_with_n1_beside_n2() -> None:
+    one = {"n": 1, "median": 1.5, "q1": 1.5, "q3": 1.5, "min": 1.5, "max": 1.5, "spread": 0.0}
+    two = {"n": 3, "median": 0.98, "q1": 0.97, "q3": 0.99, "min": 0.96, "max": 1.0, "spread": 0.04}
+    d = {"ratios": {"paired": [{"workload": "mlp", "strategy": "hvdk8s", "workers": 1, "ratio": one},
+                               {"workload": "mlp", "strategy": "hvdk8s", "workers": 2, "ratio": two}], "rounds": [],
+                    "time_to_accuracy": []},
+         "emulated": {"rates": [{"rate": "1gbit", "training_paired": [{"workload": "mlp", "strategy": "hvdk8s", "workers": 2, "ratio": two}]}]},
+         "synthetic": [{"section": "synthetic", "knob": "baseline", "model": "ResNet50", "workers": 2, "hvdk8s_over_raw": two}]}
+    lines = report._ratio_section(d).splitlines()
+    assert "| workload | measured as | hvdk8s / raw loop, N=1 | hvdk8s / raw loop, N=2 |" in lines
+    assert "| mlp | shared memory, alternating windows | 1.5 (1) | 0.98 [0.96–1] (3) |" in lines
+    assert "| mlp | emulated 1gbit links, alternating windows | – | 0.98 [0.96–1] (3) |" in lines
+    assert "| horovod-synthetic:ResNet50 | Horovod's scripts, separate launches | – | 0.98 [0.96–1] (3) |" in lines
