@@ -2,6 +2,11 @@
 
     hvdk8s run -np 2 examples/train_digits.py --epochs 12 --save out/model.keras
 
+Elastic, surviving a killed worker on one machine (see examples/discover_local.sh):
+
+    hvdk8s run -np 2 --min-np 1 --max-np 2 --host-discovery-script examples/discover_local.sh \
+        --network-interface lo examples/train_digits.py --elastic
+
 The same file runs unchanged as a Kubeflow MPIJob (see mpijob/examples/).
 Only rank 0 prints, checkpoints, saves and writes metrics.
 """
@@ -76,7 +81,9 @@ def main() -> None:
         @hvdk8s.elastic.run
         def elastic_fit(state: hvdk8s.elastic.KerasState) -> None:
             if hvdk8s.is_chief():
-                print(f"elastic: training on {hvdk8s.size()} ranks from epoch {state.epoch}", flush=True)
+                # the step restored from the last commit after a worker was lost (no committed step lost)
+                step = int(model.optimizer.iterations.numpy())
+                print(f"elastic: training on {hvdk8s.size()} ranks from epoch {state.epoch}, step {step}", flush=True)
             fit(0, args.epochs - state.epoch, elastic_callbacks)
 
         elastic_fit(state)

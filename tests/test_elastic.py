@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +48,73 @@ def test_job_survives_losing_a_rank_and_resumes_from_the_last_commit(tmp_path: P
     # epoch, twice the steps of a 2-rank epoch
     left = 12 - done
     assert re.search(rf"^\[0\] Epoch {left}/{left}: 100%\S* 44/44", out, re.M), out[-3000:]
+    accuracy = float(re.search(r"test accuracy (\d\.\d+)", out).group(1))
+    assert accuracy >= 0.9
+
+
+# The README's local elastic command (examples/discover_local.sh lists localhost:1 and 127.0.0.1:1).
+README_ELASTIC = [
+    "run", "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script", "examples/discover_local.sh",
+    "--network-interface", "lo", "examples/train_digits.py", "--elastic",
+]  # fmt: skip
+STEPS_PER_EPOCH = 22  # 1437 training digits, batches of 32 per rank, on 2 ranks
+
+
+def descendants(root: int) -> set[int]:
+    """The processes under ``root`` (from /proc's parent links)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            continue
+    found, frontier = set(), {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def worker_pids(root: int, host: str) -> list[int]:
+    """The training processes under ``root`` that horovodrun started on ``host`` (their HOROVOD_HOSTNAME)."""
+    found = []
+    for pid in descendants(root):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"HOROVOD_HOSTNAME={host}".encode() in env and b"train_digits.py" in cmdline:
+            found.append(pid)
+    return found
+
+
+def test_readme_local_elastic_command_survives_a_killed_worker() -> None:
+    lines: list[str] = []
+    killed: list[int] = []
+    with subprocess.Popen([HVDK8S, *README_ELASTIC], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, env=job_env()) as job:
+        assert job.stdout is not None
+        for line in job.stdout:
+            lines.append(line)
+            # horovodrun prefixes a worker's lines with its process index, not its (changing) rank
+            if not killed and re.match(r"^\[\d\] Epoch 2/12: 100%", line):
+                time.sleep(1.0)  # into epoch 3
+                killed = worker_pids(job.pid, "127.0.0.1")
+                for pid in killed:
+                    os.kill(pid, signal.SIGKILL)
+        job.wait(timeout=300)
+    out = "".join(lines)
+    assert killed, out[-3000:]
+    assert job.returncode == 0, out[-3000:]
+    assert re.search(r"^\[\d\] elastic: training on 2 ranks from epoch 0, step 0$", out, re.M), out[-3000:]
+    resumed = re.search(r"^\[\d\] elastic: training on 1 ranks from epoch (\d+), step (\d+)$", out, re.M)
+    assert resumed, out[-3000:]
+    epoch, step = int(resumed.group(1)), int(resumed.group(2))
+    # The survivor went back to its last commit, taken after every batch: all of epochs 1-2 and what it
+    # committed of epoch 3 (the epoch count and the optimizer's step count come from the same commit).
+    assert 2 * STEPS_PER_EPOCH <= step < 12 * STEPS_PER_EPOCH
+    assert epoch == step // STEPS_PER_EPOCH
     accuracy = float(re.search(r"test accuracy (\d\.\d+)", out).group(1))
     assert accuracy >= 0.9
 
