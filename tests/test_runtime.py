@@ -10,10 +10,12 @@ def test_placement_counts_ranks_per_host_sorted() -> None:
 
 def test_exported_names_stay_functions_after_their_modules_are_imported() -> None:
     import importlib
+    import pkgutil
 
     import hvdk8s
 
-    for name, module in hvdk8s._EXPORTS.items():
-        first = getattr(hvdk8s, name)
-        importlib.import_module(module)  # a submodule import binds its name on the package
-        assert getattr(hvdk8s, name) is first, f"hvdk8s.{name} became {getattr(hvdk8s, name)!r}"
+    first = {name: getattr(hvdk8s, name) for name in hvdk8s.__all__}
+    for module in pkgutil.iter_modules(hvdk8s.__path__):
+        importlib.import_module(f"hvdk8s.{module.name}")  # a submodule import binds its name on the package
+    changed = {name: getattr(hvdk8s, name) for name, value in first.items() if getattr(hvdk8s, name) is not value}
+    assert not changed, f"rebound by a submodule import: {changed}"
