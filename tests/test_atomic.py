@@ -10,6 +10,8 @@ import pytest
 
 from hvdk8s import atomic
 
+pytestmark = pytest.mark.unit
+
 
 def test_write_replaces_the_file_with_open_s_mode_and_leaves_no_temporary(tmp_path: Path) -> None:
     target = tmp_path / "sub" / "job.yaml"

@@ -7,6 +7,8 @@ import pytest
 from hvdk8s.benchmarks import trainers, workloads
 from hvdk8s.benchmarks.settings import Workload
 
+pytestmark = pytest.mark.unit
+
 WL = Workload("mlp", 4, 8)
 
 

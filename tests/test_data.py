@@ -10,6 +10,8 @@ from PIL import Image
 
 from hvdk8s import data
 
+pytestmark = pytest.mark.unit
+
 
 def elements(ds: tf.data.Dataset) -> list[int]:
     return [int(x) for x in ds.as_numpy_iterator()]

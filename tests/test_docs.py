@@ -18,6 +18,8 @@ import pytest
 
 from conftest import REPO
 
+pytestmark = pytest.mark.unit
+
 README_BUDGET_LINES = 250
 PUBLIC_MODULES = ["hvdk8s.runtime", "hvdk8s.optimizer", "hvdk8s.callbacks", "hvdk8s.defaults", "hvdk8s.checkpoint",
                   "hvdk8s.loading", "hvdk8s.elastic", "hvdk8s.data", "hvdk8s.models", "hvdk8s.observability"]  # fmt: skip

@@ -21,6 +21,8 @@ from hvdk8s.launcher import jobstatus, kube, kubeerrors, watch
 
 from kube_double import RUNTIMES, TRAINJOBS, KubeDouble, Step, failing, succeeding, trainjob_succeeding
 
+pytestmark = pytest.mark.unit
+
 NS = "team"
 WATCH = f"/apis/kubeflow.org/v2beta1/namespaces/{NS}/mpijobs"
 TRAINING_LOG = [f"epoch {i}/6 loss={1 / i:.3f}" for i in range(1, 7)]

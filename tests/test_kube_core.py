@@ -10,6 +10,8 @@ from hvdk8s.launcher import jobstatus, kubeerrors
 from hvdk8s.k8s import resolve_namespace
 from hvdk8s.launcher.kubeerrors import MPIJOBS, Action
 
+pytestmark = pytest.mark.unit
+
 
 def cond(type_: str, status: str = "True", reason: str = "", message: str = "") -> dict:
     return {"type": type_, "status": status, "reason": reason, "message": message,

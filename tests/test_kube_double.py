@@ -10,6 +10,8 @@ import urllib3
 
 from kube_double import CRD_PATH, KubeDouble, crd_schema
 
+pytestmark = pytest.mark.unit
+
 JOBS = "/apis/kubeflow.org/v2beta1/namespaces/ns/mpijobs"
 VALID = {
     "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": "j"},

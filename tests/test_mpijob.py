@@ -28,6 +28,8 @@ from hvdk8s.mpijob import (
 )
 from hvdk8s.mpijob.spec import JobSpec
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "mpijob" / "examples"
 WAIT = ["python", "-m", "hvdk8s.launcher.hosts", "wait"]

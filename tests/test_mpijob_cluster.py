@@ -20,6 +20,8 @@ from hvdk8s.mpijob.render import launcher_command
 from test_mpijob import BASE, errors_of, launcher, mpirun_of, run_render, worker_pod
 from test_mpijob_schema import crd_errors, pod_errors, strict_validator, template_errors
 
+pytestmark = pytest.mark.unit
+
 SCHEMAS = Path(__file__).resolve().parents[2] / "shared" / "schemas"
 EXAMPLES = Path(__file__).resolve().parents[1] / "mpijob" / "examples"
 

@@ -16,6 +16,8 @@ from hvdk8s.mpijob import SpecError, load_spec, render, render_trainjob
 from hvdk8s.mpijob.trainjob import checked_render_trainjob
 from test_mpijob import BASE, EXAMPLES, WAIT, errors_of, launcher, mpirun_of
 
+pytestmark = pytest.mark.unit
+
 ISTIO = "sidecar.istio.io/inject"
 
 

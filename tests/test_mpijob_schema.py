@@ -21,6 +21,8 @@ import yaml
 from hvdk8s.mpijob import load_spec, render, render_podmonitor
 from kube_double import crd_schema
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((REPO / "mpijob" / "examples").glob("*.mpijob.yaml"))
 # Oldest and newest Kubernetes versions whose pod schema the manifests must fit.

@@ -23,6 +23,8 @@ from hvdk8s.pipeline.load import from_data
 from argo_model import DEADLINE_MESSAGE, DELETED_MESSAGE, Cluster, Node, Run, match_conditions, parse_selector
 from test_pipeline import EXAMPLE, minimal
 
+pytestmark = pytest.mark.unit
+
 ISTIO = "sidecar.istio.io/inject"
 
 

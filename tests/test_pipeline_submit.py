@@ -26,6 +26,8 @@ from hvdk8s.pipeline import argo, load_pipeline, submit
 from kube_double import ApiError, _json, _QuietHandler, metadata_causes, schema_causes
 from test_pipeline import EXAMPLE, argo_validator
 
+pytestmark = pytest.mark.unit
+
 NS = "team"
 PREFIX = "/apis/argoproj.io/v1alpha1/namespaces/<ns>/workflows"
 

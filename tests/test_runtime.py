@@ -1,5 +1,9 @@
 """Process-level helpers that need no MPI job."""
+import pytest
+
 from hvdk8s.runtime import placement
+
+pytestmark = pytest.mark.unit
 
 
 def test_placement_counts_ranks_per_host_sorted() -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 # In the test process TensorFlow may already run (earlier in-process tests), so init cannot pin threads.
-pytestmark = pytest.mark.filterwarnings("ignore:.*device and thread pinning skipped:UserWarning")
+pytestmark = [pytest.mark.unit, pytest.mark.filterwarnings("ignore:.*device and thread pinning skipped:UserWarning")]
 
 STEPS, EPOCHS = 6, 3
 
