@@ -63,6 +63,8 @@ class Workload:
     mlp_width: int = 0  # only for "mlp": input and hidden width
 
     def describe(self) -> str:
+        if model := synthetic.model_of(self.name):
+            return f"keras.applications.{model} on 224x224x3 images, 1000 classes (Horovod's synthetic benchmark model)"
         if self.name == "cnn":
             return "hvdk8s.models.cnn on 28x28x1 images (compute-bound)"
         return f"MLP {self.mlp_width}-{self.mlp_width}-{self.mlp_width}-10, VGG-head-like (communication-heavy)"
@@ -139,6 +141,8 @@ class Settings:
             return Workload("cnn", self.cnn_batch)
         if name == "mlp":
             return Workload("mlp", self.mlp_batch, self.mlp_width)
+        if model := synthetic.model_of(name):  # the suite's own harnesses (the profile) on Horovod's benchmark model
+            return Workload(name, synthetic.batch(model))
         raise ValueError(f"workload {name!r}: expected one of {WORKLOADS}")
 
     def to_json(self) -> dict[str, Any]:

@@ -110,7 +110,7 @@ def emulated_train_configs(s: Settings) -> list[tuple[int, str]]:
 
 def job_count(s: Settings, emulated: bool) -> int:
     knob_jobs = sum((1 if s.suite_workloads else 0) + len(knob_synthetic_configs(s, r)) for r, _ in knob_configs(s))
-    profile = int(s.profile and bool(s.suite_workloads))
+    profile = int(s.profile)
     # + allreduce: default, fusion off, fast cycle
     count = len(training_configs(s)) + len(synthetic_configs(s)) + 3 + profile + knob_jobs
     if emulated:
@@ -171,7 +171,9 @@ class Suite:
         knob: knobs.Knob | None = None, profile: bool = False,
     ) -> dict[str, Any]:
         own_threads = bool(knob and knob.thread_policy)
-        job = self._job_file(name, {"settings": settings.to_json(), "workloads": list(settings.suite_workloads), "tta": tta,
+        # the profile also breaks down Horovod's synthetic models' steps (in the suite's harnesses, at equal threads)
+        workloads = settings.workloads if profile else settings.suite_workloads
+        job = self._job_file(name, {"settings": settings.to_json(), "workloads": list(workloads), "tta": tta,
                                     "seed": seed, "own_threads": own_threads})
         out = self.jobs / f"{name}.result.json"
         args = ["--strategy", strategy, "--job", str(job), "--out", str(out), *(["--profile"] if profile else [])]
@@ -224,7 +226,7 @@ class Suite:
 
     def profile(self) -> None:
         """Per-phase breakdown of hvdk8s's and the raw loop's step at N=2, and a Horovod timeline of hvdk8s's."""
-        if not self.s.profile or not self.s.suite_workloads:
+        if not self.s.profile:
             return
         run = self._attempt("profile hvdk8s and raw loop N=2", lambda: self._train_job(
             "profile", self.s, "hvdk8s", 2, tta=False, seed=0, profile=True, knob=knobs.Knob({"HOROVOD_TIMELINE": "DYNAMIC"})))

@@ -11,18 +11,25 @@ import tensorflow as tf
 import hvdk8s.data
 import hvdk8s.models
 
+from . import synthetic
 from .settings import Workload
 
 INPUT_SHAPE = {"cnn": (28, 28, 1)}
-NUM_CLASSES = 10
+APPLICATION_SHAPE = (224, 224, 3)  # Horovod's synthetic benchmarks' images
+NUM_CLASSES = 10  # labels of the synthetic batches: valid for the 1000-class keras.applications models too
 
 
 def input_shape(workload: Workload) -> tuple[int, ...]:
+    if synthetic.model_of(workload.name):
+        return APPLICATION_SHAPE
     return INPUT_SHAPE.get(workload.name, (workload.mlp_width,))
 
 
 def build_model(workload: Workload, seed: int = 0) -> keras.Model:
-    """The compute-bound CNN is the library's own digits model; the MLP is all dense weights."""
+    """The compute-bound CNN is the library's own digits model; the MLP is all dense weights; a
+    ``horovod-synthetic:<Model>`` workload is that keras.applications model, as Horovod's benchmark builds it."""
+    if model := synthetic.model_of(workload.name):
+        return getattr(keras.applications, model)(weights=None)  # initial weights: each harness broadcasts rank 0's
     if workload.name == "cnn":
         return hvdk8s.models.cnn("cnn", input_shape=INPUT_SHAPE["cnn"], seed=seed)
     init = keras.initializers.GlorotUniform(seed=seed)
