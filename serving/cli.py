@@ -42,20 +42,44 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     serve = sub.add_parser(
         "serve",
-        help="serve a model base path with TensorFlow Serving's REST API",
+        help="serve a model base path with TensorFlow Serving's REST and gRPC APIs",
         description="Serve the newest version under MODEL_BASE_PATH at /v1/models/NAME "
-        "(status, metadata, :predict) and pick up new versions without a restart.",
+        "(status, metadata, :predict, :classify, :regress; gRPC Predict, Classify, Regress, MultiInference) "
+        "and pick up new versions without a restart. TF Serving's own command line works too: "
+        "--model_base_path/--model_name or --model_config_file instead of MODEL_BASE_PATH, and then "
+        "--port is the gRPC port and --rest_api_port the REST port, as in tensorflow_model_server.",
     )
-    serve.add_argument("base_path", type=Path, metavar="MODEL_BASE_PATH")
-    serve.add_argument("--name", help="model name in URLs (default: the folder name)")
+    serve.add_argument("base_path", type=Path, metavar="MODEL_BASE_PATH", nargs="?",
+                       help="model base path (its integer sub-folders are versions)")
+    serve.add_argument("--model_base_path", type=Path, metavar="PATH", help="TF Serving's spelling of MODEL_BASE_PATH")
+    serve.add_argument("--name", "--model_name", dest="name", help="model name in URLs (default: the folder name)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all)")
-    serve.add_argument("--port", type=int, default=8501, help="REST port (0: any free port)")
-    serve.add_argument("--grpc-port", type=int, default=8500, help="gRPC port (0: any free port)")
+    serve.add_argument("--port", type=_positive(int, zero=True),
+                       help="with MODEL_BASE_PATH: the REST port (default 8501); with TF Serving's --model_base_path "
+                       "or --model_config_file: the gRPC port (default 8500); 0: any free port")
+    serve.add_argument("--rest_api_port", type=_positive(int, zero=True), metavar="PORT",
+                       help="REST port (default 8501; 0: any free port, where TF Serving would turn REST off)")
+    serve.add_argument("--grpc-port", type=_positive(int, zero=True),
+                       help="gRPC port (default 8500; any free port when the REST port is 0)")
+    serve.add_argument("--grpc_socket_path", metavar="PATH", help="also serve gRPC on this Unix socket")
+    serve.add_argument("--grpc_channel_arguments", default="", metavar="K=V,...",
+                       help="gRPC server arguments, e.g. grpc.max_connection_age_ms=2000 (ints where they parse)")
+    serve.add_argument("--rest_api_timeout_in_ms", type=_positive(int), metavar="MS",
+                       help="a REST request whose model call takes longer gets 504 DEADLINE_EXCEEDED "
+                       "(default: no limit; TF Serving's default is 30000)")
+    serve.add_argument("--model_config_file", type=Path, metavar="FILE",
+                       help="TF Serving's ModelServerConfig text proto: several models, version policies, labels")
+    serve.add_argument("--model_config_file_poll_wait_seconds", type=_positive(int, zero=True), default=0,
+                       metavar="S", help="re-read --model_config_file every S seconds (default 0: never)")
+    serve.add_argument("--monitoring_config_file", type=Path, metavar="FILE",
+                       help="TF Serving's MonitoringConfig text proto: prometheus_config { enable: true } serves "
+                       "Prometheus metrics at /monitoring/prometheus/metrics on the REST port")
     serve.add_argument(
         "--max-request-bytes", type=_positive(int), help="larger request bodies get HTTP 413 (default 16 MiB)"
     )
     serve.add_argument(
-        "--poll-seconds", type=_positive(float), default=1.0, help="how often to look for new versions (default 1)"
+        "--poll-seconds", "--file_system_poll_wait_seconds", dest="poll_seconds", type=_positive(float), default=1.0,
+        help="how often to look for new versions (default 1)"
     )
     serve.add_argument(
         "--num-versions", type=_positive(int), default=1, help="how many of the newest versions to keep loaded"
@@ -164,14 +188,10 @@ def _class_names(value: str | None) -> list[str] | None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    if not args.model.is_file():
-        raise UserError(f"model {args.model}: no such file")
-    import keras
-
     from hvdk8s.serving import savedmodel
 
-    model = keras.models.load_model(args.model, compile=False)
     try:
+        model = savedmodel.load_keras_model(args.model)
         path = savedmodel.export(
             model,
             args.base_path,
@@ -214,21 +234,31 @@ def _select(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from hvdk8s.serving import batching, server
+    from hvdk8s.serving import batching, grpc_server, monitoring, server
 
     if args.batching_parameters_file and not args.enable_batching:
         raise UserError("--batching_parameters_file needs --enable_batching=true")
     try:
+        base_path = _base_path(args)
+        rest_port, grpc_port = serve_ports(args)
         params = None
         if args.enable_batching:
             params = (batching.read_parameters_file(args.batching_parameters_file)
                       if args.batching_parameters_file else batching.BatchingParameters())
+        prometheus = (monitoring.read_config(args.monitoring_config_file) if args.monitoring_config_file
+                      else monitoring.PrometheusConfig())
         server.serve(
-            args.base_path,
+            base_path,
             name=args.name,
+            model_config_file=args.model_config_file,
+            config_poll_seconds=args.model_config_file_poll_wait_seconds,
             host=args.host,
-            port=args.port,
-            grpc_port=args.grpc_port,
+            port=rest_port,
+            grpc_port=grpc_port,
+            grpc_socket_path=args.grpc_socket_path,
+            grpc_options=grpc_server.channel_arguments(args.grpc_channel_arguments),
+            rest_timeout_ms=args.rest_api_timeout_in_ms,
+            metrics_path=prometheus.path if prometheus.enable else None,
             max_request_bytes=args.max_request_bytes or server.DEFAULT_MAX_REQUEST_BYTES,
             poll_seconds=args.poll_seconds,
             num_versions=args.num_versions,
@@ -241,7 +271,43 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _base_path(args: argparse.Namespace) -> Path | None:
+    """The one model source given: MODEL_BASE_PATH, --model_base_path or --model_config_file."""
+    given = [flag for flag, value in (("MODEL_BASE_PATH", args.base_path), ("--model_base_path", args.model_base_path),
+                                      ("--model_config_file", args.model_config_file)) if value is not None]
+    if len(given) != 1:
+        raise UserError("give one of MODEL_BASE_PATH, --model_base_path or --model_config_file"
+                        + (f" (got {' and '.join(given)})" if given else ""))
+    if args.model_config_file is not None and args.name:
+        raise UserError("--model_name names the model of --model_base_path; with --model_config_file each "
+                        "model's name is in the file")
+    return args.base_path or args.model_base_path
+
+
+def serve_ports(args: argparse.Namespace) -> tuple[int, int | None]:
+    """(REST port, gRPC port or None for the server's default) from hvdk8s's or TF Serving's flags.
+
+    With a positional MODEL_BASE_PATH ``--port`` is the REST port (hvdk8s);
+    with ``--model_base_path``/``--model_config_file`` it is the gRPC port,
+    as tensorflow_model_server reads it, so its command line works unchanged.
+    """
+    tf_serving = args.base_path is None
+    if tf_serving:
+        if args.port is not None and args.grpc_port is not None:
+            raise UserError("--port and --grpc-port both set the gRPC port (TF Serving's flags: --port is gRPC)")
+        rest = args.rest_api_port if args.rest_api_port is not None else 8501
+        return rest, args.port if args.port is not None else args.grpc_port
+    if args.port is not None and args.rest_api_port is not None:
+        raise UserError("--port and --rest_api_port both set the REST port with MODEL_BASE_PATH")
+    rest = next((p for p in (args.port, args.rest_api_port) if p is not None), 8501)
+    return rest, args.grpc_port
+
+
 def _read_images(paths: list[Path], flag: str) -> list[bytes]:
+    folders = [str(p) for p in paths if p.is_dir()]
+    if folders:
+        raise UserError(f"{flag}: {', '.join(folders)}: a directory; expected image files (JPEG or PNG), "
+                        f"e.g. {Path(folders[0]) / '*.png'}")
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise UserError(f"{flag}: no such file: {', '.join(missing)}")

@@ -1,40 +1,40 @@
-"""What the REST and gRPC front ends share: the model versions and one way to run them.
+"""What the REST and gRPC front ends share: the models, their versions, and one way to run them.
 
 Both APIs resolve a model spec (name, version or label) against the same
-``ModelRepository`` and hand their decoded input arrays to the same
-executor — the ``Batcher`` (on by default) or ``Unbatched`` — so a REST and
-a gRPC request can share a batch and both see the same errors.
+``Models`` and hand their decoded input arrays to the same executor — the
+``Batcher`` (on by default) or ``Unbatched`` — so a REST and a gRPC request
+can share a batch and both see the same errors. Classify and Regress
+(``examples``) run through the same executor, their serialized
+``tf.Example`` vector as the signature's one input.
 """
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 
 import numpy as np
 
-from hvdk8s.serving import rest
+from hvdk8s.serving import examples, rest
 from hvdk8s.serving.batching import Batcher, BatchingParameters, Unbatched
+from hvdk8s.serving.registry import Models
 from hvdk8s.serving.repository import ModelRepository, Servable
 
 
 class ServingCore:
-    def __init__(self, repository: ModelRepository, batching: BatchingParameters | None = BatchingParameters()):
-        self.repository = repository
+    def __init__(self, models: Models | ModelRepository, batching: BatchingParameters | None = BatchingParameters()):
+        self.models = models if isinstance(models, Models) else Models.of(models)
         self.batching = batching
         self.executor: Batcher | Unbatched = Batcher(batching, _run) if batching else Unbatched(_run)
 
     def servable(self, model: str, version: int | None = None, label: str | None = None) -> Servable:
-        """The version a request addresses; labels need a model config file, which this server has not."""
-        if label is not None:
-            raise rest.unknown_label(label)
-        return self.repository.get(model, version)
+        """The version a request addresses (by number, label, or the newest)."""
+        return self.models.get(model, version, label)
 
     def status(self, model: str, version: int | None = None, label: str | None = None) -> dict:
-        if label is not None:
-            raise rest.unknown_label(label)
-        return rest.status_response(self.repository.status(model, version))
+        """GetModelStatusResponse as JSON (TF Serving's REST answer; gRPC parses it into the message)."""
+        return rest.status_response(self.models.status(model, version, label))
 
     def submit(self, servable: Servable, signature: str, inputs: Mapping[str, np.ndarray]) -> Future:
         """The future outputs of one predict call (batched with others when batching is on)."""
@@ -45,6 +45,13 @@ class ServingCore:
         """``submit`` for a caller on the running event loop (the REST server)."""
         servable.check(signature, inputs)
         return self.executor.submit_async(servable, signature, inputs)
+
+    def submit_examples(self, api: str, servable: Servable, signature: str, serialized: Sequence[bytes],
+                        on_loop: bool = False) -> Future | asyncio.Future:
+        """Classify or Regress: the signature checked, then run on the serialized examples like a predict call."""
+        examples.check_signature(api, signature, servable.signature_defs)
+        inputs = examples.input_tensor(serialized)
+        return (self.submit_async if on_loop else self.submit)(servable, signature, inputs)
 
     def close(self) -> None:
         self.executor.close()

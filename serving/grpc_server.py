@@ -1,16 +1,22 @@
 """TensorFlow Serving's gRPC API (port 8500) on the official generated stubs.
 
-``PredictionService.Predict`` and ``GetModelMetadata`` and
-``ModelService.GetModelStatus``, implemented with the servicer base classes
-of ``tensorflow-serving-api``, so the official ``PredictionServiceStub``
-client works unchanged. Requests go through the same ``ServingCore`` as
-REST (same versions, same batching, same error codes and messages); other
-methods of the services answer UNIMPLEMENTED, as the base classes do.
+``PredictionService`` (Predict, Classify, Regress, MultiInference,
+GetModelMetadata), ``ModelService.GetModelStatus`` and the profiler's
+``tensorflow.ProfilerService``, as TF Serving serves them on its gRPC port
+(tensorflow_serving/model_servers/server.cc at the snapshot cited in
+``examples``), implemented with the servicer base classes of
+``tensorflow-serving-api``, so the official stubs work unchanged. Requests
+go through the same ``ServingCore`` as REST (same versions, same batching,
+same error codes and messages); outputs come back in the typed ``*_val``
+fields, as TF Serving's ``Tensor::AsProtoField`` fills them.
+``HandleReloadConfigRequest`` answers UNIMPLEMENTED, as the base class does.
 """
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import socket
+import threading
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -18,33 +24,95 @@ import grpc
 import numpy as np
 import tensorflow as tf
 from google.protobuf import any_pb2, json_format
+from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import (
+    classification_pb2,
     get_model_metadata_pb2,
     get_model_status_pb2,
+    inference_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
+    regression_pb2,
 )
 
-from hvdk8s.serving import rest
+from hvdk8s.serving import examples, rest
 from hvdk8s.serving.core import ServingCore
 
 SIGNATURE_DEF = "signature_def"  # the one metadata field TF Serving knows
+PROFILER_SERVICE = "/tensorflow.ProfilerService/"
+MAX_MESSAGE_BYTES = 2**31 - 1  # server.cc: builder.SetMaxMessageSize(numeric_limits<int32_t>::max())
 
 
-def create_server(core: ServingCore, host: str, port: int, threads: int = 64) -> tuple[grpc.Server, int]:
-    """A bound, not yet started server and its port (``port`` 0: any free port)."""
-    server = grpc.server(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"))
+def create_server(
+    core: ServingCore, host: str, port: int, threads: int = 64, *, socket_path: str | None = None,
+    options: Sequence[tuple[str, int | str]] = (),
+) -> tuple[grpc.Server, int]:
+    """A bound, not yet started server and its TCP port (``port`` 0: any free port).
+
+    ``socket_path``: also listen on that Unix socket (``--grpc_socket_path``);
+    ``options``: gRPC channel arguments (``--grpc_channel_arguments``).
+    """
+    base = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+    server = grpc.server(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grpc"),
+                         handlers=[_ProfilerProxy()], options=[*base, *options])
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(_PredictionService(core), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(_ModelService(core), server)
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    try:
-        bound = server.add_insecure_port(address)
-    except RuntimeError as err:
-        raise ValueError(f"cannot listen on {address} for gRPC: {err}") from None
-    if not bound:
-        raise ValueError(f"cannot listen on {address} for gRPC")
+    addresses = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    if socket_path:
+        addresses.append(f"unix:{socket_path}")
+    bound = 0
+    for address in addresses:
+        try:
+            got = server.add_insecure_port(address)
+        except RuntimeError as err:
+            raise ValueError(f"cannot listen on {address} for gRPC: {err}") from None
+        if not got:
+            raise ValueError(f"cannot listen on {address} for gRPC")
+        bound = bound or got
     return server, bound
+
+
+def channel_arguments(text: str) -> list[tuple[str, int | str]]:
+    """``--grpc_channel_arguments`` as TF Serving parses it: ``key=value`` pairs, comma-separated, int where one parses."""
+    pairs = []
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--grpc_channel_arguments: {item!r} is not key=value")
+        try:
+            number = int(value)
+        except ValueError:
+            pairs.append((key, value))
+        else:
+            pairs.append((key, number) if -2**31 <= number < 2**31 else (key, value))
+    return pairs
+
+
+def tensor_proto(array: np.ndarray) -> Any:
+    """A TensorProto with the values in its typed field (``float_val``, ``int64_val``...), not ``tensor_content``."""
+    array = np.asarray(array)
+    proto = tf.make_tensor_proto(array)
+    field = _TYPED_FIELDS.get(proto.dtype)
+    if field is None or not proto.tensor_content:
+        return proto
+    proto.tensor_content = b""
+    flat = array.ravel()
+    if proto.dtype in (types_pb2.DT_HALF, types_pb2.DT_BFLOAT16):
+        flat = flat.view(np.uint16)  # half_val holds the 16-bit patterns
+    elif flat.dtype.kind == "c":
+        flat = flat.view(flat.real.dtype)  # real and imaginary parts interleaved
+    getattr(proto, field).extend(flat.tolist())
+    return proto
+
+
+_TYPED_FIELDS = {
+    types_pb2.DT_FLOAT: "float_val", types_pb2.DT_DOUBLE: "double_val", types_pb2.DT_INT32: "int_val",
+    types_pb2.DT_INT16: "int_val", types_pb2.DT_INT8: "int_val", types_pb2.DT_UINT8: "int_val",
+    types_pb2.DT_UINT16: "int_val", types_pb2.DT_INT64: "int64_val", types_pb2.DT_UINT32: "uint32_val",
+    types_pb2.DT_UINT64: "uint64_val", types_pb2.DT_BOOL: "bool_val", types_pb2.DT_HALF: "half_val",
+    types_pb2.DT_BFLOAT16: "half_val", types_pb2.DT_COMPLEX64: "scomplex_val", types_pb2.DT_COMPLEX128: "dcomplex_val",
+}
 
 
 def inputs_from_protos(tensors: Any, specs: dict[str, rest.InputSpec]) -> dict[str, np.ndarray]:
@@ -88,8 +156,63 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             response = predict_pb2.PredictResponse()
             _fill_spec(response.model_spec, spec.name, servable.version, signature)
             for name in wanted:
-                response.outputs[name].CopyFrom(tf.make_tensor_proto(outputs[name]))
+                response.outputs[name].CopyFrom(tensor_proto(outputs[name]))
             return response
+
+    def Classify(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with _status(context):
+            response = classification_pb2.ClassificationResponse()
+            self._examples(examples.CLASSIFY, request.model_spec, examples.from_input(request.input),
+                           response.model_spec, response.result)
+            return response
+
+    def Regress(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with _status(context):
+            response = regression_pb2.RegressionResponse()
+            self._examples(examples.REGRESS, request.model_spec, examples.from_input(request.input),
+                           response.model_spec, response.result)
+            return response
+
+    def MultiInference(self, request: Any, context: grpc.ServicerContext) -> Any:
+        """Several classify/regress signatures of one model on the same examples (multi_inference.cc's checks)."""
+        with _status(context):
+            tasks = list(request.tasks)
+            names, signatures = set(), set()
+            for task in tasks:
+                if not task.model_spec.name:
+                    raise rest.invalid("Found ModelSpec with an empty model name.")
+                names.add(task.model_spec.name)
+                if len(names) > 1:
+                    raise rest.invalid("All ModelSpecs in a MultiInferenceRequest must access the same model name.")
+                signature = task.model_spec.signature_name or rest.DEFAULT_SIGNATURE
+                if signature in signatures:
+                    raise rest.invalid(f"Duplicate evaluation of signature: {signature}")
+                signatures.add(signature)
+                if task.method_name not in examples.METHOD_NAMES:
+                    raise rest.ServingError("UNIMPLEMENTED", f"Unsupported signature method_name: {task.method_name}")
+            serialized = examples.from_input(request.input)
+            response = inference_pb2.MultiInferenceResponse()
+            for task in tasks:
+                result = response.results.add()
+                api = examples.METHOD_NAMES[task.method_name]
+                target = result.classification_result if api == examples.CLASSIFY else result.regression_result
+                self._examples(api, task.model_spec, serialized, result.model_spec, target)
+            return response
+
+    def _examples(self, api: str, spec: Any, serialized: list[bytes], out_spec: Any, result: Any) -> None:
+        """Run one classify/regress signature on ``serialized`` and fill ``result`` and ``out_spec``."""
+        servable = self.core.servable(*_selects(spec))
+        signature = spec.signature_name or rest.DEFAULT_SIGNATURE
+        outputs = self.core.submit_examples(api, servable, signature, serialized).result()
+        if api == examples.CLASSIFY:
+            for classes in examples.classifications(outputs, len(serialized)):
+                entry = result.classifications.add()
+                for label, score in classes:
+                    entry.classes.add(label=label, score=score)
+        else:
+            for value in examples.regressions(outputs, len(serialized)):
+                result.regressions.add(value=value)
+        _fill_spec(out_spec, spec.name, servable.version, signature)
 
     def GetModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
         spec = request.model_spec
@@ -140,3 +263,41 @@ def _status(context: grpc.ServicerContext) -> Iterator[None]:
         yield
     except rest.ServingError as err:
         context.abort(grpc.StatusCode[err.code], err.message)
+
+
+class _ProfilerProxy(grpc.GenericRpcHandler):
+    """``tensorflow.ProfilerService`` on this port, as TF Serving registers it (``enable_profiler``, on by default).
+
+    The service is TensorFlow's own (TSL's ``CreateProfilerService``,
+    started by ``tf.profiler.experimental.server.start`` on a free port the
+    first time a profiler call arrives); its calls are relayed
+    as bytes, so profiler clients such as ``tf.profiler.experimental.client.trace``
+    (and TensorBoard) work against the serving port.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._channel: grpc.Channel | None = None
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        if not details.method.startswith(PROFILER_SERVICE):
+            return None
+        method = details.method
+
+        def relay(request: bytes, context: grpc.ServicerContext) -> bytes:
+            try:
+                return self._target().unary_unary(method)(request, timeout=context.time_remaining())
+            except grpc.RpcError as err:
+                context.abort(err.code(), err.details())
+
+        return grpc.unary_unary_rpc_method_handler(relay)
+
+    def _target(self) -> grpc.Channel:
+        with self._lock:
+            if self._channel is None:
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", 0))
+                    port = probe.getsockname()[1]
+                tf.profiler.experimental.server.start(port)
+                self._channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+            return self._channel

@@ -1,10 +1,10 @@
 """The versions of one model a local server holds, kept in step with its base path.
 
-Like TensorFlow Serving's file-system source with the ``latest`` version
-policy: every poll loads the newest ``num_versions`` integer folders and
+Like TensorFlow Serving's file-system source and its version policies
+(``latest``: every poll loads the newest ``num_versions`` integer folders and
 unloads older ones only once a newer one is available, so a broken new
-version never takes the model offline. A version that fails to load is
-retried only when its files change.
+version never takes the model offline; ``all``; ``specific``). A version
+that fails to load is retried only when its files change.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import re
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -101,7 +102,10 @@ class Servable:
 
         fn = self.signatures[signature]
         try:
-            outputs = fn(**{name: tf.constant(value) for name, value in arrays.items()})
+            # a host trace event per model call, as TF Serving's TRACELITERAL("RunPredict"): a profiler attached
+            # over gRPC (ProfilerService) sees the calls even of a model too small for TensorFlow's op-level events
+            with tf.profiler.experimental.Trace("RunSignature", signature=signature, version=self.version):
+                outputs = fn(**{name: tf.constant(value) for name, value in arrays.items()})
         except tf.errors.OpError as err:
             raise rest.ServingError(_CODE_NAMES.get(err.error_code, "UNKNOWN"), _op_message(err)) from None
         except (TypeError, ValueError) as err:
@@ -113,8 +117,11 @@ def load_servable(version: int, path: Path) -> Servable:
     """Load ``path`` with plain TensorFlow, as TF Serving would (tag ``serve``)."""
     import tensorflow as tf
 
-    loaded = tf.saved_model.load(os.fspath(path), tags=["serve"])
-    signatures = dict(loaded.signatures)
+    staged = _legacy_placeholders_staged(path)
+    loaded = tf.saved_model.load(os.fspath(staged.name if staged else path), tags=["serve"])
+    if staged:
+        loaded = (loaded, staged)  # the staged copy's assets stay while the version is loaded
+    signatures = dict(loaded[0].signatures if staged else loaded.signatures)
     inputs = {
         name: {
             key: rest.InputSpec(
@@ -129,6 +136,48 @@ def load_servable(version: int, path: Path) -> Servable:
     image = exported.get("signatures", {}).get(savedmodel.SERVING_SIGNATURE) == savedmodel.IMAGE_INPUT
     image_inputs = {savedmodel.SERVING_SIGNATURE: savedmodel.IMAGE_INPUT} if image else {}
     return Servable(version, path, signatures, inputs, signature_defs(path), loaded, image_inputs)
+
+
+LEGACY_PLACEHOLDER_PRODUCER = 21
+"""Graphs up to this producer version wrote an unknown Placeholder shape as the scalar shape (TensorFlow's
+Placeholder shape function, tensorflow/core/ops/array_ops.cc, reads it so when ``graph_def_version() <= 21``)."""
+
+
+def _legacy_placeholders_staged(path: Path) -> tempfile.TemporaryDirectory | None:
+    """For a SavedModel of TensorFlow 1.0 (e.g. TF Serving's ``saved_model_half_plus_three``), a staged copy whose
+    scalar Placeholder shapes say "unknown", or None when there is nothing to change.
+
+    TF Serving's C++ loader applies the legacy rule; ``tf.saved_model.load``
+    imports the graph without its producer version and fails ("Shape must
+    be rank 1 but is rank 0"). The copy has the rewritten saved_model.pb and
+    links to the version's other files.
+    """
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((path / "saved_model.pb").read_bytes())
+    changed = False
+    for graph in saved.meta_graphs:
+        if graph.graph_def.versions.producer > LEGACY_PLACEHOLDER_PRODUCER:
+            continue
+        for node in graph.graph_def.node:
+            shape = node.attr["shape"].shape if node.op == "Placeholder" and "shape" in node.attr else None
+            if shape is not None and not shape.unknown_rank and not shape.dim:
+                shape.unknown_rank = True
+                changed = True
+        for signature in graph.signature_def.values():  # written without shapes then: unknown, not scalar
+            for info in [*signature.inputs.values(), *signature.outputs.values()]:
+                if not info.HasField("tensor_shape"):
+                    info.tensor_shape.unknown_rank = True
+                    changed = True
+    if not changed:
+        return None
+    staged = tempfile.TemporaryDirectory(prefix="hvdk8s-legacy-savedmodel-")
+    for child in path.iterdir():
+        if child.name != "saved_model.pb":
+            (Path(staged.name) / child.name).symlink_to(child.resolve())
+    (Path(staged.name) / "saved_model.pb").write_bytes(saved.SerializeToString())
+    return staged
 
 
 def signature_defs(path: Path) -> dict[str, Any]:
@@ -155,36 +204,79 @@ class _State:
     stamp: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class VersionPolicy:
+    """TF Serving's ``model_version_policy`` (file_system_storage_path_source.proto): which versions to serve."""
+
+    kind: str = "latest"  # "latest", "all" or "specific"
+    num_versions: int = 1  # latest: how many of the newest
+    versions: tuple[int, ...] = ()  # specific: these
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("latest", "all", "specific"):
+            raise ValueError(f"version policy {self.kind!r}: expected latest, all or specific")
+        if self.kind == "latest" and self.num_versions < 1:
+            raise ValueError(f"num_versions: expected at least 1, got {self.num_versions}")
+        if self.kind == "specific" and not self.versions:
+            raise ValueError("version policy specific: no versions given")
+
+    def pick(self, versions: list[int]) -> list[int]:
+        """The versions of ``versions`` (ascending) this policy serves."""
+        if self.kind == "latest":
+            return versions[-self.num_versions:]
+        if self.kind == "specific":
+            return [v for v in versions if v in self.versions]
+        return list(versions)
+
+    def describe(self) -> str:
+        if self.kind == "latest":
+            return f"the newest {self.num_versions}" if self.num_versions > 1 else "the newest"
+        return "every version" if self.kind == "all" else f"versions {', '.join(map(str, self.versions))}"
+
+
 class ModelRepository:
     """Thread-safe for one polling thread (the only writer) and any number of request threads."""
 
     def __init__(
-        self, base_path: str | os.PathLike[str], name: str, num_versions: int = 1, loader: Any = load_servable
+        self, base_path: str | os.PathLike[str], name: str, num_versions: int = 1, loader: Any = load_servable,
+        policy: VersionPolicy | None = None,
     ):
-        if num_versions < 1:
-            raise ValueError(f"num_versions: expected at least 1, got {num_versions}")
         self.base_path = Path(base_path)
         self.name = name
-        self.num_versions = num_versions
+        self.policy = policy or VersionPolicy("latest", num_versions)
         self._loader = loader
         self._lock = threading.Lock()
         self._servables: dict[int, Servable] = {}
         self._states: dict[int, _State] = {}
+        self._dirs: dict[int, Path] = {}
+        self._told_empty = False
 
     def poll(self) -> None:
         """Load new versions and unload superseded or deleted ones."""
-        present = savedmodel.versions(self.base_path)
+        self._dirs = savedmodel.version_dirs(self.base_path)
+        present = sorted(self._dirs)
+        self._say_if_empty(present)
         usable = [v for v in present if not self._failed_unchanged(v)]
-        for version in usable[-self.num_versions:]:
+        for version in self.policy.pick(usable):
             if version not in self._servables:
                 self._load(version)
         healthy = [v for v in present if v in self._servables]
-        keep = set(healthy[-self.num_versions:])
+        keep = set(self.policy.pick(healthy))
         with self._lock:
             for version in [v for v in self._servables if v not in keep]:
                 del self._servables[version]
                 self._states[version] = _State("END")
                 log.info("model %s: unloaded version %d", self.name, version)
+
+    def _say_if_empty(self, present: list[int]) -> None:
+        """Log once (until a version appears) that there is nothing to serve yet, and where it looks."""
+        if present or self._told_empty:
+            self._told_empty = not present
+            return
+        self._told_empty = True
+        where = "does not exist" if not self.base_path.is_dir() else "has no version folder"
+        log.warning("model %s: %s %s yet; waiting for a version folder named by an integer (e.g. %s) "
+                    "holding a SavedModel", self.name, self.base_path, where, self.base_path / "1")
 
     def get(self, name: str, version: int | None = None) -> Servable:
         """The requested (default: newest available) version, or NOT_FOUND as TF Serving says it."""
@@ -200,6 +292,10 @@ class ModelRepository:
             raise rest.ServingError("NOT_FOUND", f"Servable not found for request: {spec}")
         return servable
 
+    def available(self) -> set[int]:
+        with self._lock:
+            return set(self._servables)
+
     def status(self, name: str, version: int | None = None) -> list[tuple[int, str, str, str]]:
         """(version, state, error code, message) rows for GET /v1/models/{name}[/versions/{v}]."""
         with self._lock:
@@ -212,8 +308,11 @@ class ModelRepository:
                 raise rest.ServingError("NOT_FOUND", f"Could not find version {version} of model {name}")
         return rows
 
+    def _folder(self, version: int) -> Path:
+        return self._dirs.get(version, self.base_path / str(version))
+
     def _stamp(self, version: int) -> tuple[int, ...]:
-        folder = self.base_path / str(version)
+        folder = self._folder(version)
         return tuple(p.stat().st_mtime_ns if p.exists() else 0 for p in (folder, folder / "saved_model.pb"))
 
     def _failed_unchanged(self, version: int) -> bool:
@@ -225,7 +324,7 @@ class ModelRepository:
         with self._lock:
             self._states[version] = _State("LOADING")
         try:
-            servable = self._loader(version, self.base_path / str(version))
+            servable = self._loader(version, self._folder(version))
         except Exception as err:  # noqa: BLE001  (any load failure is reported in the model status)
             with self._lock:
                 self._states[version] = _State("END", _error_code(err), f"{type(err).__name__}: {err}", stamp)

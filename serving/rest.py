@@ -143,13 +143,14 @@ def parse_predict_body(
         arrays, row = _from_inputs(doc["inputs"], specs), False
     else:
         raise invalid("Missing 'inputs' or 'instances' key")
-    for name, array in arrays.items():
-        _check_shape(name, array, specs[name])
-    return signature, arrays, row
+    return signature, arrays, row  # shapes are the model's to check, as in TF Serving
 
 
-def parse_examples_body(body: bytes) -> str:
-    """The signature name of a valid ``:classify``/``:regress`` body (json_tensor.cc's checks and words)."""
+def parse_examples_body(body: bytes) -> tuple[str, list[Any], Any]:
+    """(signature name, ``examples`` list, ``context`` or None) of a ``:classify``/``:regress`` body.
+
+    json_tensor.cc's ``FillClassifyRegressRequestFromJson`` checks and words.
+    """
     doc = _parse_json(body)
     signature = _signature_name(doc)
     if "examples" not in doc:
@@ -160,40 +161,22 @@ def parse_examples_body(body: bytes) -> str:
         raise invalid(f"JSON Value: {_short(doc)} Expecting 'examples' value to be an list/array")
     if not doc["examples"]:
         raise invalid(f"JSON Value: {_short(doc)} 'examples' value is an empty array")
-    return signature
+    return signature, doc["examples"], doc.get("context")
 
 
-def classify_regress_error(api: str, signature: str, signature_defs: Mapping[str, Any]) -> ServingError:
-    """What TF Serving answers a valid ``:classify``/``:regress`` body for this model's signature.
+def classify_response(results: list[list[tuple[str, float]]]) -> dict[str, Any]:
+    """``{"results": [[[label, score], ...], ...]}`` (``MakeJsonFromClassificationResult``)."""
+    return {"results": [[[label, _float32(score)] for label, score in classes] for classes in results]}
 
-    Its checks and messages (classifier.cc, regressor.cc, with the default
-    ``--enable_signature_method_name_check=false``). A signature that passes
-    them all would need tf.Example parsing, which ``hvdk8s serve`` does not
-    implement: UNIMPLEMENTED (501). Models from ``hvdk8s export`` have
-    predict signatures only.
-    """
-    sig = signature_defs.get(signature)
-    if sig is None:
-        return invalid(f"No signature was found with the name: {signature}")
-    inputs, outputs = sig.get("inputs", {}), sig.get("outputs", {})
-    if len(inputs) != 1:
-        return invalid("Expected one input Tensor.")
-    if api == "classify":
-        if len(outputs) not in (1, 2):
-            return invalid(f"Expected one or two output Tensors, found {len(outputs)}")
-        if "inputs" not in inputs:
-            return invalid(f"No classification inputs found in SignatureDef: {signature}")
-        if "classes" not in outputs and "scores" not in outputs:
-            return invalid('Expected classification signature outputs to contain at least one of "classes" or '
-                           f'"scores". Signature was: {signature}')
-    else:
-        if len(outputs) != 1:
-            return invalid("Expected one output Tensor.")
-        if "inputs" not in inputs:
-            return invalid(f"No regression inputs found in SignatureDef: {signature}")
-        if "outputs" not in outputs:
-            return invalid(f"No regression outputs found in SignatureDef: {signature}")
-    return ServingError("UNIMPLEMENTED", f"hvdk8s serve does not run :{api} (tf.Example inputs); use :predict")
+
+def regress_response(values: list[float]) -> dict[str, Any]:
+    """``{"results": [value, ...]}`` (``MakeJsonFromRegressionResult``)."""
+    return {"results": [_float32(v) for v in values]}
+
+
+def _float32(value: float) -> float:
+    """A float32 result as its shortest round-tripping text reads (3.0999999 -> 3.1), as the predict answer."""
+    return float(str(np.float32(value)))
 
 
 def predict_response(outputs: Mapping[str, np.ndarray], row: bool) -> dict[str, Any]:
@@ -251,12 +234,48 @@ def _parse_json(body: bytes) -> dict[str, Any]:
         raise invalid("JSON Parse error: The document is empty")
     _check_depth(body)
     try:
-        doc = json.loads(body, parse_int=_json_int, parse_float=_json_float)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise invalid(f"JSON Parse error: {err}") from None
+        text = body.decode()
+    except UnicodeDecodeError as err:
+        raise invalid(f"JSON Parse error: Invalid encoding in string. at offset: {err.start}") from None
+    start = len(text) - len(text.lstrip(" \t\n\r"))
+    try:  # raw_decode: text after the document is ignored, as with RapidJSON's kParseStopWhenDoneFlag
+        doc = _DECODER.raw_decode(text, start)[0]
+    except json.JSONDecodeError as err:
+        raise invalid(f"JSON Parse error: {_rapidjson_message(err)} at offset: {err.pos}") from None
     if not isinstance(doc, dict):
         raise invalid(f"JSON Value: {_short(doc)} Is not object")
     return doc
+
+
+# Python's JSON errors in RapidJSON's words (rapidjson/error/en.h, GetParseError_En), as TF Serving reports them
+_RAPIDJSON_MESSAGES = [
+    ("Expecting property name", "Missing a name for object member."),
+    ("Expecting ':' delimiter", "Missing a colon after a name of object member."),
+    ("Unterminated string", "Missing a closing quotation mark in string."),
+    ("Invalid \\uXXXX escape", "Incorrect hex digit after \\u escape in string."),
+    ("Invalid \\escape", "Invalid escape character in string."),
+    ("Invalid control character", "Invalid encoding in string."),
+    ("Expecting value", "Invalid value."),
+]
+
+
+def _rapidjson_message(err: json.JSONDecodeError) -> str:
+    if err.msg.startswith("Expecting ',' delimiter"):  # which one RapidJSON names depends on the open bracket
+        return ("Missing a comma or '}' after an object member." if _innermost(err.doc[:err.pos]) == "{"
+                else "Missing a comma or ']' after an array element.")
+    return next((ours for python, ours in _RAPIDJSON_MESSAGES if err.msg.startswith(python)), err.msg + ".")
+
+
+def _innermost(text: str) -> str:
+    """The innermost bracket still open at the end of ``text`` (strings skipped)."""
+    stack = []
+    for token in _JSON_TOKEN.finditer(text.encode()):
+        bracket = token[0]
+        if bracket in (b"[", b"{"):
+            stack.append(bracket.decode())
+        elif bracket in (b"]", b"}") and stack:
+            stack.pop()
+    return stack[-1] if stack else ""
 
 
 def _check_depth(body: bytes) -> None:
@@ -293,6 +312,9 @@ def _json_float(text: str) -> float:
     return value
 
 
+_DECODER = json.JSONDecoder(parse_int=_json_int, parse_float=_json_float)
+
+
 def _signature_name(doc: Mapping[str, Any]) -> str:
     signature = doc.get("signature_name", DEFAULT_SIGNATURE)
     if not isinstance(signature, str):
@@ -301,12 +323,12 @@ def _signature_name(doc: Mapping[str, Any]) -> str:
     return signature or DEFAULT_SIGNATURE
 
 
-def _is_b64(value: Any) -> bool:
+def is_b64(value: Any) -> bool:
     return isinstance(value, dict) and len(value) == 1 and isinstance(value.get("b64"), str)
 
 
 def _is_named(value: Any) -> bool:
-    return isinstance(value, dict) and not _is_b64(value)
+    return isinstance(value, dict) and not is_b64(value)
 
 
 def _from_instances(instances: Any, specs: Mapping[str, InputSpec]) -> dict[str, np.ndarray]:
@@ -402,16 +424,21 @@ def b64decode(text: str) -> bytes:
     return base64.b64decode(compact + "=" * (-len(compact) % 4), validate=True)
 
 
+def leaf_bytes(value: Any) -> bytes:
+    """A string leaf's bytes: UTF-8 text, or ``{"b64": ...}`` decoded."""
+    if is_b64(value):
+        try:
+            return b64decode(value["b64"])
+        except (binascii.Error, ValueError):
+            raise invalid(f"Unable to base64 decode: {_short(value)}") from None
+    return value.encode()
+
+
 def _leaf(value: Any, dtype: np.dtype) -> Any:
     kind = np.dtype(dtype).kind
     if kind == "O":
-        if _is_b64(value):
-            try:
-                return b64decode(value["b64"])
-            except (binascii.Error, ValueError):
-                raise invalid(f"Unable to base64 decode: {_short(value)}") from None
-        if isinstance(value, str):
-            return value.encode()
+        if isinstance(value, str) or is_b64(value):
+            return leaf_bytes(value)
         if isinstance(value, dict):
             raise invalid(f"JSON Value: {_short(value)} not formatted correctly for base64 data")
     elif kind == "b" and isinstance(value, bool):
@@ -422,7 +449,7 @@ def _leaf(value: Any, dtype: np.dtype) -> Any:
             return value
     elif kind == "f" and isinstance(value, (int, float)) and not isinstance(value, bool):
         return value
-    raise invalid(f"JSON Value: {_short(value)} Type: {_json_type(value)} is not of expected type: "
+    raise invalid(f"JSON Value: {_short(value)} Type: {json_type(value)} is not of expected type: "
                   f"{tf_type_name(dtype)}")
 
 
@@ -434,7 +461,7 @@ def tf_type_name(dtype: np.dtype) -> str:
     return {"float32": "float", "float64": "double", "float16": "half"}.get(dtype.name, dtype.name)
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
     """RapidJSON's type names, as TF Serving's errors use them."""
     if value is None:
         return "Null"
@@ -443,14 +470,6 @@ def _json_type(value: Any) -> str:
     if isinstance(value, (int, float)):
         return "Number"
     return {str: "String", list: "Array", dict: "Object"}.get(type(value), type(value).__name__)
-
-
-def _check_shape(name: str, array: np.ndarray, spec: InputSpec) -> None:
-    want = spec.shape
-    ok = len(want) == array.ndim and all(w is None or w == got for w, got in zip(want, array.shape))
-    if not ok:
-        shown = "(" + ", ".join("-1" if w is None else str(w) for w in want) + ")"
-        raise invalid(f"input {name}: got shape {array.shape}, the signature expects {shown}")
 
 
 def _to_json(array: np.ndarray, as_b64: bool) -> Any:

@@ -21,6 +21,7 @@ import re
 import shutil
 import time
 import uuid
+import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,10 +43,23 @@ _VERSION = re.compile(r"^\d+$")
 
 def versions(base_path: str | os.PathLike[str]) -> list[int]:
     """The version numbers present under ``base_path``, ascending (as TF Serving sees them)."""
+    return sorted(version_dirs(base_path))
+
+
+def version_dirs(base_path: str | os.PathLike[str]) -> dict[int, Path]:
+    """Each version number under ``base_path`` and its folder, as TF Serving's file-system source reads them.
+
+    A folder name is a version if it parses as an integer, zero padding
+    included (``00000123`` is version 123, loaded from ``00000123/``); of
+    two names for one number the last by name wins, as there (a warning in
+    tensorflow_serving/sources/storage_path/file_system_storage_path_source.cc,
+    ``IndexChildrenByVersion``).
+    """
     root = Path(base_path)
     if not root.is_dir():
-        return []
-    return sorted(int(p.name) for p in root.iterdir() if _VERSION.match(p.name) and p.is_dir())
+        return {}
+    found = sorted(p for p in root.iterdir() if _VERSION.match(p.name) and p.is_dir())
+    return {int(p.name): p for p in found if int(p.name) < 2**63}
 
 
 def next_version(base_path: str | os.PathLike[str]) -> int:
@@ -56,6 +70,36 @@ def next_version(base_path: str | os.PathLike[str]) -> int:
 def read_metadata(version_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """The record ``export`` wrote beside a version (class names, preprocessing, metrics...)."""
     return json.loads((Path(version_dir) / METADATA_FILE).read_text())
+
+
+def load_keras_model(path: str | os.PathLike[str]) -> Any:
+    """The model in a ``.keras`` (or legacy ``.h5``) file, or a ``ValueError`` that says what is wrong with the file.
+
+    Keras itself calls a truncated or non-zip ``.keras`` file "File not
+    found", and a directory or other extension "File format not supported";
+    these are checked first, in words a user can act on.
+    """
+    file = Path(path)
+    if file.is_dir():
+        hint = (" It holds a SavedModel, which TF Serving serves as it is: copy it into the base path as a version "
+                "folder (BASE_PATH/<n>/)." if (file / "saved_model.pb").is_file() else "")
+        raise ValueError(f"model {file}: is a directory; expected a .keras file (written by model.save('name.keras'))."
+                         + hint)
+    if not file.is_file():
+        raise ValueError(f"model {file}: no such file")
+    if file.suffix not in (".keras", ".h5"):
+        raise ValueError(f"model {file}: expected a .keras file (written by model.save('name.keras')) or a legacy .h5 "
+                         f"file; this one's name ends in {file.suffix or 'no extension'!r}")
+    if file.suffix == ".keras" and not zipfile.is_zipfile(file):
+        raise ValueError(f"model {file}: not a valid .keras file: a .keras file is a zip archive and this one "
+                         f"({file.stat().st_size} bytes) is not a complete one (truncated, still being written, or "
+                         "not written by Keras)")
+    import keras
+
+    try:
+        return keras.models.load_model(file, compile=False)
+    except Exception as err:  # noqa: BLE001  (Keras raises many types; name the file and what it said)
+        raise ValueError(f"model {file}: cannot be loaded as a Keras model ({type(err).__name__}: {err})") from None
 
 
 def export(

@@ -88,8 +88,6 @@ def select(
     ``data`` is the held-out (images, integer labels) pair, in the models'
     input format; by default the digits test split the examples hold out.
     """
-    import keras
-
     if metric not in METRICS:
         raise ValueError(f"metric {metric!r}: expected one of {METRICS}")
     files = candidate_files(candidates_dir)
@@ -107,10 +105,7 @@ def select(
     scored = []
     models = {}
     for path in files:
-        try:
-            model = keras.models.load_model(path, compile=False)
-        except Exception as err:  # noqa: BLE001  (Keras raises many types; name the file)
-            raise ValueError(f"candidate {path}: cannot be loaded as a Keras model ({err})") from err
+        model = savedmodel.load_keras_model(path)
         scored.append(Candidate(path.name, os.fspath(path), **evaluate(model, x, y)))
         models[path.name] = model
     ranked = rank(scored, metric)

@@ -1,11 +1,12 @@
-"""``hvdk8s serve``: TensorFlow Serving's REST (Starlette on uvicorn) and gRPC APIs for one model.
+"""``hvdk8s serve``: TensorFlow Serving's REST (Starlette on uvicorn) and gRPC APIs for one model or several.
 
 The HTTP layer is Starlette (routing, requests, responses) served by uvicorn
 with uvloop and httptools; the contract itself (paths, JSON formats, error
-codes) lives in ``rest``, the gRPC services in ``grpc_server``, and both
-share one ``ServingCore`` (versions and batching). A background thread
-polls the base path, so a version exported while the server runs is picked
-up without a restart.
+codes) lives in ``rest`` and ``examples``, the gRPC services in
+``grpc_server``, and both share one ``ServingCore`` (models, versions and
+batching). A background thread polls the base paths (and the model config
+file, if one is given), so a version exported while the server runs is
+picked up without a restart.
 
 Every request body is read to its end before answering, and every failure
 is a JSON ``{"error": ...}``, so a client's keep-alive connection survives
@@ -16,14 +17,17 @@ delayed ACK (~40 ms each).
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
 import os
 import socket
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -31,15 +35,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from hvdk8s.serving import rest
+from hvdk8s.serving import examples, rest
 from hvdk8s.serving.batching import BatchingParameters
 from hvdk8s.serving.core import ServingCore, tensorflow_threads
-from hvdk8s.serving.repository import ModelRepository
+from hvdk8s.serving.monitoring import Metrics
+from hvdk8s.serving.registry import ConfigWatcher, ModelConfig, Models
+from hvdk8s.serving.repository import VersionPolicy
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 INLINE_BYTES = 64 * 1024
 """Bodies up to this size are decoded on the event loop; larger ones in a worker thread."""
-METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
+METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE", "CONNECT"]
+"""Every method httptools parses reaches the endpoint, so each gets TF Serving's JSON answer (not a text 405)."""
 log = logging.getLogger("hvdk8s.serving")
 
 
@@ -59,15 +66,33 @@ def create_app(
     poll_seconds: float = 1.0,
     on_ready: Sequence[Callable[[], object]] = (),
     on_stop: Sequence[Callable[[], object]] = (),
+    watcher: ConfigWatcher | None = None,
+    timeout_seconds: float | None = None,
+    metrics: tuple[str, Metrics] | None = None,
 ) -> Starlette:
-    """The ASGI app; its lifespan loads the model, runs ``on_ready``, polls until shutdown, then runs ``on_stop``."""
-    repository = core.repository
+    """The ASGI app; its lifespan loads the models, runs ``on_ready``, polls until shutdown, then runs ``on_stop``.
+
+    ``watcher``: re-reads the model config file as it polls; ``timeout_seconds``:
+    a model call taking longer answers DEADLINE_EXCEEDED (``--rest_api_timeout_in_ms``);
+    ``metrics``: (path, metrics) served as Prometheus text at that path.
+    """
+    models = core.models
+
+    def tick() -> None:
+        import tensorflow as tf
+
+        # a host trace event every poll: a profiler trace over gRPC sees the server alive even with no request
+        # in its window (a trace with no event at all is "No trace event was collected" to the client)
+        with tf.profiler.experimental.Trace("PollModels"):
+            if watcher is not None:
+                watcher.check()
+            models.poll()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        await run_in_threadpool(repository.poll)
+        await run_in_threadpool(models.poll)
         stop = threading.Event()
-        poller = threading.Thread(target=_poll_until, args=(repository, stop, poll_seconds), daemon=True)
+        poller = threading.Thread(target=_poll_until, args=(tick, stop, poll_seconds), daemon=True)
         poller.start()
         for callback in on_ready:
             callback()
@@ -80,37 +105,52 @@ def create_app(
                 callback()
 
     async def endpoint(request: Request) -> Response:
+        path = request.scope["path"]  # the decoded path; request.url would build a whole URL object per request
+        if metrics is not None and path == metrics[0] and request.method == "GET":
+            return Response(metrics[1].exposition(), media_type="text/plain; version=0.0.4")
+        start, code, route = time.perf_counter(), "OK", None
         try:
             body = await _read_body(request, max_request_bytes)  # always: keeps the connection usable
-            return _json(200, await _handle(core, request, body))
+            route = _route(request.method, path, request.headers)
+            answer = _json(200, await _handle(core, route, body, timeout_seconds) if route else {})
         except rest.ServingError as err:
-            return _json(err.http_status, rest.error_body(err.message))
+            code, answer = err.code, _json(err.http_status, rest.error_body(err.message))
         except Exception as err:  # noqa: BLE001  (a bug must still answer in JSON and keep the connection)
-            log.exception("%s %s failed", request.method, request.url.path)
-            return _json(500, rest.error_body(f"Internal: {type(err).__name__}: {err}"))
+            log.exception("%s %s failed", request.method, path)
+            code, answer = "INTERNAL", _json(500, rest.error_body(f"Internal: {type(err).__name__}: {err}"))
+        if metrics is not None and route is not None:
+            metrics[1].observe(route.model, route.kind, "REST", code, time.perf_counter() - start)
+        return answer
 
     return Starlette(routes=[Route("/{path:path}", endpoint, methods=METHODS)], lifespan=lifespan)
 
 
-async def _handle(core: ServingCore, request: Request, body: bytes) -> dict:
-    """One request's response document (or a ``rest.ServingError``), in TF Serving's order of checks."""
-    path = request.scope["path"]  # the decoded path; request.url would build a whole URL object per request
+def _route(method: str, path: str, headers: Mapping[str, str]) -> rest.Route | None:
+    """The API a request addresses, in TF Serving's order of checks; None for a CORS preflight."""
     if not path.lower().startswith("/v1/"):
         raise rest.ServingError("NOT_FOUND", f"Not found: {path} (TensorFlow Serving's API is under /v1/)")
-    if request.method == "OPTIONS":  # CORS preflight, as TF Serving answers it
-        if not request.headers.get("origin", "").startswith(("http://", "https://")):
+    if method == "OPTIONS":  # CORS preflight, as TF Serving answers it
+        if not headers.get("origin", "").startswith(("http://", "https://")):
             raise rest.ServingError("FAILED_PRECONDITION", "Origin header is missing in CORS preflight")
-        return {}
-    route = rest.parse_path(request.method, path)
+        return None
+    return rest.parse_path(method, path)
+
+
+async def _handle(core: ServingCore, route: rest.Route, body: bytes, timeout: float | None) -> dict:
+    """One request's response document (or a ``rest.ServingError``)."""
     if route.kind == "status":
         return core.status(route.model, route.version, route.label)
     if route.kind == "metadata":
         servable = core.servable(route.model, route.version, route.label)
         return rest.metadata_response(route.model, servable.version, servable.signature_defs)
-    if route.kind in ("classify", "regress"):
-        signature = rest.parse_examples_body(body)  # the body is checked before the model, as there
+    if route.kind in (examples.CLASSIFY, examples.REGRESS):
+        signature, items, context = rest.parse_examples_body(body)  # the body is checked before the model, as there
+        serialized = examples.from_json(items, context)
         servable = core.servable(route.model, route.version, route.label)
-        raise rest.classify_regress_error(route.kind, signature, servable.signature_defs)
+        outputs = await _within(core.submit_examples(route.kind, servable, signature, serialized, on_loop=True), timeout)
+        if route.kind == examples.CLASSIFY:
+            return rest.classify_response(examples.classifications(outputs, len(serialized)))
+        return rest.regress_response(examples.regressions(outputs, len(serialized)))
     parse = functools.partial(_parse_predict, core, route, body)
     if len(body) <= INLINE_BYTES:
         servable, signature, arrays, row = parse()
@@ -119,8 +159,20 @@ async def _handle(core: ServingCore, request: Request, body: bytes) -> dict:
         if isinstance(parsed, rest.ServingError):
             raise parsed.detached()  # the worker's own error is held by this frame's local: a cycle if raised
         servable, signature, arrays, row = parsed
-    outputs = await core.submit_async(servable, signature, arrays)
+    outputs = await _within(core.submit_async(servable, signature, arrays), timeout)
     return rest.predict_response(outputs, row)
+
+
+async def _within(future: asyncio.Future, timeout: float | None) -> Any:
+    """The future's result; DEADLINE_EXCEEDED after ``timeout`` seconds (the model call itself still finishes)."""
+    if timeout is None:
+        return await future
+    try:
+        return await asyncio.wait_for(future, timeout)
+    except asyncio.TimeoutError:
+        raise rest.ServingError(
+            "DEADLINE_EXCEEDED", f"Deadline Exceeded: no answer within {timeout * 1000:g} ms (--rest_api_timeout_in_ms)"
+        ) from None
 
 
 def _parse_predict(core: ServingCore, route: rest.Route, body: bytes) -> tuple:
@@ -151,12 +203,18 @@ def _error_returned(call: Callable[[], tuple]) -> tuple | rest.ServingError:
 
 
 def serve(
-    base_path: str | os.PathLike[str],
+    base_path: str | os.PathLike[str] | None = None,
     *,
     name: str | None = None,
+    model_config_file: str | os.PathLike[str] | None = None,
+    config_poll_seconds: float = 0,
     host: str = "127.0.0.1",
     port: int = 8501,
-    grpc_port: int = 8500,
+    grpc_port: int | None = None,
+    grpc_socket_path: str | None = None,
+    grpc_options: Sequence[tuple[str, int | str]] = (),
+    rest_timeout_ms: int | None = None,
+    metrics_path: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     poll_seconds: float = 1.0,
     num_versions: int = 1,
@@ -164,10 +222,14 @@ def serve(
     intra_op_threads: int | None = None,
     inter_op_threads: int = 0,
 ) -> None:
-    """Serve the model in ``base_path`` over REST and gRPC until interrupted (port 0: any free port).
+    """Serve the model in ``base_path`` (or those of ``model_config_file``) over REST and gRPC until interrupted.
 
-    Prints one line with both addresses once the newest version is loaded;
-    the sockets are bound first, so it carries the real ports.
+    Port 0: any free port; ``grpc_port`` None: 8500, or any free port when
+    ``port`` is 0 (so a server started for tests never clashes on 8500).
+    Prints one line with both addresses once the models' first scan is
+    done; the sockets are bound first, so it carries the real ports.
+    ``config_poll_seconds`` > 0 re-reads the model config file that often.
+    ``metrics_path``: Prometheus metrics there on the REST port.
     ``batching=None`` runs every request on its own. The thread counts are
     TF Serving's ``--tensorflow_intra_op_parallelism`` and
     ``--tensorflow_inter_op_parallelism`` (0: TensorFlow picks; intra-op
@@ -176,12 +238,22 @@ def serve(
     import tensorflow as tf
     import uvicorn
 
-    from hvdk8s.serving import grpc_server
+    from hvdk8s.serving import grpc_server, registry
 
-    root = Path(base_path)
-    if not root.is_dir():
-        raise FileNotFoundError(f"model base path {root}: no such directory")
-    name = name or root.resolve().name
+    if (base_path is None) == (model_config_file is None):
+        raise ValueError("give either a model base path or a model config file (--model_config_file), not both")
+    watcher = None
+    if model_config_file is not None:
+        configs = registry.read_model_config(model_config_file)
+        where = f"--model_config_file {model_config_file}"
+    else:
+        root = Path(base_path)
+        if not root.is_dir():
+            raise FileNotFoundError(f"model base path {root}: no such directory")
+        configs = [ModelConfig(name or root.resolve().name, root, VersionPolicy("latest", num_versions))]
+        where = str(root)
+    if grpc_port is None:
+        grpc_port = 0 if port == 0 else 8500
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # before the first model loads: TensorFlow fixes its thread pools when its runtime starts
     tf.config.threading.set_intra_op_parallelism_threads(tensorflow_threads(batching, intra_op_threads))
@@ -191,21 +263,32 @@ def serve(
              tf.config.threading.get_inter_op_parallelism_threads())
 
     sock = listen(host, port)
-    core = ServingCore(ModelRepository(root, name, num_versions=num_versions), batching)
+    models = Models(configs)
+    if model_config_file is not None:
+        watcher = ConfigWatcher(model_config_file, models, config_poll_seconds)
+    core = ServingCore(models, batching)
     try:
-        rpc, bound_grpc = grpc_server.create_server(core, host, grpc_port)
+        rpc, bound_grpc = grpc_server.create_server(core, host, grpc_port, socket_path=grpc_socket_path,
+                                                    options=grpc_options)
     except ValueError:
         sock.close()
         raise
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{sock.getsockname()[1]}"
-    ready = f"serving model {name!r} from {root} at {url}/v1/models/{name} and grpc {shown}:{bound_grpc}"
+    names = [c.name for c in configs]
+    grpc_at = f"{shown}:{bound_grpc}" + (f" and unix:{grpc_socket_path}" if grpc_socket_path else "")
+    ready = (f"serving model {names[0]!r} from {where} at {url}/v1/models/{names[0]} and grpc {grpc_at}"
+             if len(names) == 1 else
+             f"serving models {', '.join(map(repr, names))} from {where} at {url}/v1/models/ and grpc {grpc_at}")
     app = create_app(
         core,
         max_request_bytes=max_request_bytes,
         poll_seconds=poll_seconds,
         on_ready=[rpc.start, lambda: print(ready, flush=True)],
         on_stop=[lambda: rpc.stop(grace=5).wait(), core.close],  # before uvicorn re-raises the signal
+        watcher=watcher,
+        timeout_seconds=rest_timeout_ms / 1000 if rest_timeout_ms else None,
+        metrics=(metrics_path, Metrics()) if metrics_path else None,
     )
     config = uvicorn.Config(
         app, loop="uvloop", http="httptools", log_level="warning", access_log=False, lifespan="on",
@@ -246,12 +329,12 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _poll_until(repository: ModelRepository, stop: threading.Event, seconds: float) -> None:
+def _poll_until(tick: Callable[[], None], stop: threading.Event, seconds: float) -> None:
     while not stop.wait(seconds):
         try:
-            repository.poll()
+            tick()
         except Exception:  # noqa: BLE001  (a scan error must not stop future scans)
-            log.exception("model %s: polling %s failed", repository.name, repository.base_path)
+            log.exception("polling the models failed")
 
 
 def _json(status: int, doc: dict) -> Response:

@@ -214,6 +214,23 @@ def test_export_cli(tmp_path, trained, capsys):
     assert "missing.keras: no such file" in capsys.readouterr().err
 
 
+def test_export_cli_says_what_is_wrong_with_a_bad_checkpoint(tmp_path, trained, capsys):
+    """Issue #28: Keras calls a truncated .keras file "File not found" (in a raw traceback)."""
+    trained.save(model_file := tmp_path / "model.keras")
+    (truncated := tmp_path / "truncated.keras").write_bytes(model_file.read_bytes()[:1000])
+    (notes := tmp_path / "notes.txt").write_text("not a model")
+    base = str(tmp_path / "models" / "digits")
+    assert cli("export", str(truncated), "--base-path", base) == 2
+    err = capsys.readouterr().err
+    assert f"hvdk8s export: error: model {truncated}: not a valid .keras file: a .keras file is a zip archive and " \
+           "this one (1000 bytes) is not a complete one" in err and "File not found" not in err
+    assert cli("export", str(notes), "--base-path", base) == 2
+    assert "this one's name ends in '.txt'" in capsys.readouterr().err
+    assert cli("export", str(tmp_path), "--base-path", base) == 2
+    assert f"model {tmp_path}: is a directory; expected a .keras file" in capsys.readouterr().err
+    assert not (tmp_path / "models").exists()
+
+
 # --- model selection -------------------------------------------------------------------------
 
 
@@ -384,6 +401,13 @@ def test_predict_cli_against_the_server(server, images, tmp_path):
     bad = subprocess.run([*CLI, "predict", "--url", server, "--model", "mnist", str(files[0][0])],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "HTTP 404: Servable not found for request: Latest(mnist)" in bad.stderr
+
+
+def test_predict_cli_on_a_directory_says_it_wants_image_files(tmp_path, capsys):
+    """Issue #28: a folder was reported as "no such file"."""
+    assert cli("predict", "--url", "http://127.0.0.1:1", str(tmp_path)) == 2
+    assert f"hvdk8s predict: error: images: {tmp_path}: a directory; expected image files (JPEG or PNG), " \
+           f"e.g. {tmp_path / '*.png'}" in capsys.readouterr().err
 
 
 def test_rejected_export_leaves_no_base_path_behind(tmp_path, trained):

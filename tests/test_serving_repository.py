@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 
-from hvdk8s.serving.repository import ModelRepository, Servable
+from hvdk8s.serving.registry import ConfigWatcher, Models, read_model_config
+from hvdk8s.serving.repository import ModelRepository, Servable, VersionPolicy
 from hvdk8s.serving.rest import ServingError
 
 
@@ -78,3 +80,59 @@ def test_keeps_the_newest_n_and_follows_deletions(tmp_path):
     assert repo.get("digits").version == 2
     with pytest.raises(ServingError, match="Could not find version 7 of model digits"):
         repo.status("digits", 7)
+
+
+def test_zero_padded_version_folders_load_from_their_own_folder(tmp_path):
+    """TF Serving's testdata (and many model repositories) name versions 00000123: version 123, loaded from there."""
+    loader = Loader()
+    (tmp_path / "00000123").mkdir()
+    (tmp_path / "00000123" / "saved_model.pb").write_text("ok")
+    repo = ModelRepository(tmp_path, "half_plus_two", loader=loader)
+    repo.poll()
+    assert {v: s for v, s, _, _ in repo.status("half_plus_two")} == {123: "AVAILABLE"}
+    assert repo.get("half_plus_two", 123).path == tmp_path / "00000123"
+
+
+@pytest.mark.parametrize(
+    "policy, served",
+    [
+        (VersionPolicy("latest", 2), {2, 3}),
+        (VersionPolicy("all"), {1, 2, 3}),
+        (VersionPolicy("specific", versions=(1, 3, 9)), {1, 3}),
+    ],
+)
+def test_version_policies_as_in_tf_serving(tmp_path, policy, served):
+    for version in (1, 2, 3):
+        write_version(tmp_path, version)
+    repo = ModelRepository(tmp_path, "digits", loader=Loader(), policy=policy)
+    repo.poll()
+    assert repo.available() == served
+
+
+def test_model_config_file_serves_several_models_and_reloads(tmp_path):
+    for name in ("a", "b"):
+        write_version(tmp_path / name, 1)
+    config = tmp_path / "models.config"
+    config.write_text(f'model_config_list {{ config {{ name: "a" base_path: "{tmp_path / "a"}" }} '
+                      f'config {{ name: "b" base_path: "{tmp_path / "b"}" version_labels {{ key: "stable" value: 1 }} }} }}')
+    models = Models(read_model_config(config), loader=Loader())
+    watcher = ConfigWatcher(config, models, seconds=0.001)
+    models.poll()
+    assert models.get("a").version == 1 and models.get("b", label="stable").version == 1
+    with pytest.raises(ServingError, match="Unrecognized servable version label: stable"):
+        models.get("a", label="stable")
+
+    config.write_text("model_config_list { config { name: \"b\" base_path: \"%s\" } }" % (tmp_path / "b"))
+    time.sleep(0.01)  # past the watcher's period
+    watcher.check()
+    models.poll()
+    assert models.names == ["b"]
+    with pytest.raises(ServingError, match=r"Servable not found for request: Latest\(a\)"):
+        models.get("a")
+
+    config.write_text("improperly formatted file")  # not reloaded: the models stay as they are
+    time.sleep(0.01)
+    watcher.check()
+    assert models.names == ["b"]
+    with pytest.raises(ValueError, match="Error parsing text-format tensorflow.serving.ModelServerConfig"):
+        read_model_config(config)

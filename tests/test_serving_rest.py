@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from hvdk8s.serving import rest
+from hvdk8s.serving import examples, rest
 from hvdk8s.serving.rest import InputSpec, ServingError
 
 IMAGE = {"image_bytes": InputSpec(np.dtype(object), (None,))}
@@ -104,10 +104,8 @@ def test_named_instances_and_columnar_inputs_agree():
         # RapidJSON: an integer beyond uint64 is a double, so not an int64
         ({"instances": [{"a": [1, 2], "b": 2**64}]}, TWO, "is not of expected type: int64"),
         ({"instances": [{"a": [1, 2], "b": 2**63}]}, TWO, "is not of expected type: int64"),
-        ({"inputs": {"a": [[1, 2]], "b": [[[[1]]]] + [[[[1]]]]}}, TWO, "input b: got shape (2, 1, 1, 1)"),
         ({"instances": [{"a": [1, 2], "b": 1}, {"a": [1, 2, 3], "b": 1}]}, TWO, "different shapes"),
         ({"inputs": {"a": [[1, 2], [3]], "b": [1, 2]}}, TWO, "unexpected size: 1 at level: 1"),
-        ({"inputs": {"a": [1, 2], "b": [1, 2]}}, TWO, "input a: got shape (2,), the signature expects (-1, 2)"),
         ({"instances": [[1.0, 2.0]]}, TWO, "expecting list of objects"),
         ({"instances": [1], "inputs": [1]}, IMAGE, "only one of 'inputs' or 'instances'"),
         ({"signature_name": "other", "instances": ["x"]}, IMAGE, 'signature name: "other" not found'),
@@ -128,8 +126,14 @@ def test_invalid_bodies_are_invalid_argument(doc, specs, message):
     "raw, message",
     [
         (b"", "JSON Parse error: The document is empty"),
-        (b"{not json", "JSON Parse error"),
-        (b"\xff\xfe", "JSON Parse error"),
+        # RapidJSON's own words (GetParseError_En) and the offset, as json_tensor.cc ParseJson reports them
+        (b"{not json", "JSON Parse error: Missing a name for object member. at offset: 1"),
+        (b"instances = [1, 2]", "JSON Parse error: Invalid value. at offset: 0"),
+        (b'{"instances": [1 2]}', "JSON Parse error: Missing a comma or ']' after an array element. at offset: 17"),
+        (b'{"instances": [1] "x"}', "JSON Parse error: Missing a comma or '}' after an object member. at offset: 18"),
+        (b'{"instances" [1]}', "JSON Parse error: Missing a colon after a name of object member. at offset: 13"),
+        (b'{"instances": ["x', "JSON Parse error: Missing a closing quotation mark in string. at offset: 15"),
+        (b"\xff\xfe", "JSON Parse error: Invalid encoding in string. at offset: 0"),
         # RapidJSON (json_tensor.cc ParseJson) refuses numbers beyond double range; Python would give inf
         (b'{"instances": [[1e400]]}', "JSON Parse error: Number too big to be stored in double"),
         (b'{"instances": [[-1e400]]}', "JSON Parse error: Number too big to be stored in double"),
@@ -199,14 +203,64 @@ CLASSIFY_SIG = {"method_name": "tensorflow/serving/classify", "inputs": {"inputs
             "probabilities": {}, "classes": {}, "class_names": {}}}}, 400, "Expected one or two output Tensors, found 3"),
         ("regress", {"examples": [{"x": 1}]}, {"serving_default": {"inputs": {"image_bytes": {}}, "outputs": {
             "probabilities": {}, "classes": {}}}}, 400, "Expected one output Tensor."),
-        ("classify", {"examples": [{"x": 1}]}, {"serving_default": CLASSIFY_SIG}, 501, "does not run :classify"),
+        ("regress", {"examples": [{"x": 1}]}, {"serving_default": CLASSIFY_SIG}, 400, "Expected one output Tensor."),
+        # json_tensor.cc AddValueToFeature
+        ("classify", {"examples": [{"x": [1, 2.5]}]}, {"serving_default": CLASSIFY_SIG}, 400,
+         "Unexpected element type in feature: x expecting type: int64"),
+        ("classify", {"examples": [{"x": None}]}, {"serving_default": CLASSIFY_SIG}, 400,
+         "Feature: x has element with unexpected JSON type: Null"),
+        ("classify", {"examples": [{"x": 2**63}]}, {"serving_default": CLASSIFY_SIG}, 400,
+         "Feature: x has uint64_t element. Only int64_t is supported."),
+        ("classify", {"examples": [3]}, {"serving_default": CLASSIFY_SIG}, 400,
+         "Example must be JSON object but got JSON Number"),
     ],
 )
-def test_classify_and_regress_answer_as_tf_serving(api, doc, signature_defs, status, message):
+def test_classify_and_regress_refuse_as_tf_serving(api, doc, signature_defs, status, message):
     with pytest.raises(ServingError) as err:
-        signature = rest.parse_examples_body(body(doc))
-        raise rest.classify_regress_error(api, signature, signature_defs)
+        signature, items, context = rest.parse_examples_body(body(doc))
+        examples.from_json(items, context)
+        examples.check_signature(api, signature, signature_defs)
     assert err.value.http_status == status and message in err.value.message
+
+
+def test_json_examples_become_tf_examples_as_tf_serving_builds_them():
+    from tensorflow.core.example import example_pb2
+
+    signature, items, context = rest.parse_examples_body(body(
+        {"signature_name": "s", "context": {"c": "ctx"},
+         "examples": [{"f": 2.0, "i": [1, True], "b": {"b64": "AP8="}, "t": "text"}]}))
+    assert signature == "s"
+    (serialized,) = examples.from_json(items, context)
+    example = example_pb2.Example.FromString(serialized)  # the context's features merged into the example
+    features = example.features.feature
+    assert list(features["f"].float_list.value) == [2.0]
+    assert list(features["i"].int64_list.value) == [1, 1]
+    assert list(features["b"].bytes_list.value) == [b"\x00\xff"]
+    assert list(features["t"].bytes_list.value) == [b"text"]
+    assert list(features["c"].bytes_list.value) == [b"ctx"]
+
+
+def test_classification_and_regression_results_as_tf_serving_shapes_them():
+    scores = np.array([[0.25, 0.75]], dtype="float32")
+    classes = np.array([[b"cat", b"dog"]], dtype=object)
+    assert examples.classifications({"scores": scores, "classes": classes}, 1) == [[("cat", 0.25), ("dog", 0.75)]]
+    assert rest.classify_response(examples.classifications({"scores": np.array([[3.1]], "float32")}, 1)) == {
+        "results": [[["", 3.1]]]}  # no classes output: empty labels; float32 3.1 printed as 3.1
+    assert rest.regress_response(examples.regressions({"outputs": np.array([[42.0]], "float32")}, 1)) == {
+        "results": [42.0]}
+    with pytest.raises(ServingError, match=r"Expected output Tensor shape to be either \[batch_size\] or "
+                                           r"\[batch_size, 1\] but got \[1,2\]"):
+        examples.regressions({"outputs": scores}, 1)
+    with pytest.raises(ServingError, match="Expected scores output batch size of 2. Got: 1"):
+        examples.classifications({"scores": scores}, 2)
+
+
+def test_predict_leaves_shapes_to_the_model_as_tf_serving_does():
+    """TF Serving's REST predict builds the tensor from the JSON and lets the model judge its shape:
+    ``[1.0, 2.0, 5.0]`` goes to an input of shape (-1, 1) as a (3,) tensor (http_rest_api_handler_test.cc's Predict)."""
+    specs = {"x": InputSpec(np.dtype("float32"), (None, 1))}
+    _, arrays, row = rest.parse_predict_body(body({"instances": [1.0, 2.0, 5.0]}), specs_for(specs))
+    assert arrays["x"].shape == (3,) and row
 
 
 def test_row_and_columnar_responses():

@@ -5,9 +5,13 @@ import asyncio
 import gc
 import json
 import os
+import socket
+import subprocess
 
+import grpc
 import numpy as np
 import pytest
+from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 
 from hvdk8s.benchmarks.serving import MALFORMED_BODIES
 from hvdk8s.serving import loadtest, server
@@ -17,7 +21,7 @@ from hvdk8s.serving.process import running
 from hvdk8s.serving.client import request_body
 from hvdk8s.serving.repository import ModelRepository, load_servable
 from hvdk8s.serving.rest import ServingError
-from serving_models import export_untrained
+from serving_models import CLI, export_untrained
 
 
 async def _post(app, path: str, body: bytes) -> int:
@@ -154,3 +158,64 @@ def test_image_bytes_refused_before_tensorflow_in_tensorflows_own_words(base_pat
     else:  # a format this TensorFlow decodes (WebP from 2.19 on): only decoding tells it is broken
         assert data.startswith((b"\x89PNG", b"GIF8")) or (data.startswith(b"RIFF") and "WebP" in _decodable())
     servable.check("predict_tensor", {"images": np.zeros((1, 28, 28, 1), "float32")})  # other signatures: unchecked
+
+
+def _start(*args: str) -> tuple[subprocess.Popen, str]:
+    """``hvdk8s serve ARGS`` and its first line (printed once the models' first scan is done)."""
+    proc = subprocess.Popen([*CLI, "serve", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, proc.stdout.readline()
+
+
+def _stop(proc: subprocess.Popen) -> str:
+    proc.terminate()
+    return proc.communicate(timeout=30)[1]
+
+
+def test_port_0_gives_grpc_a_free_port_too_and_says_which(base_path):
+    """Issue #28: with --port 0 gRPC still took the fixed 8500, and failed when it was taken."""
+    with socket.socket() as taken:
+        try:
+            taken.bind(("127.0.0.1", 8500))
+        except OSError:
+            pass  # taken already: the same test
+        proc, line = _start(str(base_path), "--port", "0")
+        try:
+            assert " grpc 127.0.0.1:" in line, _stop(proc)
+            grpc_port = int(line.split(" grpc 127.0.0.1:")[1].split()[0])
+            assert grpc_port != 8500
+            with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+                request = get_model_status_pb2.GetModelStatusRequest()
+                request.model_spec.name = "digits"
+                status = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(request, timeout=30)
+            assert [v.version for v in status.model_version_status] == [1]
+        finally:
+            _stop(proc)
+
+
+def test_an_empty_model_directory_says_no_version_is_there_yet_and_where_it_looks(tmp_path):
+    """Issue #28: serve on an empty base path waited silently."""
+    empty = tmp_path / "digits"
+    empty.mkdir()
+    proc, line = _start(str(empty), "--port", "0")
+    err = _stop(proc)
+    assert "serving model 'digits'" in line
+    assert (f"model digits: {empty} has no version folder yet; waiting for a version folder named by an integer "
+            f"(e.g. {empty / '1'}) holding a SavedModel") in err
+
+
+@pytest.mark.parametrize(
+    "argv, ports",
+    [
+        (["BASE"], (8501, None)),
+        (["BASE", "--port", "0"], (0, None)),  # gRPC then also on any free port (server.serve)
+        (["BASE", "--rest_api_port", "9001", "--grpc-port", "9000"], (9001, 9000)),
+        # tensorflow_model_server's command line: --port is gRPC
+        (["--model_base_path=BASE", "--model_name=m", "--port=9000", "--rest_api_port=9001"], (9001, 9000)),
+        (["--model_config_file=FILE"], (8501, None)),
+    ],
+)
+def test_ports_from_hvdk8s_and_tf_serving_flags(argv, ports):
+    import hvdk8s.cli
+    from hvdk8s.serving.cli import serve_ports
+
+    assert serve_ports(hvdk8s.cli.build_parser().parse_args(["serve", *argv])) == ports
