@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import random
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -119,6 +120,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report-only", type=Path, metavar="RESULTS_JSON", help="re-render the report from a results file")
     p.add_argument("--serving", action="store_true", help="benchmark hvdk8s serve instead (REST/gRPC, batching on/off; "
                    "writes serving.json/.md/.png; 9 min, 2 with --quick: shorter loads and a 30 s soak)")
+    p.add_argument("--chaos", type=int, metavar="N", help="run N elastic jobs that each lose a worker at a random "
+                   "point instead; report survived / lost steps / time to recover (chaos.md, chaos.png)")
     for flag, (_field, parse, text) in OVERRIDES.items():
         p.add_argument(flag, type=parse, default=None, help=text)
     p.set_defaults(handler=run, command_line=None)
@@ -152,6 +155,10 @@ def run(args: argparse.Namespace) -> int:
         paths = report.write(results, args.report_only.parent)
         print(f"hvdk8s bench: wrote {paths['markdown']}")
         return 0
+    if args.chaos:
+        from . import chaos
+
+        return chaos.main(args.chaos, random.randrange(2**31), args.out, args.command_line or ["hvdk8s", *sys.argv[1:]])
     if args.serving:
         from . import serving
 

@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     elastic.add_argument("--host-discovery-script", metavar="SCRIPT", help="prints the available host[:slots] lines")
     elastic.add_argument("--slots", type=int, help="slots of hosts listed without a count")
     elastic.add_argument("--network-interface", metavar="NIC", help="interface for Gloo (lo for one host)")
+    elastic.add_argument("--blacklist-cooldown", type=int, nargs=2, metavar=("MIN", "MAX"),
+                         help="let the host of a failed worker back after MIN-MAX seconds (default: never; Horovod "
+                              "blacklists the whole host)")
     # dest argv: "command" is the top-level parser's dest for the subcommand, which error messages name
     run.add_argument("argv", metavar="command", nargs=argparse.REMAINDER, help="script.py [args] or any command")
     run.set_defaults(handler=_run)
@@ -56,9 +59,10 @@ def _run(args: argparse.Namespace) -> int:
             discovery_script=args.host_discovery_script,
             slots=args.slots,
             network_interface=args.network_interface,
+            blacklist_cooldown=tuple(args.blacklist_cooldown) if args.blacklist_cooldown else None,
         )
-    elif args.min_np or args.max_np:
-        raise UserError("--min-np/--max-np: elastic runs need --host-discovery-script")
+    elif args.min_np or args.max_np or args.blacklist_cooldown:
+        raise UserError("--min-np/--max-np/--blacklist-cooldown: elastic runs need --host-discovery-script")
     return local.run(args.np, args.argv, hosts=args.hosts, env=args.env, timeline=args.timeline, elastic=elastic,
                      allreduce_algorithm=args.allreduce_algorithm, tcp_eager_limit=args.tcp_eager_limit)
 

@@ -47,6 +47,7 @@ class ElasticOptions:
     discovery_script: str
     slots: int | None = None
     network_interface: str | None = None
+    blacklist_cooldown: tuple[int, int] | None = None
 
 
 def elastic_argv(np: int, command: list[str], options: ElasticOptions) -> list[str]:
@@ -62,9 +63,11 @@ def elastic_argv(np: int, command: list[str], options: ElasticOptions) -> list[s
             discovery_script=os.path.abspath(options.discovery_script),
             slots=options.slots,
             network_interface=options.network_interface,
+            blacklist_cooldown=options.blacklist_cooldown,
         )
     except ValueError as err:
-        raise UserError(f"--min-np/-np/--max-np: {err}") from None
+        flag = "--blacklist-cooldown" if "cooldown" in str(err) else "--min-np/-np/--max-np"
+        raise UserError(f"{flag}: {err}") from None
     return [installed_script("horovodrun"), *argv[1:]]
 
 

@@ -157,6 +157,7 @@ def horovodrun_argv(
     discovery_script: str,
     slots: int | None = None,
     network_interface: str | None = None,
+    blacklist_cooldown: tuple[int, int] | None = None,
 ) -> list[str]:
     """Build elastic ``horovodrun`` argv: ``np`` ranks to start, kept within [min_np, max_np].
 
@@ -164,7 +165,9 @@ def horovodrun_argv(
     itself. ``discovery_script`` prints ``host[:slots]`` lines; ``slots`` is
     used for hosts listed without a count. Horovod's driver waits for two hosts
     to agree on a network interface unless ``network_interface`` names one,
-    so single-host runs need it (``lo``).
+    so single-host runs need it (``lo``). Horovod blacklists the host of a
+    failed worker for good, unless ``blacklist_cooldown`` (min, max seconds)
+    lets it back after a random wait in that range.
     """
     if not 1 <= min_np <= np <= max_np:
         raise ValueError(f"elastic bounds: need 1 <= min_np ({min_np}) <= np ({np}) <= max_np ({max_np})")
@@ -175,6 +178,11 @@ def horovodrun_argv(
         argv += ["--slots", str(slots)]
     if network_interface:
         argv += ["--network-interface", network_interface]
+    if blacklist_cooldown is not None:
+        low, high = blacklist_cooldown
+        if not 0 < low <= high:
+            raise ValueError(f"blacklist cooldown: need 0 < min ({low}) <= max ({high}) seconds")
+        argv += ["--blacklist-cooldown-range", str(low), str(high)]
     return argv + ["--host-discovery-script", discovery_script, *command]
 
 

@@ -133,6 +133,12 @@ def test_horovodrun_argv_exact_and_bounds_checked() -> None:
         assert "min_np (5) <= np (4)" in str(err)
     else:
         raise AssertionError("bounds not checked")
+    assert mpirun.horovodrun_argv(1, ["t"], min_np=1, max_np=2, discovery_script="d", blacklist_cooldown=(2, 4)) == [
+        "horovodrun", "-np", "1", "--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "2", "4",
+        "--host-discovery-script", "d", "t",
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match=r"blacklist cooldown: need 0 < min \(5\) <= max \(2\) seconds"):
+        mpirun.horovodrun_argv(1, ["t"], min_np=1, max_np=2, discovery_script="d", blacklist_cooldown=(5, 2))
 
 
 # What each error is, and what elastic.run must do with it: True resets to the last commit, False fails the job.
