@@ -20,8 +20,10 @@ SCRIPTS = {"raw": "tensorflow2_synthetic_benchmark.py", "hvdk8s": "tensorflow2_k
 # Batch per rank: small enough for a 2-core machine (about 4 s per ResNet50 step at 4 images per rank).
 BATCH = {"MobileNetV2": 8, "ResNet50": 4}
 DEFAULT_BATCH = 8
-# rank 0's line, as printed or as mpirun's --tag-output prefixes it ("[1,0]<stdout>:")
-_ITER = re.compile(r"^(?:\[\d+,0\]<stdout>:)?Iter #(\d+): ([0-9.]+) img/sec per (?:CPU|GPU)\s*$", re.M)
+# mpirun's --tag-output prefix ("[1,0]<stdout>:"), which lands mid-line when a rank's output arrives in pieces
+# ("...per CPU[1,0]<stdout>:\n"); only rank 0 prints the iterations in both scripts.
+_TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:")
+_ITER = re.compile(r"Iter #(\d+): ([0-9.]+) img/sec per (?:CPU|GPU)")
 _MODEL = re.compile(r"^[A-Z][A-Za-z0-9]*$")
 
 
@@ -58,7 +60,7 @@ def order(r: int) -> tuple[str, str]:
 
 def iter_rates(log: str, which: str, iters: int) -> list[float]:
     """Rank 0's img/s per rank of every timed iteration, from a launch's output; ValueError if they are not all there."""
-    found = [(int(k), float(v)) for k, v in _ITER.findall(log)]
+    found = [(int(k), float(v)) for k, v in _ITER.findall(_TAG.sub("", log))]
     rates = [v for k, v in found if which == "raw" or k > 0]  # the Keras version's epoch 0 is its warm-up
     if len(rates) != iters:
         raise ValueError(f"{SCRIPTS[which]}: expected {iters} timed iterations in its output, found {len(rates)}")
