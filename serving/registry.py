@@ -88,6 +88,11 @@ class Models:
         for name in sorted(set(current) - set(repositories)):
             log.info("model %s: no longer in the model config; unloaded", name)
 
+    @property
+    def loads(self) -> int:
+        """Versions loaded so far, all models together (changes when a poll loaded something)."""
+        return sum(r.loads for r in self.repositories())
+
     def poll(self) -> None:
         for repository in self.repositories():
             try:

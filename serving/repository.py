@@ -250,6 +250,7 @@ class ModelRepository:
         self._states: dict[int, _State] = {}
         self._dirs: dict[int, Path] = {}
         self._told_empty = False
+        self.loads = 0  # versions loaded so far (the server re-freezes the garbage collector after each)
 
     def poll(self) -> None:
         """Load new versions and unload superseded or deleted ones."""
@@ -333,6 +334,7 @@ class ModelRepository:
         with self._lock:
             self._servables[version] = servable
             self._states[version] = _State("AVAILABLE")
+        self.loads += 1
         log.info("model %s: serving version %d from %s", self.name, version, servable.path)
 
 
