@@ -196,3 +196,47 @@ def test_predict_and_loadtest_clis_over_grpc(server, tmp_path, capsys):
     assert "requests     30 in" in capsys.readouterr().out
     refused = loadtest.run(server.grpc, "mnist", grpc=True, concurrency=2, requests=4)
     assert refused.errors_by_status == {"NOT_FOUND": 4}
+
+
+@pytest.mark.parametrize(
+    "array, field, values",
+    [
+        (np.array([[1.5], [2.0]], "float32"), "float_val", [1.5, 2.0]),
+        (np.array([1.5], "float64"), "double_val", [1.5]),
+        (np.array([1, -2], "int32"), "int_val", [1, -2]),
+        (np.array([255], "uint8"), "int_val", [255]),
+        (np.array([2**40], "int64"), "int64_val", [2**40]),
+        (np.array([True, False]), "bool_val", [True, False]),
+        (np.array([1.0], "float16"), "half_val", [0x3C00]),  # the 16-bit pattern
+        (np.array([1 + 2j], "complex64"), "scomplex_val", [1.0, 2.0]),
+        (np.array([b"a", b"b"], dtype=object), "string_val", [b"a", b"b"]),
+    ],
+)
+def test_outputs_go_in_the_typed_fields_as_tf_serving_fills_them(array, field, values):
+    """predict_util.cc: Tensor::AsProtoField (not tensor_content), so clients reading float_val etc. see the values."""
+    from hvdk8s.serving.grpc_server import tensor_proto
+
+    proto = tensor_proto(array)
+    assert (list(getattr(proto, field)), proto.tensor_content) == (values, b"")
+    np.testing.assert_array_equal(tf.make_ndarray(proto), array)
+
+
+def test_grpc_channel_arguments_are_parsed_as_tf_serving_parses_them():
+    """server.cc parseGrpcChannelArgs: key=value pairs split on commas, the value an int where one parses."""
+    from hvdk8s.serving.grpc_server import channel_arguments
+
+    assert channel_arguments("grpc.max_connection_age_ms=2000,grpc.lb_policy_name=grpclb,grpc.so_reuseaddr=1") == [
+        ("grpc.max_connection_age_ms", 2000), ("grpc.lb_policy_name", "grpclb"), ("grpc.so_reuseaddr", 1)]
+    with pytest.raises(ValueError, match="--grpc_channel_arguments: 'grpc.x' is not key=value"):
+        channel_arguments("grpc.x")
+
+
+def test_monitoring_config_as_tf_serving_reads_it():
+    from hvdk8s.serving import monitoring
+
+    assert monitoring.parse_config("prometheus_config { enable: true }", "f") == monitoring.PrometheusConfig(
+        True, "/monitoring/prometheus/metrics")  # kPrometheusPath when no path is given
+    assert monitoring.parse_config('prometheus_config { enable: true, path: "/m" }', "f").path == "/m"
+    assert not monitoring.parse_config("", "f").enable
+    with pytest.raises(ValueError, match="f: Error parsing text-format tensorflow.serving.MonitoringConfig"):
+        monitoring.parse_config("prometheus { }", "f")

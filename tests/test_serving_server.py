@@ -236,3 +236,14 @@ def test_loaded_models_are_frozen_out_of_the_cyclic_collector(base_path):
         gc.unfreeze()
         core.close()
     assert frozen > 50_000 and tracked < frozen / 10, (frozen, tracked)  # the model is frozen, little is left
+
+
+def test_a_model_call_past_the_rest_api_timeout_answers_deadline_exceeded():
+    """--rest_api_timeout_in_ms: the REST answer is 504 DEADLINE_EXCEEDED (the call itself is left to finish)."""
+    async def wait_for_a_call_that_never_ends() -> None:
+        await server._within(asyncio.get_running_loop().create_future(), 0.01)
+
+    with pytest.raises(ServingError) as err:
+        asyncio.run(wait_for_a_call_that_never_ends())
+    assert (err.value.code, err.value.http_status) == ("DEADLINE_EXCEEDED", 504)
+    assert "no answer within 10 ms (--rest_api_timeout_in_ms)" in err.value.message
