@@ -121,16 +121,95 @@ def _export_models(root: Path, settings: Settings) -> dict[str, tuple[Path, str]
         weights=None, input_shape=(settings.heavy_size, settings.heavy_size, 3), alpha=settings.heavy_alpha, classes=10
     )
     size = settings.heavy_size
-    null = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.GlobalAveragePooling2D()], name="null")
     return {
         "digits": (digits.parent, "digits CNN (28x28x1), PNG bytes in"),
         "mobilenet": (serving.export(heavy, root / "mobilenet", preprocessing="symmetric").parent,
                       f"MobileNetV2 alpha {settings.heavy_alpha} ({size}x{size}x3), random weights, PNG bytes in"),
-        "null": (serving.export(null, root / "null").parent,
+        "null": (_export_null(root),
                  "null model: the digits signature (PNG bytes in, decoded and resized to 28x28x1) and one average "
                  "as the model, so :predict costs what the serving path adds (parsing, base64, decoding, dispatch, "
                  "response)"),
     }
+
+
+def _export_null(root: Path) -> Path:
+    """The null model's base path: the digits signature with one average as the model."""
+    import keras
+
+    from hvdk8s import serving
+
+    null = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.GlobalAveragePooling2D()], name="null")
+    return serving.export(null, root / "null").parent
+
+
+def wrk_study(seconds: float = 8, concurrency: int = 32) -> dict[str, Any]:
+    """Issue #26's server-cost figures in one run: ``wrk`` beside ``hvdk8s loadtest``, with and without ``gc.freeze``.
+
+    For each server (the null model; the second with ``gc.freeze`` made a
+    no-op): wrk at ``concurrency`` on keep-alive against GET status and POST
+    ``:predict`` (one PNG), the server's CPU per request from
+    /proc/PID/stat, wrk's p50/p99, then ``hvdk8s loadtest`` on ``:predict``.
+    Needs ``wrk`` on PATH (Debian: ``apt-get install wrk``). Run as
+    ``python -m hvdk8s.benchmarks.serving``.
+    """
+    import base64
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    from hvdk8s.serving import loadtest
+
+    if not shutil.which("wrk"):
+        raise RuntimeError("wrk is not on PATH (Debian: apt-get install wrk)")
+    png = loadtest.digits_png(1)[0]
+    body = json.dumps({"instances": [{"b64": base64.b64encode(png).decode()}]})
+    results: dict[str, Any] = {"concurrency": concurrency, "seconds": seconds}
+    with tempfile.TemporaryDirectory(prefix="hvdk8s-bench-wrk-") as tmp:
+        base = _export_null(Path(tmp))
+        (lua := Path(tmp) / "post.lua").write_text(
+            f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\nwrk.headers["Content-Type"] = "application/json"\n')
+
+        def cpu_s(pid: int) -> float:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+        def wrk(url: str, pid: int, script: Path | None, duration: float) -> dict[str, float]:
+            before = cpu_s(pid)
+            out = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{duration:g}s", "--latency",
+                                  *(["-s", str(script)] if script else []), url],
+                                 capture_output=True, text=True, check=True).stdout
+            used = cpu_s(pid) - before
+            done = int(re.search(r"(\d+) requests in", out).group(1))
+            ms = {p: float(v) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[u]
+                  for p, v, u in re.findall(r"\s(50|99)%\s+([\d.]+)(us|ms|s)", out)}
+            bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+            return {"rps": done / duration, "server_cpu_us": used / done * 1e6, "p50_ms": ms["50"],
+                    "p99_ms": ms["99"], "non_2xx": int(bad.group(1)) if bad else 0}
+
+        for mode, prelude in (("gc.freeze", ""), ("no gc.freeze", "import gc; gc.freeze = lambda: None; ")):
+            proc = subprocess.Popen(
+                [sys.executable, "-c", prelude + "import sys; from hvdk8s.cli import main; sys.exit(main(sys.argv[1:]))",
+                 "serve", str(base), "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            try:
+                line = proc.stdout.readline()
+                url = line[line.index("http://"):].split("/v1/")[0]
+                status_url, predict_url = f"{url}/v1/models/null", f"{url}/v1/models/null:predict"
+                wrk(status_url, proc.pid, None, 2)  # warm-up
+                wrk(predict_url, proc.pid, lua, 2)
+                status, predict = wrk(status_url, proc.pid, None, seconds), wrk(predict_url, proc.pid, lua, seconds)
+                load = loadtest.run(url, "null", concurrency=concurrency, duration=seconds, images=[png]).to_dict()
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+            results[mode] = {
+                "wrk_status": status, "wrk_predict": predict,
+                "loadtest_predict": {"rps": load["rps"], "latency_ms": load["latency_ms"]},
+                "cpu_predict_over_status": predict["server_cpu_us"] / status["server_cpu_us"],
+                "p99_over_p50_predict": predict["p99_ms"] / predict["p50_ms"],
+                "loadtest_over_wrk_rps": load["rps"] / predict["rps"],
+            }
+    return results
 
 
 def _inprocess(base: Path, settings: Settings) -> dict[str, Any]:
@@ -398,3 +477,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
+
+
+if __name__ == "__main__":
+    print(json.dumps(wrk_study(), indent=1))

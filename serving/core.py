@@ -18,14 +18,17 @@ import numpy as np
 
 from hvdk8s.serving import examples, rest
 from hvdk8s.serving.batching import Batcher, BatchingParameters, Unbatched
+from hvdk8s.serving.monitoring import Metrics
 from hvdk8s.serving.registry import Models
 from hvdk8s.serving.repository import ModelRepository, Servable
 
 
 class ServingCore:
-    def __init__(self, models: Models | ModelRepository, batching: BatchingParameters | None = BatchingParameters()):
+    def __init__(self, models: Models | ModelRepository, batching: BatchingParameters | None = BatchingParameters(),
+                 metrics: Metrics | None = None):
         self.models = models if isinstance(models, Models) else Models.of(models)
         self.batching = batching
+        self.metrics = metrics  # both front ends count their requests here (--monitoring_config_file)
         self.executor: Batcher | Unbatched = Batcher(batching, _run) if batching else Unbatched(_run)
 
     def servable(self, model: str, version: int | None = None, label: str | None = None) -> Servable:

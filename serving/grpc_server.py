@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -143,7 +144,7 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     def Predict(self, request: Any, context: grpc.ServicerContext) -> Any:
         spec = request.model_spec
-        with _status(context):
+        with _status(context, self.core, spec.name, "predict"):
             servable = self.core.servable(*_selects(spec))
             signature = spec.signature_name or rest.DEFAULT_SIGNATURE
             arrays = inputs_from_protos(request.inputs, servable.inputs_of(signature))
@@ -160,14 +161,14 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             return response
 
     def Classify(self, request: Any, context: grpc.ServicerContext) -> Any:
-        with _status(context):
+        with _status(context, self.core, request.model_spec.name, examples.CLASSIFY):
             response = classification_pb2.ClassificationResponse()
             self._examples(examples.CLASSIFY, request.model_spec, examples.from_input(request.input),
                            response.model_spec, response.result)
             return response
 
     def Regress(self, request: Any, context: grpc.ServicerContext) -> Any:
-        with _status(context):
+        with _status(context, self.core, request.model_spec.name, examples.REGRESS):
             response = regression_pb2.RegressionResponse()
             self._examples(examples.REGRESS, request.model_spec, examples.from_input(request.input),
                            response.model_spec, response.result)
@@ -175,7 +176,8 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     def MultiInference(self, request: Any, context: grpc.ServicerContext) -> Any:
         """Several classify/regress signatures of one model on the same examples (multi_inference.cc's checks)."""
-        with _status(context):
+        model = request.tasks[0].model_spec.name if request.tasks else ""
+        with _status(context, self.core, model, "multi_inference"):
             tasks = list(request.tasks)
             names, signatures = set(), set()
             for task in tasks:
@@ -216,7 +218,7 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
 
     def GetModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
         spec = request.model_spec
-        with _status(context):
+        with _status(context, self.core, spec.name, "metadata"):
             if not request.metadata_field:
                 raise rest.invalid("GetModelMetadataRequest must specify at least one metadata_field")
             for name in request.metadata_field:
@@ -240,7 +242,7 @@ class _ModelService(model_service_pb2_grpc.ModelServiceServicer):
 
     def GetModelStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
         spec = request.model_spec
-        with _status(context):
+        with _status(context, self.core, spec.name, "status"):
             doc = self.core.status(*_selects(spec))
             return json_format.ParseDict(doc, get_model_status_pb2.GetModelStatusResponse())
 
@@ -257,12 +259,20 @@ def _fill_spec(model_spec: Any, name: str, version: int, signature: str) -> None
 
 
 @contextlib.contextmanager
-def _status(context: grpc.ServicerContext) -> Iterator[None]:
-    """A ``rest.ServingError`` becomes the gRPC status of the same name (``abort`` raises)."""
+def _status(context: grpc.ServicerContext, core: ServingCore, model: str, api: str) -> Iterator[None]:
+    """A ``rest.ServingError`` becomes the gRPC status of the same name (``abort`` raises); the call is counted."""
+    start, code = time.perf_counter(), "OK"
     try:
         yield
     except rest.ServingError as err:
+        code = err.code
         context.abort(grpc.StatusCode[err.code], err.message)
+    except Exception:
+        code = "INTERNAL"  # a bug: grpc answers UNKNOWN with the exception's text
+        raise
+    finally:
+        if core.metrics is not None:
+            core.metrics.observe(model, api, "GRPC", code, time.perf_counter() - start)
 
 
 class _ProfilerProxy(grpc.GenericRpcHandler):

@@ -8,8 +8,8 @@ true, path: "..." }``, the path defaulting to
 model_servers/http_server.cc). The metric names follow TF Serving's
 (``/tensorflow/serving/request_count`` exported as
 ``:tensorflow:serving:request_count``, prometheus_exporter.cc's renaming;
-the Prometheus client adds ``_total`` to the counter). REST requests only:
-gRPC calls are not counted yet.
+the Prometheus client adds ``_total`` to the counter), REST and gRPC
+requests alike (``entrypoint``).
 """
 from __future__ import annotations
 

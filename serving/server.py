@@ -69,13 +69,13 @@ def create_app(
     on_stop: Sequence[Callable[[], object]] = (),
     watcher: ConfigWatcher | None = None,
     timeout_seconds: float | None = None,
-    metrics: tuple[str, Metrics] | None = None,
+    metrics_path: str | None = None,
 ) -> Starlette:
     """The ASGI app; its lifespan loads the models, runs ``on_ready``, polls until shutdown, then runs ``on_stop``.
 
     ``watcher``: re-reads the model config file as it polls; ``timeout_seconds``:
     a model call taking longer answers DEADLINE_EXCEEDED (``--rest_api_timeout_in_ms``);
-    ``metrics``: (path, metrics) served as Prometheus text at that path.
+    ``metrics_path``: ``core.metrics`` served there as Prometheus text.
     """
     models = core.models
     frozen = [-1]  # models.loads when the collector was last frozen
@@ -126,8 +126,8 @@ def create_app(
 
     async def endpoint(request: Request) -> Response:
         path = request.scope["path"]  # the decoded path; request.url would build a whole URL object per request
-        if metrics is not None and path == metrics[0] and request.method == "GET":
-            return Response(metrics[1].exposition(), media_type="text/plain; version=0.0.4")
+        if core.metrics is not None and path == metrics_path and request.method == "GET":
+            return Response(core.metrics.exposition(), media_type="text/plain; version=0.0.4")
         start, code, route = time.perf_counter(), "OK", None
         try:
             body = await _read_body(request, max_request_bytes)  # always: keeps the connection usable
@@ -138,8 +138,8 @@ def create_app(
         except Exception as err:  # noqa: BLE001  (a bug must still answer in JSON and keep the connection)
             log.exception("%s %s failed", request.method, path)
             code, answer = "INTERNAL", _json(500, rest.error_body(f"Internal: {type(err).__name__}: {err}"))
-        if metrics is not None and route is not None:
-            metrics[1].observe(route.model, route.kind, "REST", code, time.perf_counter() - start)
+        if core.metrics is not None and route is not None:
+            core.metrics.observe(route.model, route.kind, "REST", code, time.perf_counter() - start)
         return answer
 
     return Starlette(routes=[Route("/{path:path}", endpoint, methods=METHODS)], lifespan=lifespan)
@@ -286,7 +286,7 @@ def serve(
     models = Models(configs)
     if model_config_file is not None:
         watcher = ConfigWatcher(model_config_file, models, config_poll_seconds)
-    core = ServingCore(models, batching)
+    core = ServingCore(models, batching, Metrics() if metrics_path else None)
     try:
         rpc, bound_grpc = grpc_server.create_server(core, host, grpc_port, socket_path=grpc_socket_path,
                                                     options=grpc_options)
@@ -308,7 +308,7 @@ def serve(
         on_stop=[lambda: rpc.stop(grace=5).wait(), core.close],  # before uvicorn re-raises the signal
         watcher=watcher,
         timeout_seconds=rest_timeout_ms / 1000 if rest_timeout_ms else None,
-        metrics=(metrics_path, Metrics()) if metrics_path else None,
+        metrics_path=metrics_path,
     )
     config = uvicorn.Config(
         app, loop="uvloop", http="httptools", log_level="warning", access_log=False, lifespan="on",

@@ -240,3 +240,20 @@ def test_monitoring_config_as_tf_serving_reads_it():
     assert not monitoring.parse_config("", "f").enable
     with pytest.raises(ValueError, match="f: Error parsing text-format tensorflow.serving.MonitoringConfig"):
         monitoring.parse_config("prometheus { }", "f")
+
+
+def test_prometheus_metrics_count_rest_and_grpc_requests(model_dir, tmp_path):
+    """--monitoring_config_file: metrics at TF Serving's path on the REST port, both front ends counted."""
+    config = tmp_path / "monitoring.config"
+    config.write_text("prometheus_config { enable: true }")
+    with running(model_dir, tmp_path / "stderr.log", "--monitoring_config_file", str(config)) as served:
+        assert requests.get(f"{served.url}/v1/models/digits", timeout=30).status_code == 200
+        assert requests.get(f"{served.url}/v1/models/mnist", timeout=30).status_code == 404
+        request = get_model_status_pb2.GetModelStatusRequest()
+        request.model_spec.name = "digits"
+        with grpc.insecure_channel(served.grpc) as channel:
+            model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(request, timeout=30)
+        text = requests.get(f"{served.url}/monitoring/prometheus/metrics", timeout=30).text
+    assert ':tensorflow:serving:request_count_total{model_name="digits",status="OK"} 2.0' in text
+    assert ':tensorflow:serving:request_count_total{model_name="mnist",status="NOT_FOUND"} 1.0' in text
+    assert ':tensorflow:serving:request_latency_count{API="status",entrypoint="GRPC",model_name="digits"} 1.0' in text
