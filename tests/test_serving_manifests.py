@@ -25,6 +25,8 @@ from hvdk8s.errors import UserError
 from hvdk8s.serving import manifests, manifests_cli
 from hvdk8s.serving.manifests_options import Autoscaling, Batching, Resources, ServingOptions
 
+pytestmark = pytest.mark.unit
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "serving" / "examples"
 SCHEMAS = Path(__file__).resolve().parents[2] / "shared" / "schemas"

@@ -11,6 +11,8 @@ from hvdk8s.serving.registry import ConfigWatcher, Models, read_model_config
 from hvdk8s.serving.repository import ModelRepository, Servable, VersionPolicy
 from hvdk8s.serving.rest import ServingError
 
+pytestmark = pytest.mark.unit
+
 
 class Loader:
     """Loads any folder with a saved_model.pb whose text is not "broken"; records the calls."""
