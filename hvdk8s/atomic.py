@@ -7,6 +7,7 @@ running as another user). This module imports nothing of hvdk8s, so every layer 
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -24,10 +25,10 @@ TEMP_PREFIX = ".tmp-"
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary file beside ``path`` (same suffix, so writers that check it accept it) to write to.
 
-    Renamed onto ``path`` when the block ends, removed if it raises.
+    Renamed onto ``path`` when the block ends, removed if it raises. Missing folders are made.
     """
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    _make_parent(final)
     fd, name = tempfile.mkstemp(dir=final.parent, prefix=f"{TEMP_PREFIX}{final.stem}-", suffix=final.suffix)
     tmp = Path(name)
     try:
@@ -48,7 +49,7 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     The rename fails (``OSError``) if ``path`` exists, so two writers never merge into one folder.
     """
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    _make_parent(final)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f"{TEMP_PREFIX}{final.name}-"))
     try:
         os.chmod(tmp, 0o777 & ~_umask())
@@ -74,6 +75,15 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
 def write_json(path: str | os.PathLike[str], data: Any) -> Path:
     """Replace ``path`` with ``data`` as indented JSON atomically."""
     return write_text(path, json.dumps(data, indent=1) + "\n")
+
+
+def _make_parent(path: Path) -> None:
+    for folder in (path.parent, *path.parent.parents):
+        if folder.exists():
+            if not folder.is_dir():  # mkdir would say "File exists", which misleads
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(folder))
+            break
+    path.parent.mkdir(parents=True, exist_ok=True)
 
 
 def _fsync(path: Path) -> None:

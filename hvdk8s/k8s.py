@@ -1,15 +1,14 @@
 """Kubernetes conventions shared by ``mpijob``, ``launcher`` and ``serving``.
 
 Naming, label and quantity rules (as apimachinery's validation spells them),
-field errors in the API server's shape (kind, field path, detail), reading and
-atomically writing YAML that people keep, and connecting to a cluster. It
+field errors in the API server's shape (kind, field path, detail) and the error
+that carries all of a file's, reading and dumping YAML, and connecting to a cluster. It
 imports none of those packages, so none of them import each other for it.
 """
 from __future__ import annotations
 
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -55,6 +54,15 @@ class FieldError:
 
     def __str__(self) -> str:
         return f"{self.path}: {self.detail}"
+
+
+class SpecError(UserError):
+    """An invalid job spec or MPIJob: ``field_errors`` holds every problem, ``errors`` them as ``path: detail``."""
+
+    def __init__(self, source: str, field_errors: list[FieldError]):
+        self.source, self.field_errors = source, field_errors
+        self.errors = [str(e) for e in field_errors]
+        super().__init__(f"{source}: invalid:\n  " + "\n  ".join(self.errors))
 
 
 def required(path: str, detail: str = "required") -> FieldError:
@@ -177,20 +185,6 @@ def to_yaml(*manifests: Mapping[str, Any]) -> str:
         yaml.dump(dict(m), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=10_000)
         for m in manifests
     )
-
-
-def write_atomic(path: str | os.PathLike[str], text: str) -> None:
-    """Replace ``path`` in one step, so ``kubectl apply`` never reads half a file."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the file from other readers
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # ---- the API client --------------------------------------------------------

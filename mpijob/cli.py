@@ -68,7 +68,7 @@ def spec_source(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 def _render(args: argparse.Namespace) -> int:
     from hvdk8s.errors import UserError
     from hvdk8s.mpijob import trainjob
-    from hvdk8s.mpijob.files import checked_render, is_mpijob, load_spec, manifest_from_data, to_yaml, write_atomic
+    from hvdk8s.mpijob.files import checked_render, is_mpijob, load_spec, manifest_from_data, to_yaml, write_text
     from hvdk8s.mpijob.render import render_podmonitor
 
     data, origin = spec_source(args)
@@ -88,7 +88,7 @@ def _render(args: argparse.Namespace) -> int:
     text = to_yaml(*manifests)
     if args.output:
         try:
-            write_atomic(args.output, text)
+            write_text(args.output, text)
         except OSError as exc:
             raise UserError(f"-o {args.output}: {exc.strerror}") from None
     else:

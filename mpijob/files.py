@@ -10,23 +10,16 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hvdk8s.atomic import write_text
 from hvdk8s.errors import UserError
-from hvdk8s.k8s import FieldError, read_yaml, to_yaml, write_atomic
+from hvdk8s.k8s import FieldError, SpecError, read_yaml, to_yaml
 from hvdk8s.mpijob import parse, validate
 from hvdk8s.mpijob.render import KIND, render
 from hvdk8s.mpijob.spec import JobSpec
+from hvdk8s.mpijob.trainjob import checked_render_trainjob
 
 __all__ = ["SpecError", "load_spec", "manifest_from_data", "manifest_from_file", "objects_from_file", "read_yaml",
-           "to_yaml", "write_atomic"]
-
-
-class SpecError(UserError):
-    """An invalid job spec or MPIJob: ``field_errors`` holds every problem, ``errors`` them as ``path: detail``."""
-
-    def __init__(self, source: str, field_errors: list[FieldError]):
-        self.source, self.field_errors = source, field_errors
-        self.errors = [str(e) for e in field_errors]
-        super().__init__(f"{source}: invalid:\n  " + "\n  ".join(self.errors))
+           "to_yaml", "write_text"]
 
 
 def load_spec(source: str | os.PathLike[str] | Mapping[str, Any], *, origin: str | None = None) -> JobSpec:
@@ -88,7 +81,6 @@ def manifest_from_file(path: str | os.PathLike[str], warn: Callable[[str], None]
 def objects_from_file(path: str | os.PathLike[str], api: str = "mpijob") -> list[dict[str, Any]]:
     """What ``submit`` creates, in order: the MPIJob (a ready one as is, or a job spec rendered), or with
     ``api="trainjob"`` a job spec's TrainingRuntime and TrainJob."""
-    from hvdk8s.mpijob.trainjob import checked_render_trainjob  # it imports this module
 
     data, where = read_yaml(path), str(path)
     if api == "trainjob":

@@ -31,8 +31,7 @@ import dataclasses
 from typing import Any
 
 from hvdk8s import k8s
-from hvdk8s.k8s import MULTIKUEUE, FieldError, forbidden
-from hvdk8s.mpijob.files import SpecError
+from hvdk8s.k8s import MULTIKUEUE, FieldError, SpecError, forbidden
 from hvdk8s.mpijob.render import labels, launcher_command, metadata, render
 from hvdk8s.mpijob.spec import JobSpec
 

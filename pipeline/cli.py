@@ -46,8 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _render(args: argparse.Namespace) -> int:
+    from hvdk8s.atomic import write_text
     from hvdk8s.errors import UserError
-    from hvdk8s.k8s import to_yaml, write_atomic
+    from hvdk8s.k8s import to_yaml
     from hvdk8s.pipeline import build, load_pipeline, rbac, render_workflow
 
     pipeline = load_pipeline(args.file)
@@ -57,7 +58,7 @@ def _render(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     try:
-        write_atomic(args.output, text)
+        write_text(args.output, text)
     except OSError as exc:
         raise UserError(f"-o {args.output}: {exc.strerror}") from None
     return 0

@@ -18,7 +18,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from hvdk8s import k8s as files  # the neutral module's YAML writer
+from hvdk8s import atomic, k8s
 from hvdk8s.serving.manifests_options import (
     GRPC_PORT,
     METRICS_PATH,
@@ -300,7 +300,7 @@ def render(opts: ServingOptions) -> list[Manifest]:
 def to_yaml(manifests: list[Manifest]) -> str:
     """One multi-document YAML stream, in order, for ``kubectl apply -f``."""
     header = "# Rendered by `hvdk8s serving-manifests`: regenerate rather than edit.\n"
-    return header + "---\n" + files.to_yaml(*manifests)
+    return header + "---\n" + k8s.to_yaml(*manifests)
 
 
 def output_name(opts: ServingOptions) -> str:
@@ -311,5 +311,5 @@ def write_manifests(opts: ServingOptions, out_dir: Path) -> Path:
     """Write ``OUT_DIR/NAME-{tfserving,kserve}.yaml`` atomically and return it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     target = out_dir / output_name(opts)
-    files.write_atomic(target, to_yaml(render(opts)))
+    atomic.write_text(target, to_yaml(render(opts)))
     return target

@@ -509,8 +509,11 @@ def test_render_errors_are_user_errors(tmp_path: Path):
         run_render(str(mpijob), "--workers", "3")
     with pytest.raises(UserError, match="--podmonitor needs a job spec"):
         run_render(str(mpijob), "--podmonitor")
-    with pytest.raises(UserError, match="-o .*/missing/out.yaml: No such file or directory"):
-        run_render(str(EXAMPLES / "cpu.yaml"), "-o", str(tmp_path / "missing" / "out.yaml"))
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(UserError, match="-o .*/a-file/out.yaml: Not a directory"):
+        run_render(str(EXAMPLES / "cpu.yaml"), "-o", str(tmp_path / "a-file" / "out.yaml"))
+    assert run_render(str(EXAMPLES / "cpu.yaml"), "-o", str(tmp_path / "new" / "out.yaml")) == 0  # folders are made
+    assert (tmp_path / "new" / "out.yaml").read_text() == (EXAMPLES / "cpu.mpijob.yaml").read_text()
 
 
 def test_render_passes_mpijob_files_through(capsys: pytest.CaptureFixture[str]):
@@ -645,13 +648,6 @@ def test_names_ending_in_a_newline_are_rejected():
     """A YAML block scalar (`name: |`) ends in a newline; `$` alone would let it through."""
     with pytest.raises(UserError, match="name"):
         load_spec(BASE | {"name": "digits\n"})
-
-
-def test_rendered_files_are_readable_by_others(tmp_path: Path):
-    from hvdk8s.mpijob.files import write_atomic
-
-    write_atomic(tmp_path / "job.yaml", "kind: MPIJob\n")
-    assert (tmp_path / "job.yaml").stat().st_mode & 0o777 == 0o644
 
 
 def test_horovod_knobs_become_horovods_variables_and_are_checked():
