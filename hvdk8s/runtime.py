@@ -56,10 +56,21 @@ def init(
     sets to register (or ``"dynamic"``).
 
     On GPU hosts each rank sees only the GPU of its local rank (memory growth
-    on), the layout NCCL and the MPI Operator's ``slotsPerWorker`` assume. On
-    CPU hosts the cores are split between the ranks of the host, otherwise N
-    ranks each start ``cores`` threads and the host is oversubscribed N times.
-    ``threads_per_rank`` (or ``HVDK8S_THREADS_PER_RANK``) overrides the split.
+    on), the layout NCCL and the MPI Operator's ``slotsPerWorker`` assume, and
+    TensorFlow keeps its own thread pools: there the host threads launch
+    kernels, run the input pipeline and wait on collectives while the math
+    runs on the GPU, so a cap would only slow the feeding (reasoned, not
+    measured: no GPU here). On CPU hosts the thread policy
+    ``HVDK8S_THREAD_POLICY`` applies (``hvdk8s.threads.THREAD_POLICIES``).
+    Its default, ``tf``, leaves TensorFlow's pools as they are, as a raw
+    Horovod script runs: splitting the cores (``split``: cores / local_size
+    intra-op, at most 2 inter-op; the default before) ran Horovod's synthetic
+    benchmarks 0.2-0.35x as fast as the raw loop at 2 ranks on 2 cores, every
+    policy with more threads 0.4-1.1x (``hvdk8s bench --knobs threads_*``).
+    ``split`` remains the choice for many ranks on a many-core host, where
+    TensorFlow's defaults would start ``cores`` compute threads in every rank.
+    ``threads_per_rank`` (or ``HVDK8S_THREADS_PER_RANK``) overrides the
+    policy: that many intra-op threads, at most 2 inter-op.
     Unless ``quiet``, rank 0 prints where the ranks run, so a job that came up
     on fewer hosts than planned is visible at once (not under Horovod's elastic
     driver: a worker joining a running job would wait in that collective for
