@@ -8,10 +8,10 @@ atomically, so ``hvdk8s select --data`` sees the same arrays on every run.
 from __future__ import annotations
 
 import os
-import tempfile
-from pathlib import Path
 
 import numpy as np
+
+from hvdk8s.atomic import atomic_path
 
 DIGITS_SPLITS = ("train", "test")
 
@@ -55,14 +55,5 @@ def _arrays(ds) -> tuple[np.ndarray, np.ndarray]:
 
 def write_npz(path: str | os.PathLike[str], x: np.ndarray, y: np.ndarray) -> None:
     """Write ``x`` and ``y`` to ``path`` in one step (a reader never sees half a file)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".npz")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, x=x, y=y)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, x=x, y=y)

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hvdk8s.atomic import atomic_path
 from hvdk8s.pipeline import dag as d
 from hvdk8s.pipeline.local import SUCCEEDED, RunResult
 
@@ -88,8 +89,8 @@ def plot(dag: d.Dag, result: RunResult, path: str | os.PathLike[str]) -> None:
         right.set_title("load test: did not run")
     right.set_ylabel("latency (ms)")
     fig.tight_layout()
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, target)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=100)
+    finally:
+        plt.close(fig)

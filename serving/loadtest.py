@@ -19,11 +19,12 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hvdk8s import atomic
+from hvdk8s.atomic import atomic_path
 from hvdk8s.serving.client import predict_url, request_body
 from hvdk8s.serving.savedmodel import IMAGE_INPUT
 
@@ -321,9 +322,7 @@ class _grpc_sender:
 
 def write_json(result: LoadResult, path: str | os.PathLike[str]) -> None:
     """The result as JSON, written atomically (a reader never sees half a file)."""
-    from hvdk8s.benchmarks.util import write_json_atomic
-
-    write_json_atomic(path, result.to_dict())
+    atomic.write_json(path, result.to_dict())
 
 
 def plot(result: LoadResult, path: str | os.PathLike[str]) -> None:
@@ -348,12 +347,8 @@ def plot(result: LoadResult, path: str | os.PathLike[str]) -> None:
     ax.set_title(f"{result.api} {result.url}: {result.requests} requests, c={result.concurrency}, "
                  f"{result.rps:.0f} req/s")
     fig.tight_layout()
-    final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp")
     try:
-        fig.savefig(tmp, format="png", dpi=100)
-        os.replace(tmp, final)  # atomically: a reader never sees half a PNG
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=100)
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)

@@ -18,13 +18,13 @@ import io
 import json
 import os
 import re
-import shutil
 import time
-import uuid
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from hvdk8s.atomic import atomic_directory
 
 SERVING_SIGNATURE = "serving_default"
 TENSOR_SIGNATURE = "predict_tensor"
@@ -150,19 +150,14 @@ def export(
         raise ValueError(f"metadata: keys {clash} are reserved for the export record")
     record.update(metadata or {})
 
-    root.mkdir(parents=True, exist_ok=True)  # only once the arguments are known to be good
-    tmp = root / f".tmp-{version}-{uuid.uuid4().hex[:8]}"
-    try:
-        archive = _archive(model, (height, width, channels), normalise, names)
+    archive = _archive(model, (height, width, channels), normalise, names)
+    with atomic_directory(final) as tmp:  # only once the arguments are known to be good
         with contextlib.redirect_stdout(io.StringIO()):  # Keras prints the temporary path
             archive.write_out(os.fspath(tmp), verbose=False)
         (tmp / METADATA_FILE).parent.mkdir(parents=True, exist_ok=True)
         (tmp / METADATA_FILE).write_text(json.dumps(record, indent=2) + "\n")
         if final.exists():  # another exporter took the number meanwhile
             raise FileExistsError(f"version {version} already exists at {final}")
-        os.rename(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return final
 
 
