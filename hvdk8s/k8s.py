@@ -109,22 +109,30 @@ def scale_quantity(value: str | int, times: int) -> str:
 # ---- names and labels ------------------------------------------------------
 
 
-def dns1035_problem(name: str) -> str | None:
-    """Why ``name`` is not a DNS-1035 label (pod hostnames, Service names), or None."""
-    if len(name) > 63:
-        return f"is {len(name)} characters; a DNS-1035 label has at most 63 (shorten the name)"
-    if not DNS1035_LABEL.match(name):
-        return "is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)"
+NameRule = Literal["DNS-1035 label", "DNS-1123 label", "DNS-1123 subdomain"]
+# apimachinery's name rules (validation.IsDNS1035Label, IsDNS1123Label, IsDNS1123Subdomain): pattern,
+# longest length, and the words every hvdk8s message uses for them.
+NAME_RULES: dict[NameRule, tuple[re.Pattern[str], int, str]] = {
+    "DNS-1035 label": (DNS1035_LABEL, 63, "lowercase letters, digits and '-', starting with a letter"),
+    "DNS-1123 label": (DNS1123_LABEL, 63, "lowercase letters, digits and '-', starting with a letter or digit"),
+    "DNS-1123 subdomain": (DNS1123_SUBDOMAIN, 253, "lowercase letters, digits, '-' and '.'"),
+}
+
+
+def name_problem(name: str, rule: NameRule = "DNS-1035 label", *, limit: int | None = None) -> str | None:
+    """Why ``name`` breaks ``rule`` (at most ``limit`` characters, when a suffix will be added), or None.
+
+    The one wording of Kubernetes' name rules: DNS-1035 labels name pod hostnames and Services, DNS-1123
+    labels namespaces, DNS-1123 subdomains most other objects (PVCs, Secrets, PriorityClasses).
+    """
+    pattern, longest, words = NAME_RULES[rule]
+    limit = longest if limit is None else limit
+    if len(name) > limit:
+        most = f"a {rule} has at most {limit}" if limit == longest else f"at most {limit} fit here"
+        return f"is {len(name)} characters; {most} (shorten the name)"
+    if not pattern.match(name):
+        return f"is not a {rule} ({words})"
     return None
-
-
-def is_namespace(name: str) -> bool:
-    return len(name) <= 63 and bool(DNS1123_LABEL.match(name))
-
-
-def is_subdomain(name: str) -> bool:
-    """A DNS-1123 subdomain: the name rule of most objects (PVCs, PriorityClasses, Secrets)."""
-    return len(name) <= 253 and bool(DNS1123_SUBDOMAIN.match(name))
 
 
 def is_label_value(value: str) -> bool:
@@ -134,7 +142,7 @@ def is_label_value(value: str) -> bool:
 def is_label_key(key: str) -> bool:
     """``[prefix/]name``: prefix a DNS-1123 subdomain, name at most 63 characters."""
     prefix, _, name = key.rpartition("/")
-    if prefix and not is_subdomain(prefix):
+    if prefix and name_problem(prefix, "DNS-1123 subdomain"):
         return False
     return len(name) <= 63 and bool(LABEL_NAME.match(name))
 

@@ -65,7 +65,7 @@ def trainjob_problems(spec: JobSpec) -> list[FieldError]:
                                 "render an MPIJob (--api mpijob) for Volcano"))
     nodes = spec.workers  # JobSet pod hostnames: <job>-<replicated job>-<job index>-<pod index>
     for host in (f"{spec.name}-{NODE}-0-{max(nodes, 1) - 1}", f"{spec.name}-{LAUNCHER}-0-0"):
-        if problem := k8s.dns1035_problem(host):
+        if problem := k8s.name_problem(host):
             errors.append(k8s.invalid("name", f"pod hostname {host!r} {problem}"))
     if len(runtime_name(spec)) > 253:
         errors.append(k8s.invalid("name", f"runtime name {runtime_name(spec)!r} is over 253 characters"))

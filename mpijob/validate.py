@@ -139,8 +139,8 @@ def _check_identity(spec: JobSpec) -> list[FieldError]:
     errors = []
     if problem := pod_hostname_problem(spec.name, spec.elastic.max_workers if spec.elastic else spec.workers):
         errors.append(invalid("name", problem))
-    if spec.namespace is not None and not k8s.is_namespace(spec.namespace):
-        errors.append(invalid("namespace", f"{spec.namespace!r} is not a valid namespace (DNS-1123 label)"))
+    if spec.namespace is not None and (problem := k8s.name_problem(spec.namespace, "DNS-1123 label")):
+        errors.append(invalid("namespace", f"{spec.namespace!r} {problem}"))
     if not spec.image or any(c.isspace() for c in spec.image):
         errors.append(invalid("image", f"{spec.image!r} is not an image reference"))
     if not spec.command:
@@ -162,8 +162,8 @@ def _check_metadata(spec: JobSpec) -> list[FieldError]:
         errors.append(invalid("queue", f"{spec.queue!r} is not a LocalQueue name (a label value)"))
     for path, name in (("serviceAccountName", spec.service_account_name), ("schedulerName", spec.scheduler_name),
                        *((f"imagePullSecrets[{i}]", s) for i, s in enumerate(spec.image_pull_secrets))):
-        if name is not None and not k8s.is_subdomain(name):
-            errors.append(invalid(path, f"{name!r} is not an object name (DNS-1123 subdomain)"))
+        if name is not None and (problem := k8s.name_problem(name, "DNS-1123 subdomain")):
+            errors.append(invalid(path, f"{name!r} {problem}"))
     return errors
 
 
@@ -224,8 +224,8 @@ def _check_volumes(spec: JobSpec) -> list[FieldError]:
     if vol is None:
         return []
     errors = []
-    if not k8s.is_subdomain(vol.claim_name):
-        errors.append(invalid("sharedVolume.claimName", f"{vol.claim_name!r} is not a valid PersistentVolumeClaim name"))
+    if problem := k8s.name_problem(vol.claim_name, "DNS-1123 subdomain"):
+        errors.append(invalid("sharedVolume.claimName", f"{vol.claim_name!r} {problem}"))
     reserved = {"/dev/shm": "shmSize", MPI_CONFIG_DIR: "the MPI Operator's hostfile",
                 spec.ssh_auth_mount_path or "": "sshAuthMountPath"}
     if not (errors := errors + _absolute("sharedVolume.mountPath", vol.mount_path)):
@@ -247,8 +247,10 @@ def _check_scheduling(spec: JobSpec) -> list[FieldError]:
     errors += k8s.labels_errors("scheduling.nodeSelector", sched.node_selector)
     for i, tol in enumerate(sched.tolerations or ()):
         errors += _toleration(f"scheduling.tolerations[{i}]", tol)
-    if sched.priority_class_name is not None and not k8s.is_subdomain(sched.priority_class_name):
-        errors.append(invalid("scheduling.priorityClassName", f"{sched.priority_class_name!r} is not a PriorityClass name"))
+    if sched.priority_class_name is not None and (
+        problem := k8s.name_problem(sched.priority_class_name, "DNS-1123 subdomain")
+    ):
+        errors.append(invalid("scheduling.priorityClassName", f"{sched.priority_class_name!r} {problem}"))
     # The rest of these objects is the pod schema's, which the API server applies on create.
     if spec.affinity is not None:
         if not isinstance(spec.affinity, Mapping):
@@ -520,7 +522,7 @@ def _containers(replica: Any) -> list[Any]:
 def pod_hostname_problem(name: str, workers: int) -> str | None:
     """What is wrong with the job's longest pod hostname, ``<name>-worker-<N-1>`` (``<name>-launcher`` is never longer)."""
     host = f"{name}-worker-{max(workers, 1) - 1}"
-    problem = k8s.dns1035_problem(host)
+    problem = k8s.name_problem(host)
     return f"pod hostname {host!r} {problem}" if problem else None
 
 

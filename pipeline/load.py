@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdk8s.errors import UserError
-from hvdk8s.k8s import DNS1035_LABEL, DNS1123_LABEL, FieldError, at_least, invalid, is_namespace, one_of, read_yaml
+from hvdk8s.k8s import FieldError, at_least, invalid, name_problem, one_of, read_yaml
 from hvdk8s.k8s import required as required_error
 from hvdk8s.mpijob import parse
 from hvdk8s.mpijob.files import SpecError, load_spec
@@ -117,8 +117,8 @@ def _candidate_entries(raw: Any, errors: list[FieldError]) -> list[tuple[int, s.
         entry = parse.from_mapping(s.CandidateEntry, fields, errors, where)
         if entry is None:
             continue
-        if not DNS1123_LABEL.match(entry.name):
-            errors.append(invalid(f"{where}.name", f"{entry.name!r} must be lower-case letters, digits and '-'"))
+        if problem := name_problem(entry.name, "DNS-1123 label"):
+            errors.append(invalid(f"{where}.name", f"{entry.name!r} {problem}"))
         elif entry.name in seen:
             errors.append(FieldError("Duplicate", f"{where}.name", f"{entry.name!r} is used by another candidate"))
         seen.add(entry.name)
@@ -133,11 +133,10 @@ def _candidate_entries(raw: Any, errors: list[FieldError]) -> list[tuple[int, s.
 
 def _check_top(top: s.PipelineFile, errors: list[FieldError]) -> None:
     err = errors.append
-    if not DNS1035_LABEL.match(top.name) or len(top.name) > MAX_NAME:
-        err(invalid("name", f"{top.name!r} must be a DNS-1035 label (lower-case letters, digits, '-', starting "
-                    f"with a letter) of at most {MAX_NAME} characters"))
-    if top.namespace is not None and not is_namespace(top.namespace):
-        err(invalid("namespace", f"{top.namespace!r} is not a valid namespace (DNS-1123 label)"))
+    if problem := name_problem(top.name, limit=MAX_NAME):
+        err(invalid("name", f"{top.name!r} {problem}"))
+    if top.namespace is not None and (problem := name_problem(top.namespace, "DNS-1123 label")):
+        err(invalid("namespace", f"{top.namespace!r} {problem}"))
     if top.shared_volume.read_only:
         err(invalid("sharedVolume.readOnly", "must be false: the steps write candidates and serving versions to it"))
     data = top.data
@@ -223,8 +222,8 @@ def _run_name_problem(pipeline: str, candidate: str, job: JobSpec) -> str | None
 
 
 def _serving_options(top: s.PipelineFile, errors: list[FieldError]) -> None:
-    if not DNS1035_LABEL.match(top.serving.model_name):
-        errors.append(invalid("serving.modelName", f"{top.serving.model_name!r} must be a DNS-1035 label"))
+    if problem := name_problem(top.serving.model_name):
+        errors.append(invalid("serving.modelName", f"{top.serving.model_name!r} {problem}"))
         return
     try:
         serving_options(top)

@@ -12,7 +12,7 @@ from decimal import Decimal
 from typing import Any, NoReturn
 
 from hvdk8s.errors import UserError
-from hvdk8s.k8s import DNS1035_LABEL, DNS1123_LABEL, DNS1123_SUBDOMAIN
+from hvdk8s.k8s import name_problem
 
 # tensorflow/serving publishes X.Y.Z and X.Y.Z-gpu tags per TF Serving release.
 # 2.18.0 matches the TensorFlow 2.18 used for training; there is no 2.18.1
@@ -149,13 +149,10 @@ def _is_a(value: Any, kind: type) -> bool:
 
 
 def _check_name(opts: ServingOptions) -> None:
-    limit = KSERVE_NAME_MAX if opts.kserve else 63
-    if not DNS1035_LABEL.fullmatch(opts.name) or len(opts.name) > limit:
-        why = " (KServe adds '-predictor' to it)" if opts.kserve else ""
-        _fail("name", f"{opts.name!r} must be a DNS-1035 label: lower-case letters, digits and '-', "
-              f"starting with a letter, ending with a letter or digit, at most {limit} characters{why}")
-    if opts.namespace is not None and (not DNS1123_LABEL.fullmatch(opts.namespace) or len(opts.namespace) > 63):
-        _fail("namespace", f"{opts.namespace!r} must be a DNS-1123 label (lower-case letters, digits, '-')")
+    if problem := name_problem(opts.name, limit=KSERVE_NAME_MAX if opts.kserve else None):
+        _fail("name", f"{opts.name!r} {problem}" + (" (KServe adds '-predictor' to it)" if opts.kserve else ""))
+    if opts.namespace is not None and (problem := name_problem(opts.namespace, "DNS-1123 label")):
+        _fail("namespace", f"{opts.namespace!r} {problem}")
 
 
 def _check_source(opts: ServingOptions) -> None:
@@ -166,8 +163,8 @@ def _check_source(opts: ServingOptions) -> None:
         if not _REL_PATH.fullmatch(opts.model_base_path) or ".." in opts.model_base_path.split("/"):
             _fail("model_base_path", f"{opts.model_base_path!r} must be a relative path inside the volume "
                   "(letters, digits, '.', '_', '-', '/'; no leading '/', no '..')")
-        if len(opts.pvc_claim) > 253 or not DNS1123_SUBDOMAIN.fullmatch(opts.pvc_claim):
-            _fail("pvc_claim", f"{opts.pvc_claim!r} is not a valid PersistentVolumeClaim name")
+        if problem := name_problem(opts.pvc_claim, "DNS-1123 subdomain"):
+            _fail("pvc_claim", f"{opts.pvc_claim!r} {problem}")
         return
     match = _URI.fullmatch(opts.storage_uri)
     schemes = KSERVE_URI_SCHEMES if opts.kserve else TF_SERVING_URI_SCHEMES

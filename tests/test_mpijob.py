@@ -244,7 +244,7 @@ def test_file_errors_name_the_file(tmp_path: Path):
         ({"gpu": True, "scheduling": {"gpuProduct": "NVIDIA A100"}}, "scheduling.gpuProduct: 'NVIDIA A100' is not a node label value, e.g. NVIDIA-A100-SXM4-80GB"),
         ({"scheduling": {"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}}, "scheduling.tolerations[0].value: must be empty when operator is Exists"),
         ({"sharedVolume": {"claimName": "data", "mountPath": "/dev"}}, "sharedVolume.mountPath: '/dev' overlaps /dev/shm (shmSize)"),
-        ({"sharedVolume": {"claimName": "Data_1"}}, "sharedVolume.claimName: 'Data_1' is not a valid PersistentVolumeClaim name"),
+        ({"sharedVolume": {"claimName": "Data_1"}}, "sharedVolume.claimName: 'Data_1' is not a DNS-1123 subdomain (lowercase letters, digits, '-' and '.')"),
         ({"user": {"uid": 0}}, "user.uid: must be >= 1, got 0"),
         ({"metrics": {"port": 2221}, "slotsPerWorker": 2}, "metrics.port: ranks use ports 2221..2222, which include sshPort 2222"),
         ({"metrics": {"port": 65535}, "slotsPerWorker": 2}, "metrics.port: ranks use ports 65535..65536, past 65535"),

@@ -114,8 +114,7 @@ def test_every_problem_is_reported_at_once_with_its_field_path(tmp_path):
         "sharedVolume.claimNme: unknown field (did you mean 'claimName'?)",
         "sharedVolume.claimName: required",
         "image: required",
-        ("name: 'Bad_Name' must be a DNS-1035 label (lower-case letters, digits, '-', starting with a letter) "
-         "of at most 40 characters"),
+        "name: 'Bad_Name' is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)",
         "candidates[0].job.workers: must be >= 1, got 0",
         "serving.autoscaling.minReplicas: 0 must be at least 1 (only KServe scales to zero)",
     ]

@@ -387,8 +387,8 @@ def test_inference_service_validates_against_kserve_crd(variant):
 
 
 BAD_OPTIONS = [
-    (dict(name="Digits"), "name: 'Digits' must be a DNS-1035 label"),
-    (dict(name="1digits"), "name: '1digits' must be a DNS-1035 label"),
+    (dict(name="Digits"), "name: 'Digits' is not a DNS-1035 label"),
+    (dict(name="1digits"), "name: '1digits' is not a DNS-1035 label"),
     (dict(name="d" * 64), "name:"),
     (dict(name="d" * 54, kserve=True), "KServe adds '-predictor'"),
     (dict(namespace="ML"), "namespace: 'ML'"),
@@ -396,7 +396,7 @@ BAD_OPTIONS = [
     (dict(storage_uri="gs://b/m"), "model_base_path: give exactly one model source"),
     (dict(model_base_path="/abs/path"), "model_base_path: '/abs/path' must be a relative path"),
     (dict(model_base_path="a/../b"), "model_base_path: 'a/../b' must be a relative path"),
-    (dict(pvc_claim="Models_1"), "pvc_claim: 'Models_1' is not a valid PersistentVolumeClaim name"),
+    (dict(pvc_claim="Models_1"), "pvc_claim: 'Models_1' is not a DNS-1123 subdomain"),
     (dict(model_base_path=None, storage_uri="s3://b/m"), "storage_uri: 's3://b/m' must look like"),
     (dict(model_base_path=None, storage_uri="/local/dir"), "storage_uri: '/local/dir' must look like"),
     (dict(model_base_path=None, storage_uri="ftp://h/m", kserve=True), "storage_uri: 'ftp://h/m'"),
