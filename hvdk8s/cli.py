@@ -1,28 +1,26 @@
 """``hvdk8s`` command line: each subpackage registers its own subcommands.
 
-Handlers import their heavy dependencies (TensorFlow, the Kubernetes client)
-themselves, so ``hvdk8s --help`` and the manifest commands start fast.
+This module is the top of the layers: it imports every package's ``cli``
+module, and nothing imports it. Handlers import their heavy dependencies
+(TensorFlow, the Kubernetes client) themselves, so ``hvdk8s --help`` and the
+manifest commands start fast.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from collections.abc import Sequence
 
-from hvdk8s import __version__
+from hvdk8s import __version__, doctor, migrate_cli
+from hvdk8s.benchmarks import cli as benchmarks_cli
 from hvdk8s.errors import UserError
+from hvdk8s.launcher import cli as launcher_cli
+from hvdk8s.mpijob import cli as mpijob_cli
+from hvdk8s.pipeline import cli as pipeline_cli
+from hvdk8s.serving import cli as serving_cli
+from hvdk8s.serving import manifests_cli
 
-COMMAND_MODULES = (
-    "hvdk8s.launcher.cli",
-    "hvdk8s.mpijob.cli",
-    "hvdk8s.serving.cli",
-    "hvdk8s.serving.manifests_cli",
-    "hvdk8s.benchmarks.cli",
-    "hvdk8s.pipeline.cli",
-    "hvdk8s.migrate_cli",
-    "hvdk8s.doctor",
-)
+COMMAND_MODULES = (launcher_cli, mpijob_cli, serving_cli, manifests_cli, benchmarks_cli, pipeline_cli, migrate_cli, doctor)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,8 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"hvdk8s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for module in COMMAND_MODULES:
+        module.register(sub)
     return parser
 
 
