@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdk8s import atomic
+from hvdk8s.errors import UserError
 
 WORKER = Path(__file__).with_name("chaos_worker.py")
 HOSTS = ("localhost", "127.0.0.1")
@@ -185,7 +186,7 @@ def undisturbed_accuracy(workdir: Path) -> float:
     returncode, events, _, output = run_job(None, workdir)
     done = [e for e in events if e["event"] == "done"]
     if returncode or not done:
-        raise RuntimeError(f"the undisturbed chaos run failed (exit {returncode}):\n{output[-3000:]}")
+        raise UserError(f"the undisturbed chaos run failed (exit {returncode}), before any fault:\n{output[-3000:]}")
     return float(done[0]["accuracy"])
 
 
@@ -242,15 +243,21 @@ def write(outcomes: list[Outcome], baseline_accuracy: float, meta: dict[str, Any
 
 
 def main(count: int, seed: int, out: Path, command: list[str]) -> int:
-    """``hvdk8s bench --chaos N``: N random faults; exit 1 unless every run survived."""
+    """``hvdk8s bench --chaos N``: N random faults; exit 1 unless every run survived.
+
+    The output of a run that failed is kept as ``run-K.log`` beside the report.
+    """
     start = time.monotonic()
+    print(f"[chaos] seed {seed}: an undisturbed run, then {count} faults", flush=True)
     with tempfile.TemporaryDirectory(prefix="hvdk8s-chaos-") as scratch:
         baseline = undisturbed_accuracy(Path(scratch) / "undisturbed")
         outcomes = []
-        for i, fault in enumerate(random_faults(count, seed)):
-            print(f"[chaos {i + 1}/{count}] {fault.spec}", flush=True)
+        for i, fault in enumerate(random_faults(count, seed), start=1):
+            print(f"[chaos {i}/{count}] {fault.spec}", flush=True)
             outcomes.append(run_case(fault, Path(scratch) / f"run-{i}", baseline))
-            print(f"[chaos {i + 1}/{count}] {outcomes[-1].reason or 'survived'}", flush=True)
+            if not outcomes[-1].survived:
+                atomic.write_text(out / f"run-{i}.log", (Path(scratch) / f"run-{i}" / "output.log").read_text())
+            print(f"[chaos {i}/{count}] {outcomes[-1].reason or 'survived'}", flush=True)
     meta = {"command": command, "seed": seed, "wall_s": time.monotonic() - start}
     paths = write(outcomes, baseline, meta, out)
     print(table(outcomes), end="")
