@@ -216,3 +216,63 @@ def test_committed_example_report_traces_to_its_results(name: str) -> None:
     assert md == report.render(results)  # re-rendering reproduces the committed report
     for png in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
         assert (example / png).stat().st_size < 200_000
+
+
+# --- Horovod's synthetic benchmarks (issue 30): both copied scripts launched as users run them -------------------
+SYNTHETIC = [
+    "--quick", "--workloads", "horovod-synthetic:MobileNetV3Small", "--ranks", "1,2", "--synthetic-rounds", "1",
+    "--synthetic-batches", "2", "--synthetic-iters", "1", "--emulated-rates", "none", "--no-tta", "--sizes", "4K",
+    "--repeats", "1", "--allreduce-min-seconds", "0.02", "--fusion-tensors", "2", "--fusion-bytes", "4K",
+    "--memcopy-bytes", "1M", "--timeout", "300",
+]
+
+
+@pytest.fixture(scope="module")
+def synthetic_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("synthetic")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", *SYNTHETIC, "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=900
+    )
+    return {"out": out, "proc": done, "results": json.loads((out / "results.json").read_text())}
+
+
+def test_horovods_synthetic_scripts_run_alternately_and_are_reported(synthetic_run: dict[str, Any]) -> None:
+    proc, results, out = synthetic_run["proc"], synthetic_run["results"], synthetic_run["out"]
+    assert proc.returncode == 0 and results["errors"] == [], proc.stderr[-3000:]
+    raw = results["raw"]
+    assert raw["training"] == []  # no suite workload asked for: no training launches
+    assert [(r["script"], r["workers"]) for r in raw["synthetic"]] == [("raw", 1), ("hvdk8s", 1), ("raw", 2), ("hvdk8s", 2)]
+    for r in raw["synthetic"]:
+        assert r["model"] == "MobileNetV3Small" and r["batch_per_rank"] == 8 and len(r["iter_img_per_s_per_rank"]) == 1
+        assert r["iter_img_per_s_per_rank"][0] > 0 and r["knob"] == "baseline"
+        log = (out / r["job"]["log"]).read_text(errors="replace")
+        # each launch ran its own script: only the hvdk8s port prints where its ranks run
+        placed = f"hvdk8s: {r['workers']} rank{'s' if r['workers'] > 1 else ''} on 1 host"
+        assert (placed in log) == (r["script"] == "hvdk8s")
+    rows = results["derived"]["synthetic"]
+    assert [(r["workers"], r["hvdk8s_over_raw"]["n"]) for r in rows] == [(1, 1), (2, 1)]
+    assert analysis.derive(raw) == results["derived"]
+    md = (out / "report.md").read_text()
+    assert "## Horovod's synthetic benchmarks" in md
+    assert any(line.startswith("| horovod-synthetic:MobileNetV3Small | Horovod's scripts, separate launches | ") for line in md.splitlines())
+    assert untraced_cells(md, results) == []
+
+
+# --- hvdk8s.init's CPU thread policy (issue 30), in real processes --------------------------------------------------
+POOLS = ("import hvdk8s, tensorflow as tf; hvdk8s.init(quiet=True); "
+         "print(tf.config.threading.get_intra_op_parallelism_threads(), tf.config.threading.get_inter_op_parallelism_threads())")
+
+
+@pytest.mark.parametrize(("env", "pools"), [
+    ({}, "0 0"),  # the default, tf: TensorFlow's own pools (0 = its default), as a raw Horovod script runs
+    ({"HVDK8S_THREAD_POLICY": "split-intra"}, "CORES 0"),
+    ({"HVDK8S_THREAD_POLICY": "tf", "HVDK8S_THREADS_PER_RANK": "3"}, "3 2"),  # the override wins over the policy
+])
+def test_init_applies_the_cpu_thread_policy(env: dict[str, str], pools: str) -> None:
+    import os
+
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("HVDK8S_THREAD")}
+    environ.update({"CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3", **env})
+    done = subprocess.run([sys.executable, "-c", POOLS], env=environ, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == pools.replace("CORES", str(os.cpu_count()))
