@@ -22,17 +22,25 @@ TEMP_PREFIX = ".tmp-"
 
 
 @contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike[str], *, temporary: str | None = None) -> Iterator[Path]:
     """A temporary file beside ``path`` (same suffix, so writers that check it accept it) to write to.
 
     Renamed onto ``path`` when the block ends, removed if it raises. Missing folders are made.
+    ``temporary`` names the temporary (it must start with ``TEMP_PREFIX``) when a cleaner has to
+    recognise whose it is, as the checkpoints' does; by default the name is unique and random.
     """
     final = Path(path)
     _make_parent(final)
-    fd, name = tempfile.mkstemp(dir=final.parent, prefix=f"{TEMP_PREFIX}{final.stem}-", suffix=final.suffix)
+    if temporary is None:
+        fd, name = tempfile.mkstemp(dir=final.parent, prefix=f"{TEMP_PREFIX}{final.stem}-", suffix=final.suffix)
+        os.fchmod(fd, 0o666 & ~_umask())
+    else:
+        if not temporary.startswith(TEMP_PREFIX) or "/" in temporary:
+            raise ValueError(f"temporary {temporary!r}: must be a file name starting with {TEMP_PREFIX!r}")
+        name = str(final.parent / temporary)
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
     tmp = Path(name)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
         os.close(fd)
         yield tmp
         _fsync(tmp)

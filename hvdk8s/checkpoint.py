@@ -18,6 +18,7 @@ from pathlib import Path
 import keras
 
 from hvdk8s import collectives, runtime
+from hvdk8s.atomic import atomic_path
 
 _NAME = re.compile(r"^ckpt-(\d{4,})\.keras$")
 # save_atomic's temporary of a checkpoint; older versions wrote it without the host.
@@ -86,15 +87,8 @@ def _running(pid: int) -> bool:
 def save_atomic(model: keras.Model, path: str | os.PathLike[str]) -> Path:
     """Save ``model`` to ``path`` through a temporary file and an atomic rename."""
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_path(final)
-    try:
+    with atomic_path(final, temporary=temporary_path(final).name) as tmp:
         model.save(tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
     return final
 
 

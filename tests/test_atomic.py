@@ -35,6 +35,17 @@ def test_a_failed_write_keeps_the_old_file_and_removes_its_temporary(tmp_path: P
     assert [p.name for p in tmp_path.iterdir()] == ["model.keras"]
 
 
+def test_a_named_temporary_is_used_and_must_be_hidden(tmp_path: Path) -> None:
+    seen = []
+    with atomic.atomic_path(tmp_path / "ckpt-0001.keras", temporary=".tmp-host-7-ckpt-0001.keras") as tmp:
+        seen.append(tmp.name)
+        tmp.write_text("zip")
+    assert seen == [".tmp-host-7-ckpt-0001.keras"] and [p.name for p in tmp_path.iterdir()] == ["ckpt-0001.keras"]
+    with pytest.raises(ValueError, match="must be a file name starting with '.tmp-'"), \
+            atomic.atomic_path(tmp_path / "x", temporary="x.part"):
+        pass
+
+
 def test_a_directory_appears_whole_and_never_merges_into_an_existing_one(tmp_path: Path) -> None:
     with atomic.atomic_directory(tmp_path / "1") as tmp:
         (tmp / "saved_model.pb").write_text("x")
