@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from hvdk8s import __version__, doctor, migrate_cli
 from hvdk8s.benchmarks import cli as benchmarks_cli
+from hvdk8s.cluster import cli as cluster_cli
 from hvdk8s.errors import UserError
 from hvdk8s.launcher import cli as launcher_cli
 from hvdk8s.mpijob import cli as mpijob_cli
@@ -20,7 +21,9 @@ from hvdk8s.pipeline import cli as pipeline_cli
 from hvdk8s.serving import cli as serving_cli
 from hvdk8s.serving import manifests_cli
 
-COMMAND_MODULES = (launcher_cli, mpijob_cli, serving_cli, manifests_cli, benchmarks_cli, pipeline_cli, migrate_cli, doctor)
+COMMAND_MODULES = (
+    launcher_cli, cluster_cli, mpijob_cli, serving_cli, manifests_cli, benchmarks_cli, pipeline_cli, migrate_cli, doctor,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

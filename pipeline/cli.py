@@ -29,9 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     submit = commands.add_parser("submit", help="create the Workflow on Kubernetes (Argo Workflows installed)")
     submit.add_argument("file", type=Path, help="pipeline YAML")
     submit.add_argument("--wait", action="store_true", help="follow its steps; exit 0 if it Succeeded, else 1")
-    from hvdk8s.launcher.cli import _cluster_flags
+    from hvdk8s.cluster.cli import cluster_flags
 
-    _cluster_flags(submit)
+    cluster_flags(submit)
     submit.set_defaults(handler=_submit)
 
     ingest = commands.add_parser("ingest", help="write the held-out set as .npz (the Workflow's ingest step)")

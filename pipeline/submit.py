@@ -14,10 +14,10 @@ from typing import Any, TextIO
 
 from kubernetes import client
 
-from hvdk8s import k8s
+from hvdk8s.cluster import kube
+from hvdk8s.cluster.client import Cluster, connect, resolve_namespace
+from hvdk8s.cluster.kubeerrors import Action, invalid_message, parse_status
 from hvdk8s.errors import UserError
-from hvdk8s.launcher import kube
-from hvdk8s.launcher.kubeerrors import Action, invalid_message, parse_status
 
 GROUP, VERSION, PLURAL = "argoproj.io", "v1alpha1", "workflows"
 WORKFLOWS = f"{PLURAL}.{GROUP}"
@@ -33,14 +33,14 @@ STEP_NODES = ("Pod", "Resource", "Skipped", "Suspend")
 def submit(workflow: dict[str, Any], kubeconfig: str | None, context: str | None, namespace: str | None, *,
            wait: bool, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    cluster = k8s.connect(kubeconfig, context)
-    ns = k8s.resolve_namespace(namespace, workflow["metadata"].get("namespace"), cluster.namespace)
+    cluster = connect(kubeconfig, context)
+    ns = resolve_namespace(namespace, workflow["metadata"].get("namespace"), cluster.namespace)
     name = create(cluster, workflow, ns)["metadata"]["name"]
     print(f"workflow.argoproj.io/{name} created in namespace {ns}", file=out, flush=True)
     return follow(cluster, ns, name, out) if wait else 0
 
 
-def create(cluster: k8s.Cluster, workflow: dict[str, Any], namespace: str) -> dict[str, Any]:
+def create(cluster: Cluster, workflow: dict[str, Any], namespace: str) -> dict[str, Any]:
     body = copy.deepcopy(workflow)
     body["metadata"]["namespace"] = namespace
     action = Action("create", WORKFLOWS, namespace, body["metadata"].get("name"))
@@ -54,7 +54,7 @@ def create(cluster: k8s.Cluster, workflow: dict[str, Any], namespace: str) -> di
             raise
 
 
-def follow(cluster: k8s.Cluster, namespace: str, name: str, out: TextIO) -> int:
+def follow(cluster: Cluster, namespace: str, name: str, out: TextIO) -> int:
     """Print step phases as they change until the workflow ends; 0 if it Succeeded, else 1."""
     seen: dict[str, str] = {}
     while True:

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hvdk8s import k8s, mpijob
+from hvdk8s import mpijob
 from hvdk8s.cli import main
+from hvdk8s.cluster import jobstatus, kube, kubeerrors, watch
+from hvdk8s.cluster.client import connect
 from hvdk8s.errors import UserError
-from hvdk8s.launcher import jobstatus, kube, kubeerrors, watch
 
 from kube_double import RUNTIMES, TRAINJOBS, KubeDouble, Step, failing, succeeding, trainjob_succeeding
 
@@ -199,7 +200,7 @@ def test_crd_not_installed_says_how_to_install_the_operator(api, manifest, capsy
 
 def test_invalid_spec_prints_the_servers_causes_with_field_paths(api, capsys):
     _, flags = api()
-    cluster = k8s.connect(flags[1])
+    cluster = connect(flags[1])
     bad = yaml.safe_load(yaml.safe_dump(PI))
     bad["spec"]["slotsPerWorker"] = "two"
     bad["spec"]["mpiImplementation"] = "OpenMP"
@@ -221,7 +222,7 @@ def test_misspelled_field_is_refused_not_silently_dropped(api):
     typo = yaml.safe_load(yaml.safe_dump(PI))
     typo["spec"]["slotsPerWorkr"] = typo["spec"].pop("slotsPerWorker")
     with pytest.raises(UserError) as raised:
-        kube.create_job(k8s.connect(flags[1]), typo, NS)
+        kube.create_job(connect(flags[1]), typo, NS)
     assert str(raised.value) == (
         'the API server rejected MPIJob "pi": MPIJob in version "v2beta1" cannot be handled as a MPIJob: strict '
         'decoding error: unknown field "spec.slotsPerWorkr" (misspelled, or not a field of kubeflow.org/v2beta1 '

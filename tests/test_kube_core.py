@@ -5,10 +5,10 @@ import json
 
 import pytest
 
+from hvdk8s.cluster import jobstatus, kubeerrors
+from hvdk8s.cluster.client import resolve_namespace
+from hvdk8s.cluster.kubeerrors import MPIJOBS, Action
 from hvdk8s.errors import UserError
-from hvdk8s.launcher import jobstatus, kubeerrors
-from hvdk8s.k8s import resolve_namespace
-from hvdk8s.launcher.kubeerrors import MPIJOBS, Action
 
 pytestmark = pytest.mark.unit
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from controllers import mpi_operator
-from hvdk8s.k8s import connect
-from hvdk8s.launcher import kube
+from hvdk8s.cluster.client import connect
+from hvdk8s.cluster import kube
 from hvdk8s.mpijob import load_spec, render
 from kube_double import KubeDouble
 from test_mpijob import EXAMPLES, REPO, launcher

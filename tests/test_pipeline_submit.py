@@ -19,8 +19,8 @@ from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
 
 from hvdk8s.cli import main
+from hvdk8s.cluster.client import connect
 from hvdk8s.errors import UserError
-from hvdk8s import k8s
 from hvdk8s.pipeline import argo, load_pipeline, submit
 
 from kube_double import ApiError, _json, _QuietHandler, metadata_causes, schema_causes
@@ -181,7 +181,7 @@ def test_an_invalid_workflow_is_refused_with_field_paths(api):
     workflow = yaml.safe_load((EXAMPLE.parent / "digits.workflow.yaml").read_text())
     workflow["spec"]["templates"][1]["retryStrategy"]["limit"] = [2]
     with pytest.raises(UserError) as caught:
-        submit.create(k8s.connect(flags[1]), workflow, NS)
+        submit.create(connect(flags[1]), workflow, NS)
     assert str(caught.value).splitlines() == [
         "the API server rejected the Workflow as invalid:",
         "  spec.templates[1].retryStrategy.limit: Invalid value: [2]: [2] is not valid under any of the given "

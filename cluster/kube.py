@@ -1,6 +1,6 @@
 """The Kubernetes edge of hvdk8s: MPIJob and TrainJob create/get/list/watch/delete, the
 TrainingRuntime a TrainJob runs on (owned by it), launcher pods and logs, pods' events
-(connecting is ``hvdk8s.k8s.connect``).
+(connecting is ``hvdk8s.cluster.client.connect``).
 
 Every call goes through :func:`translate`, which turns API and connection
 failures into :class:`~hvdk8s.errors.UserError` messages (see ``kubeerrors``),
@@ -17,8 +17,8 @@ import urllib3
 from kubernetes import client, watch
 
 from hvdk8s.errors import UserError
-from hvdk8s.k8s import Cluster
-from hvdk8s.launcher.kubeerrors import Action, api_error_message, unreachable_message
+from hvdk8s.cluster.client import Cluster
+from hvdk8s.cluster.kubeerrors import Action, api_error_message, unreachable_message
 
 
 @dataclass(frozen=True)

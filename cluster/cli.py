@@ -1,0 +1,127 @@
+"""Cluster commands of the ``hvdk8s`` CLI: ``submit``, ``status``, ``logs``, ``delete`` of MPI Operator MPIJobs
+(kubeflow.org/v2beta1) or, with ``--api trainjob``, Kubeflow Trainer TrainJobs."""
+from __future__ import annotations
+
+import argparse
+
+
+def cluster_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, "
+                        "else the in-cluster service account)")
+    parser.add_argument("--context", help="kubeconfig context (default: its current-context)")
+    parser.add_argument("-n", "--namespace", help="namespace (default: the manifest's, else the context's, "
+                        "else default)")
+    parser.add_argument("--api", choices=("mpijob", "trainjob"), default="mpijob",
+                        help="mpijob: MPI Operator MPIJob (default); trainjob: Kubeflow Trainer TrainJob")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    submit = sub.add_parser(
+        "submit", help="create an MPIJob (or TrainJob) on Kubernetes from a job spec or MPIJob YAML",
+        description="Create the MPIJob (kubeflow.org/v2beta1; with --api trainjob a Kubeflow Trainer TrainJob "
+        "and its TrainingRuntime) and, with --wait, report its conditions and replica counts as they "
+        "change until it ends, and what it waits for when it does not start: exit 0 when it succeeded, "
+        "1 when it failed.")
+    submit.add_argument("file", help="hvdk8s job spec or MPIJob manifest (YAML)")
+    submit.add_argument("--wait", action="store_true", help="follow the job's status until it ends")
+    submit.add_argument("--follow", action="store_true", help="--wait and stream the launcher's logs")
+    submit.add_argument("--dry-run", choices=("none", "server"), default="none",
+                        help="server: have the API server validate and default it, create nothing, print it")
+    cluster_flags(submit)
+    submit.set_defaults(handler=_submit)
+
+    status = sub.add_parser("status", help="an MPIJob's (or TrainJob's) conditions and replica counts",
+                            description="One-shot summary of a job: phase, conditions, replica counts.")
+    status.add_argument("name", help="job name")
+    cluster_flags(status)
+    status.set_defaults(handler=_status)
+
+    logs = sub.add_parser("logs", help="the job launcher's logs",
+                          description="Print the log of the job's newest launcher pod.")
+    logs.add_argument("name", help="job name")
+    logs.add_argument("-f", "--follow", action="store_true", help="wait for the launcher and stream until it exits")
+    cluster_flags(logs)
+    logs.set_defaults(handler=_logs)
+
+    delete = sub.add_parser(
+        "delete", help="delete an MPIJob (or TrainJob) and (foreground) its pods",
+        description="Delete with foreground propagation: the job stays, marked for deletion, until its "
+        "pods, services and secrets are gone, so resubmitting the same name cannot collide with them.")
+    delete.add_argument("name", help="job name")
+    delete.add_argument("--wait", action="store_true", help="return once the job and its pods are gone")
+    cluster_flags(delete)
+    delete.set_defaults(handler=_delete)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    import yaml
+
+    from hvdk8s import mpijob
+    from hvdk8s.cluster import client
+    from hvdk8s.errors import UserError
+    from hvdk8s.cluster import kube, watch
+
+    dry_run = args.dry_run == "server"
+    if dry_run and (args.wait or args.follow):
+        raise UserError("--wait/--follow cannot be combined with --dry-run=server: nothing is created")
+    *runtimes, manifest = mpijob.objects_from_file(args.file, args.api)
+    kind = kube.kind_of(manifest)
+    cluster = client.connect(args.kubeconfig, args.context)
+    namespace = client.resolve_namespace(args.namespace, manifest.get("metadata", {}).get("namespace"),
+                                      cluster.namespace)
+    for runtime in runtimes:
+        kube.apply_runtime(cluster, runtime, namespace, dry_run=dry_run)
+    job = kube.create_job(cluster, manifest, namespace, dry_run=dry_run)
+    for runtime in runtimes if not dry_run else ():
+        kube.own_runtime(cluster, runtime, job)
+    name, resource = job["metadata"]["name"], f"{kind.kind.lower()}.{kind.group}"
+    if dry_run:
+        print(f"# {resource}/{name} accepted by the API server (dry run: nothing was created)")
+        print(yaml.safe_dump(job, sort_keys=False), end="")
+        return 0
+    on = "".join(f" on runtime {r['metadata']['name']}" for r in runtimes)
+    print(f"{resource}/{name} created in namespace {namespace}{on}", flush=True)
+    if not (args.wait or args.follow):
+        return 0
+    return watch.wait_for_job(cluster, namespace, name, follow_logs=args.follow, kind=kind)
+
+
+def _status(args: argparse.Namespace) -> int:
+    from hvdk8s.cluster import client
+    from hvdk8s.cluster import jobstatus, kube
+
+    cluster = client.connect(args.kubeconfig, args.context)
+    job = kube.get_job(cluster, args.namespace or cluster.namespace, args.name, _kind(args))
+    print("\n".join(jobstatus.summary(job)))
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    from hvdk8s.cluster import client
+    from hvdk8s.cluster import watch
+
+    cluster = client.connect(args.kubeconfig, args.context)
+    return watch.show_logs(cluster, args.namespace or cluster.namespace, args.name, args.follow, kind=_kind(args))
+
+
+def _delete(args: argparse.Namespace) -> int:
+    from hvdk8s.cluster import client
+    from hvdk8s.cluster import kube, watch
+
+    kind = _kind(args)
+    cluster = client.connect(args.kubeconfig, args.context)
+    namespace = args.namespace or cluster.namespace
+    kube.delete_job(cluster, namespace, args.name, kind)
+    resource = f"{kind.kind.lower()}.{kind.group}/{args.name}"
+    print(f"{resource} deletion requested ({kube.PROPAGATION.lower()}: "
+          "removed once its pods, services and secrets are gone)", flush=True)
+    if args.wait:
+        watch.wait_deleted(cluster, namespace, args.name, kind)
+        print(f"{resource} deleted")
+    return 0
+
+
+def _kind(args: argparse.Namespace):  # -> kube.JobKind (imported lazily with the client)
+    from hvdk8s.cluster import kube
+
+    return kube.TRAINJOB if args.api == "trainjob" else kube.MPIJOB

@@ -1,0 +1,67 @@
+"""The import layers, checked by import-linter: no import cycles, and each layer imports only those below it.
+
+    hvdk8s.cli                                  the command line: imports every package's cli
+    hvdk8s.pipeline | hvdk8s.benchmarks         (independent of each other)
+    hvdk8s.cluster  | hvdk8s.serving            Kubernetes jobs; serving
+    hvdk8s.mpijob                               the job file and the manifests rendered from it
+    hvdk8s.launcher                             local launching: mpirun/horovodrun argv, the hosts wait
+    hvdk8s.<module>                             the core: training library and neutral helpers
+                                                (atomic writes, Kubernetes names and YAML, errors)
+
+Imports inside functions count too, so none can dodge a contract. The folders are installed as
+``hvdk8s.<folder>`` (setuptools ``package-dir``), which import-linter cannot follow, so the test lays
+them out under one ``hvdk8s/`` folder in a temporary directory first.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.unit
+
+LAYERS = [
+    "hvdk8s.cli",
+    "hvdk8s.pipeline | hvdk8s.benchmarks",
+    "hvdk8s.cluster | hvdk8s.serving",
+    "hvdk8s.mpijob",
+    "hvdk8s.launcher",
+]
+
+
+def _staged_package(root: Path) -> list[str]:
+    """Copy the package folders into ``root/hvdk8s``; return the subpackages' import names."""
+    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    ignore = shutil.ignore_patterns("__pycache__", "examples", "reports", "horovod_examples")
+    for name, folder in package_dirs.items():
+        shutil.copytree(REPO / folder, root / name.replace(".", "/"), ignore=ignore)
+    return [name for name in package_dirs if name != "hvdk8s"]
+
+
+def test_no_import_cycles_and_every_layer_imports_only_those_below(tmp_path: Path) -> None:
+    subpackages = _staged_package(tmp_path)
+    core = sorted(f"hvdk8s.{p.stem}" for p in (tmp_path / "hvdk8s").glob("*.py") if p.stem not in ("__init__", "cli"))
+    config = tmp_path / ".importlinter"
+    config.write_text("\n".join([
+        "[importlinter]", "root_package = hvdk8s", "",
+        "[importlinter:contract:acyclic]", "name = no import cycles, at any depth", "type = acyclic_siblings",
+        "ancestors = hvdk8s", "",
+        "[importlinter:contract:layers]", "name = each layer imports only the layers below it", "type = layers",
+        "layers =", *(f"    {layer}" for layer in LAYERS), "",
+        "[importlinter:contract:core]", "name = the core imports nothing above it", "type = forbidden",
+        "source_modules =", *(f"    {m}" for m in core),
+        "forbidden_modules =", *(f"    {m}" for m in [*subpackages, "hvdk8s.cli"]), "",
+    ]))  # fmt: skip
+    assert set(subpackages) == {m.strip() for layer in LAYERS[1:] for m in layer.split("|")}  # every package placed
+    lint = Path(sys.executable).with_name("lint-imports")
+    proc = subprocess.run([str(lint), str(config), "--no-cache"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(tmp_path)})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert "Contracts: 3 kept, 0 broken." in proc.stdout
