@@ -17,7 +17,7 @@ from pathlib import Path
 PREFIX = "horovod-synthetic:"
 EXAMPLES = Path(__file__).resolve().with_name("horovod_examples")
 SCRIPTS = {"raw": "tensorflow2_synthetic_benchmark.py", "hvdk8s": "tensorflow2_keras_synthetic_benchmark.py"}
-# Batch per rank: small enough for a 2-core machine (about 4 s per ResNet50 step at 4 images per rank).
+# Batch per rank: small enough for a 2-core machine (a ResNet50 step at 4 images per rank took about 1 s at N=2).
 BATCH = {"MobileNetV2": 8, "ResNet50": 4}
 DEFAULT_BATCH = 8
 # mpirun's --tag-output prefix ("[1,0]<stdout>:"), which lands mid-line when a rank's output arrives in pieces
