@@ -16,7 +16,7 @@ SETUP_INPUTS := pyproject.toml scripts/setup.sh scripts/install-horovod.sh scrip
 CORE_TESTS := tests/test_horovod_api.py tests/test_training.py tests/test_fit_step.py tests/test_fused.py \
 	tests/test_schedule.py tests/test_checkpoint.py tests/test_elastic.py tests/test_overlap.py
 
-.PHONY: setup demo test test-stack docs clean
+.PHONY: setup demo test test-stack lint docs clean
 
 setup: $(STAMP)
 
@@ -27,8 +27,12 @@ $(STAMP): $(SETUP_INPUTS) scripts/stacks/tf-2.21.txt
 demo: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
 
-test: setup
+test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff (pyflakes, pycodestyle errors, import order; [tool.ruff] in pyproject.toml); make test runs it first
+lint: setup
+	$(VENV)/bin/ruff check .
 
 .venv-tf%/.hvdk8s-setup: $(SETUP_INPUTS) scripts/stacks/tf-%.txt
 	HVDK8S_VENV=.venv-tf$* HVDK8S_TF=$* bash scripts/setup.sh

@@ -19,7 +19,15 @@ from typing import Any
 
 from . import analysis, costmodel, envinfo, knobs, memcopy, netns, synthetic
 from .launch import JobFailed, Launcher, base_env, interpreter, module_argv, probe_stack
-from .settings import HOROVOD_STRATEGIES, MANY_PROCESSES_ONLY, NO_TTA, ONE_PROCESS_ONLY, STRATEGY_LABELS, STRATEGY_MCA, Settings
+from .settings import (
+    HOROVOD_STRATEGIES,
+    MANY_PROCESSES_ONLY,
+    NO_TTA,
+    ONE_PROCESS_ONLY,
+    STRATEGY_LABELS,
+    STRATEGY_MCA,
+    Settings,
+)
 from .util import write_json_atomic
 
 SCHEMA = "hvdk8s-bench/2"

@@ -57,9 +57,8 @@ def _submit(args: argparse.Namespace) -> int:
     import yaml
 
     from hvdk8s import mpijob
-    from hvdk8s.cluster import client
+    from hvdk8s.cluster import client, kube, watch
     from hvdk8s.errors import UserError
-    from hvdk8s.cluster import kube, watch
 
     dry_run = args.dry_run == "server"
     if dry_run and (args.wait or args.follow):
@@ -87,8 +86,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from hvdk8s.cluster import client
-    from hvdk8s.cluster import jobstatus, kube
+    from hvdk8s.cluster import client, jobstatus, kube
 
     cluster = client.connect(args.kubeconfig, args.context)
     job = kube.get_job(cluster, args.namespace or cluster.namespace, args.name, _kind(args))
@@ -97,16 +95,14 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    from hvdk8s.cluster import client
-    from hvdk8s.cluster import watch
+    from hvdk8s.cluster import client, watch
 
     cluster = client.connect(args.kubeconfig, args.context)
     return watch.show_logs(cluster, args.namespace or cluster.namespace, args.name, args.follow, kind=_kind(args))
 
 
 def _delete(args: argparse.Namespace) -> int:
-    from hvdk8s.cluster import client
-    from hvdk8s.cluster import kube, watch
+    from hvdk8s.cluster import client, kube, watch
 
     kind = _kind(args)
     cluster = client.connect(args.kubeconfig, args.context)

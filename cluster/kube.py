@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import urllib3
 from kubernetes import client, watch
 
-from hvdk8s.errors import UserError
 from hvdk8s.cluster.client import Cluster
 from hvdk8s.cluster.kubeerrors import Action, api_error_message, unreachable_message
+from hvdk8s.errors import UserError
 
 
 @dataclass(frozen=True)

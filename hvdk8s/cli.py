@@ -18,8 +18,7 @@ from hvdk8s.errors import UserError
 from hvdk8s.launcher import cli as launcher_cli
 from hvdk8s.mpijob import cli as mpijob_cli
 from hvdk8s.pipeline import cli as pipeline_cli
-from hvdk8s.serving import cli as serving_cli
-from hvdk8s.serving import manifests_cli
+from hvdk8s.serving import cli as serving_cli, manifests_cli
 
 COMMAND_MODULES = (
     launcher_cli, cluster_cli, mpijob_cli, serving_cli, manifests_cli, benchmarks_cli, pipeline_cli, migrate_cli, doctor,

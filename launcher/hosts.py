@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile

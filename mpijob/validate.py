@@ -22,8 +22,8 @@ from hvdk8s.k8s import MULTIKUEUE, FieldError, at_least, forbidden, invalid, one
 from hvdk8s.launcher.mpirun import OWNED_MCA, mca_problems, tcp_eager_limit_problem
 from hvdk8s.mpijob.render import API_VERSION, GENERATED_ENV, KIND, LAUNCHER_COMMANDS
 from hvdk8s.mpijob.spec import (
-    ISTIO_INJECT,
     GPU_RESOURCE,
+    ISTIO_INJECT,
     MPI_CONFIG_DIR,
     CleanPodPolicy,
     JobSpec,

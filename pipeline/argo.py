@@ -43,17 +43,13 @@ import dataclasses
 import json
 from typing import Any
 
-from hera.workflows import DAG, Container, Resource, RetryStrategy, Step, Steps, Task, Workflow
-from hera.workflows import models as m
+from hera.workflows import DAG, Container, Resource, RetryStrategy, Step, Steps, Task, Workflow, models as m
 
 from hvdk8s.k8s import to_yaml
 from hvdk8s.mpijob.files import SpecError
-from hvdk8s.mpijob.render import API_VERSION as MPIJOB_API
-from hvdk8s.mpijob.render import KIND as MPIJOB_KIND
-from hvdk8s.mpijob.render import render as render_mpijob
+from hvdk8s.mpijob.render import API_VERSION as MPIJOB_API, KIND as MPIJOB_KIND, render as render_mpijob
 from hvdk8s.mpijob.validate import check_manifest
-from hvdk8s.pipeline import dag as d
-from hvdk8s.pipeline import naming
+from hvdk8s.pipeline import dag as d, naming
 from hvdk8s.pipeline.load import model_base_path, serving_options
 from hvdk8s.pipeline.spec import Candidate, Pipeline
 from hvdk8s.serving import manifests

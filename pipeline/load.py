@@ -15,14 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from hvdk8s.errors import UserError
-from hvdk8s.k8s import FieldError, at_least, invalid, name_problem, one_of, read_yaml
-from hvdk8s.k8s import required as required_error
+from hvdk8s.k8s import FieldError, at_least, invalid, name_problem, one_of, read_yaml, required as required_error
 from hvdk8s.mpijob import parse
 from hvdk8s.mpijob.files import SpecError, load_spec
 from hvdk8s.mpijob.spec import JobSpec
 from hvdk8s.mpijob.validate import pod_hostname_problem
-from hvdk8s.pipeline import naming
-from hvdk8s.pipeline import spec as s
+from hvdk8s.pipeline import naming, spec as s
 from hvdk8s.serving.manifests_options import ServingOptions
 from hvdk8s.serving.selection import METRICS
 

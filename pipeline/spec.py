@@ -8,6 +8,7 @@ parsed, defaulted and checked, so nothing downstream re-validates.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 from hvdk8s.mpijob.spec import JobSpec, SharedVolume
 from hvdk8s.serving.manifests_options import TF_SERVING_VERSION, Autoscaling, Batching, Resources
 

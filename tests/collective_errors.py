@@ -45,7 +45,10 @@ def raised(error_type: type, message: str, files: list[str]) -> BaseException:
     """The error, raised and caught for real through frames whose code lives in ``files`` (innermost last)."""
     err = error_type(None, None, message) if issubclass(error_type, tf.errors.OpError) else error_type(message)
 
-    call: Callable[[], None] = lambda: None
+    def innermost() -> None:  # the innermost frame's callee: returns, as the raising frame never calls it
+        return None
+
+    call: Callable[[], None] = innermost
     for i, file in enumerate(reversed(files)):
         body = "raise err" if i == 0 else "inner()"  # the innermost recorded frame raises
         namespace: dict = {"err": err}

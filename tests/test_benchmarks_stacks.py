@@ -10,7 +10,6 @@ ratio reach results.json and the report. Comparing real stacks is
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest

@@ -15,7 +15,7 @@ import pytest
 
 from hvdk8s import checkpoint
 
-from conftest import HVDK8S, REPO, hvdk8s_cli, run_ranks, job_env
+from conftest import HVDK8S, REPO, hvdk8s_cli, job_env, run_ranks
 
 
 def test_only_rank_0_writes_and_old_checkpoints_are_pruned(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from hvdk8s.serving import loadtest
 from hvdk8s.serving.process import running
+
 from serving_models import CLI, export_untrained
 
 CONTRACT_KEYS = {

@@ -22,13 +22,14 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
+from test_mpijob import EXAMPLES, REPO, launcher
+
+from hvdk8s.cluster import kube
+from hvdk8s.cluster.client import connect
+from hvdk8s.mpijob import load_spec, render
 
 from controllers import mpi_operator
-from hvdk8s.cluster.client import connect
-from hvdk8s.cluster import kube
-from hvdk8s.mpijob import load_spec, render
 from kube_double import KubeDouble
-from test_mpijob import EXAMPLES, REPO, launcher
 
 NAMESPACE, JOB = "team-a", "digits-elastic"
 WORKERS = [f"{JOB}-worker-{i}" for i in range(3)]

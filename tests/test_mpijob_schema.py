@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from hvdk8s.mpijob import load_spec, render, render_podmonitor
+
 from kube_double import crd_schema
 
 pytestmark = pytest.mark.unit

@@ -17,6 +17,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from test_mpijob_schema import crd_errors as mpijob_crd_errors
+from test_serving_manifests import crd_validator
 
 from hvdk8s.cli import main
 from hvdk8s.mpijob.files import SpecError
@@ -26,8 +28,6 @@ from hvdk8s.pipeline.load import from_data
 from argo_model import match_conditions
 from conftest import REPO
 from kube_double import failing, succeeding
-from test_mpijob_schema import crd_errors as mpijob_crd_errors
-from test_serving_manifests import crd_validator
 
 SCHEMAS = REPO.parent / "shared" / "schemas"
 EXAMPLE = REPO / "pipeline" / "examples" / "digits.yaml"

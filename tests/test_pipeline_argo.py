@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from test_pipeline import EXAMPLE, minimal
 
 from hvdk8s.mpijob.files import SpecError
 from hvdk8s.mpijob.validate import check_manifest
@@ -21,7 +22,6 @@ from hvdk8s.pipeline import argo, build, load_pipeline, rbac, render_workflow
 from hvdk8s.pipeline.load import from_data
 
 from argo_model import DEADLINE_MESSAGE, DELETED_MESSAGE, Cluster, Node, Run, match_conditions, parse_selector
-from test_pipeline import EXAMPLE, minimal
 
 pytestmark = pytest.mark.unit
 

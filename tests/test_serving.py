@@ -28,6 +28,7 @@ import hvdk8s.cli
 from hvdk8s import data, models, serving
 from hvdk8s.serving import savedmodel
 from hvdk8s.serving.process import running
+
 from serving_models import CLI
 
 DIGIT_NAMES = [str(i) for i in range(10)]

@@ -28,6 +28,7 @@ from tensorflow_serving.apis import (
 import hvdk8s.cli
 from hvdk8s.serving import loadtest
 from hvdk8s.serving.process import running
+
 from serving_models import export_untrained
 
 PNGS = loadtest.digits_png(8)

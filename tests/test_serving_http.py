@@ -15,6 +15,7 @@ import pytest
 
 from hvdk8s.serving import loadtest
 from hvdk8s.serving.process import running
+
 from serving_models import export_untrained
 
 LIMIT = 300_000
