@@ -36,13 +36,19 @@ TINY = [
 TOKEN = re.compile(r"(?<![\w.\-])[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?(?:%|KiB|MiB|GiB|B|GB/s|Gbit/s|ms|µs|s)?(?![\w])")
 
 
+def bench(tmp_path_factory: pytest.TempPathFactory, name: str, args: list[str], timeout: float) -> dict[str, Any]:
+    """One real ``python -m benchmarks`` run into a fresh folder: its process, folder and results.json."""
+    out = tmp_path_factory.mktemp(name)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", *args, "--out", str(out)], cwd=REPO, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    return {"out": out, "proc": done, "results": json.loads((out / "results.json").read_text())}
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("bench")
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", *TINY, "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600
-    )
-    return {"out": out, "proc": done, "results": json.loads((out / "results.json").read_text())}
+    return bench(tmp_path_factory, "bench", TINY, 600)
 
 
 def _json_values(obj: Any, numbers: list[float], strings: set[str]) -> None:
@@ -231,11 +237,7 @@ SYNTHETIC = [
 
 @pytest.fixture(scope="module")
 def synthetic_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("synthetic")
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", *SYNTHETIC, "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=900
-    )
-    return {"out": out, "proc": done, "results": json.loads((out / "results.json").read_text())}
+    return bench(tmp_path_factory, "synthetic", SYNTHETIC, 900)
 
 
 def test_horovods_synthetic_scripts_run_alternately_and_are_reported(synthetic_run: dict[str, Any]) -> None:
