@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .util import write_json_atomic, write_text_atomic
+from hvdk8s import atomic
 
 HOOKS = ("on_train_batch_begin", "on_train_batch_end")
 BASELINE = "no callbacks"
@@ -197,9 +197,9 @@ def report(result: dict[str, Any], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "callbacks.png", dpi=100)
     plt.close(fig)
-    write_json_atomic(out / "callbacks.json", result)
+    atomic.write_json(out / "callbacks.json", result)
     text = markdown(result, "callbacks.png")
-    write_text_atomic(out / "callbacks.md", text)
+    atomic.write_text(out / "callbacks.md", text)
     print(text)
 
 

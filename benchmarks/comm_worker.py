@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .util import write_json_atomic
+from hvdk8s import atomic
 
 
 def _calibrated_iters(once: float, min_seconds: float) -> int:
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     result = allreduce(job) if args.mode == "allreduce" else ps(job)
     if result.pop("rank0"):
-        write_json_atomic(args.out, result)
+        atomic.write_json(args.out, result)
     return 0
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hvdk8s import atomic
+
 from .analysis import GRADIENT_TENSOR, busbw_factor
 from .settings import STRATEGY_LABELS
 from .stats import summary
-from .util import write_text_atomic
 
 MEASURED = "measured on this machine"
 PREDICTION_WORKERS = (8, 64, 512)
@@ -820,5 +821,5 @@ def write(results: dict[str, Any], out_dir: Path) -> dict[str, Path]:
         plot_prediction(d["model"], out_dir / "prediction.png")
     if d["profile"]:
         plot_timeline(results["raw"]["profile"]["result"]["profile"], out_dir / "timeline.png")
-    md = write_text_atomic(out_dir / "report.md", render(results))
+    md = atomic.write_text(out_dir / "report.md", render(results))
     return {"markdown": md}

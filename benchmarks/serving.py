@@ -33,8 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from hvdk8s import atomic
+
 from . import envinfo, report
-from .util import write_json_atomic, write_text_atomic
 
 
 @dataclass(frozen=True)
@@ -369,9 +370,9 @@ def checks(results: dict[str, Any]) -> list[dict[str, Any]]:
 def write(results: dict[str, Any], out: Path) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "serving.json", "markdown": out / "serving.md", "plot": out / "serving.png"}
-    write_json_atomic(paths["json"], results)
+    atomic.write_json(paths["json"], results)
     plot(results, paths["plot"])
-    write_text_atomic(paths["markdown"], markdown(results, paths["plot"].name))
+    atomic.write_text(paths["markdown"], markdown(results, paths["plot"].name))
     return paths
 
 

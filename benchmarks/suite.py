@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hvdk8s import atomic
+
 from . import analysis, costmodel, envinfo, knobs, memcopy, netns, synthetic
 from .launch import JobFailed, Launcher, base_env, interpreter, module_argv, probe_stack
 from .settings import (
@@ -28,7 +30,6 @@ from .settings import (
     STRATEGY_MCA,
     Settings,
 )
-from .util import write_json_atomic
 
 SCHEMA = "hvdk8s-bench/2"
 SMALL_MESSAGE = 64 << 10  # sizes re-measured at a short Horovod cycle time
@@ -156,7 +157,7 @@ class Suite:
         return netns.available()
 
     def save(self) -> Path:
-        return write_json_atomic(self.out / "results.json", self.results)
+        return atomic.write_json(self.out / "results.json", self.results)
 
     def _job_file(self, name: str, data: dict[str, Any]) -> Path:
         path = self.jobs / f"{name}.json"

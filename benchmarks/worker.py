@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hvdk8s import atomic
+
 from .settings import HVDK8S_STRATEGIES, PAIRED_STRATEGIES, STEPS_PER_EXECUTION, Settings
-from .util import write_json_atomic
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -249,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result["stack"] = stack_versions(load_ops=False)  # which stack this launch ran (a stack knob's is not the suite's)
     if rt.chief:
-        write_json_atomic(args.out, result)
+        atomic.write_json(args.out, result)
     rt.finish()
     return 0
 
