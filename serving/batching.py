@@ -89,13 +89,9 @@ def parse_parameters(text: str, source: str = "batching parameters") -> Batching
     have no effect: one server has one pool, and a request larger than
     ``max_batch_size`` runs whole as its own batch.
     """
-    from google.protobuf import text_format
+    from hvdk8s.serving import textproto
 
-    message = _message_class()()
-    try:
-        text_format.Parse(text, message)
-    except text_format.ParseError as err:
-        raise ValueError(f"{source}: {err}") from None
+    message = textproto.parse(text, _message_class()(), source)
     given: dict[str, Any] = {}
     for f in fields(BatchingParameters):
         if f.name == "allowed_batch_sizes":

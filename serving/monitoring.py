@@ -29,13 +29,9 @@ class PrometheusConfig:
 
 
 def parse_config(text: str, source: str) -> PrometheusConfig:
-    from google.protobuf import text_format
+    from hvdk8s.serving import textproto
 
-    message = _message_class()()
-    try:
-        text_format.Parse(text, message)
-    except text_format.ParseError as err:
-        raise ValueError(f"{source}: Error parsing text-format tensorflow.serving.MonitoringConfig: {err}") from None
+    message = textproto.parse(text, _message_class()(), source, "tensorflow.serving.MonitoringConfig")
     path = message.prometheus_config.path or DEFAULT_PATH
     if not path.startswith("/"):
         raise ValueError(f"{source}: prometheus_config.path {path!r} must start with /")

@@ -126,14 +126,11 @@ class Models:
 
 def parse_model_config(text: str, source: str) -> list[ModelConfig]:
     """The models of a text-format ``ModelServerConfig``; errors name ``source`` and the line."""
-    from google.protobuf import text_format
     from tensorflow_serving.config import model_server_config_pb2
 
-    message = model_server_config_pb2.ModelServerConfig()
-    try:
-        text_format.Parse(text, message)
-    except text_format.ParseError as err:
-        raise ValueError(f"{source}: Error parsing text-format {CONFIG_MESSAGE}: {err}") from None
+    from hvdk8s.serving import textproto
+
+    message = textproto.parse(text, model_server_config_pb2.ModelServerConfig(), source, CONFIG_MESSAGE)
     if message.WhichOneof("config") == "custom_model_config":
         raise ValueError(f"{source}: custom_model_config is not supported; use model_config_list")
     configs = []
