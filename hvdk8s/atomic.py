@@ -10,9 +10,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import secrets
 import shutil
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,16 +32,13 @@ def atomic_path(path: str | os.PathLike[str], *, temporary: str | None = None) -
     final = Path(path)
     _make_parent(final)
     if temporary is None:
-        fd, name = tempfile.mkstemp(dir=final.parent, prefix=f"{TEMP_PREFIX}{final.stem}-", suffix=final.suffix)
-        os.fchmod(fd, 0o666 & ~_umask())
+        tmp = _create_unique(final.parent, f"{TEMP_PREFIX}{final.stem}-", final.suffix, _create_file)
     else:
         if not temporary.startswith(TEMP_PREFIX) or "/" in temporary:
             raise ValueError(f"temporary {temporary!r}: must be a file name starting with {TEMP_PREFIX!r}")
-        name = str(final.parent / temporary)
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
-    tmp = Path(name)
+        tmp = final.parent / temporary
+        _create_file(tmp)
     try:
-        os.close(fd)
         yield tmp
         _fsync(tmp)
         os.replace(tmp, final)
@@ -58,9 +55,8 @@ def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     final = Path(path)
     _make_parent(final)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f"{TEMP_PREFIX}{final.name}-"))
+    tmp = _create_unique(final.parent, f"{TEMP_PREFIX}{final.name}-", "", lambda p: os.mkdir(p, 0o777))
     try:
-        os.chmod(tmp, 0o777 & ~_umask())
         yield tmp
         os.rename(tmp, final)
         _fsync(final.parent)
@@ -102,7 +98,17 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+def _create_file(path: Path) -> None:
+    """Create ``path`` empty, failing if it exists; the umask applies, as for ``open()``."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+
+
+def _create_unique(folder: Path, prefix: str, suffix: str, create: Callable[[Path], None]) -> Path:
+    """``folder/prefix<random>suffix``, created by ``create`` (which raises ``FileExistsError`` on a clash)."""
+    while True:
+        path = folder / f"{prefix}{secrets.token_hex(4)}{suffix}"
+        try:
+            create(path)
+            return path
+        except FileExistsError:
+            continue
