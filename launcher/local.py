@@ -54,6 +54,8 @@ def elastic_argv(np: int, command: list[str], options: ElasticOptions) -> list[s
     """Check the user's elastic flags, then build the command with this environment's horovodrun."""
     if not os.access(options.discovery_script, os.X_OK):
         raise UserError(f"--host-discovery-script {options.discovery_script}: not an executable file")
+    if options.blacklist_cooldown and (problem := mpirun.blacklist_cooldown_problem(options.blacklist_cooldown)):
+        raise UserError(f"--blacklist-cooldown: {problem}")
     try:
         argv = mpirun.horovodrun_argv(
             np,
@@ -66,8 +68,7 @@ def elastic_argv(np: int, command: list[str], options: ElasticOptions) -> list[s
             blacklist_cooldown=options.blacklist_cooldown,
         )
     except ValueError as err:
-        flag = "--blacklist-cooldown" if "cooldown" in str(err) else "--min-np/-np/--max-np"
-        raise UserError(f"{flag}: {err}") from None
+        raise UserError(f"--min-np/-np/--max-np: {err}") from None
     return [installed_script("horovodrun"), *argv[1:]]
 
 

@@ -36,6 +36,12 @@ def tcp_eager_limit_problem(limit: int) -> str | None:
     return None
 
 
+def blacklist_cooldown_problem(cooldown: tuple[int, int]) -> str | None:
+    """What is wrong with horovodrun's blacklist cooldown range (seconds), or None."""
+    low, high = cooldown
+    return None if 0 < low <= high else f"blacklist cooldown: need 0 < min ({low}) <= max ({high}) seconds"
+
+
 def tcp_eager_mca(limit: int) -> dict[str, str]:
     """Open MPI's TCP eager limit, with the rendezvous first fragment at the limit and the largest fragment
     at least the limit (never below Open MPI's 128 KiB).
@@ -179,10 +185,9 @@ def horovodrun_argv(
     if network_interface:
         argv += ["--network-interface", network_interface]
     if blacklist_cooldown is not None:
-        low, high = blacklist_cooldown
-        if not 0 < low <= high:
-            raise ValueError(f"blacklist cooldown: need 0 < min ({low}) <= max ({high}) seconds")
-        argv += ["--blacklist-cooldown-range", str(low), str(high)]
+        if problem := blacklist_cooldown_problem(blacklist_cooldown):
+            raise ValueError(problem)
+        argv += ["--blacklist-cooldown-range", *map(str, blacklist_cooldown)]
     return argv + ["--host-discovery-script", discovery_script, *command]
 
 
