@@ -193,7 +193,7 @@ def overlap(spans: list[dict[str, Any]]) -> list[dict[str, float]]:
     and when reductions ran, in seconds from the step's first submission. A reduction that starts before
     the last submission overlaps backprop."""
     grads = [sp for sp in spans if GRADIENT_TENSOR in sp["tensor"] and sp["depth"] == 0]
-    per_tensor: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    per_tensor: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for sp in sorted(grads, key=lambda x: x["start_us"]):
         per_tensor[(sp["tensor"], sp["activity"])].append(sp)
     steps = min((len(v) for v in per_tensor.values()), default=0)

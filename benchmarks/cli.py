@@ -177,8 +177,8 @@ def run(args: argparse.Namespace) -> int:
     results = suite.run()
     paths = report.write(results, args.out)
     print(f"hvdk8s bench: wrote {args.out / 'results.json'} and {paths['markdown']}", flush=True)
-    for err in results["errors"]:
-        print(f"hvdk8s bench: error in {err['job']}: {err['error'].splitlines()[0]}", file=sys.stderr)
+    for failure in results["errors"]:
+        print(f"hvdk8s bench: error in {failure['job']}: {failure['error'].splitlines()[0]}", file=sys.stderr)
     return 1 if results["errors"] else 0
 
 

@@ -180,8 +180,9 @@ def tf_cluster_plan(roles: Mapping[str, int], cluster: netns.Cluster | None) -> 
         needed = max(first[r] + i for r, i in tasks) + 1
         if needed > len(cluster.hosts):
             raise ValueError(f"TF cluster {dict(roles)}: needs {needed} emulated hosts, the cluster has {len(cluster.hosts)}")
-        place = {(r, i): cluster.hosts[first[r] + i] for r, i in tasks}
-        addr = {t: f"{place[t].ip}:{TF_PORT}" for t in tasks}
+        hosts = {(r, i): cluster.hosts[first[r] + i] for r, i in tasks}
+        addr = {t: f"{hosts[t].ip}:{TF_PORT}" for t in tasks}
+        place = dict(hosts)
     return {r: [addr[(r, i)] for i in range(roles[r])] for r in order}, place
 
 
@@ -290,7 +291,8 @@ class Launcher:
     ) -> JobStats:
         """A TF_CONFIG cluster (see ``tf_cluster_plan``); tasks of role ``mains`` run ``main_argv``, the others serve."""
         spec, place = tf_cluster_plan(roles, cluster)
-        main_list, server_list = [], []
+        main_list: list[tuple[list[str], dict[str, str]]] = []
+        server_list: list[tuple[list[str], dict[str, str]]] = []
         for task in place:
             tf_config = {"cluster": spec, "task": {"type": task[0], "index": task[1]}}
             environ = base_env(self.threads, {**(env or {}), "TF_CONFIG": json.dumps(tf_config)})

@@ -147,7 +147,7 @@ def read_timeline(path: Path) -> list[dict[str, Any]]:
 def timeline_spans(events: list[dict[str, Any]]) -> dict[str, Any]:
     """Per tensor (Horovod names each timeline row after one), its top-level spans: activity, start, end (µs)."""
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name" and "name" in e.get("args", {})}
-    open_spans: dict[int, list[tuple[str, float]]] = {}
+    open_spans: dict[int | None, list[tuple[str, float]]] = {}  # by Chrome-trace pid: one per tensor
     spans = []
     for e in events:
         pid, ph = e.get("pid"), e.get("ph")

@@ -358,7 +358,7 @@ def _by_n(rows: list[dict[str, Any]], key: Any, ratio: str = "ratio") -> tuple[l
     return ns, [[*k, *[c.get(n, "–") for n in ns]] for k, c in cells.items()]
 
 
-def _headline(d: dict[str, Any]) -> list[list[str]]:
+def _headline(d: dict[str, Any]) -> list[str]:
     """hvdk8s / raw loop wherever both ran: alternating windows on this machine's shared memory and on every
     emulated link, then Horovod's synthetic scripts; one column per N."""
     rows = [{**p, "where": "shared memory, alternating windows"} for p in d["ratios"]["paired"] if p["strategy"] == "hvdk8s"]
@@ -376,7 +376,7 @@ def _ratio_section(d: dict[str, Any]) -> str:
     headline = _headline(d)
     if not (r["paired"] or r["rounds"] or headline):
         return ""
-    out = [
+    out: list[str] = [
         "## Summary: throughput relative to the raw Horovod loop (" + MEASURED + ")",
         "",
         "One ratio per launch, then the median, the lowest and highest launch [min–max] and the number of launches; "

@@ -154,7 +154,8 @@ class Settings:
         unknown = sorted(set(data) - set(fields))
         if unknown:
             raise ValueError(f"settings: unknown field(s) {unknown}")
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        return cls(**values)
 
 
 PRESETS: dict[str, Settings] = {

@@ -10,7 +10,7 @@ job in ``jobsStatus`` (node, launcher); a TrainJob whose launcher is active is R
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,8 +129,8 @@ def _seen_by(job: Mapping[str, Any]) -> str:
     return "" if job.get("kind") == "TrainJob" else " (has the MPI Operator seen it?)"
 
 
-def waiting_reasons(job: Mapping[str, Any], pods: list[Mapping[str, Any]],
-                    events: Mapping[str, list[Mapping[str, Any]]]) -> list[str]:
+def waiting_reasons(job: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
+                    events: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
     """Why a job that has not started is still waiting, from its status, pods and events.
 
     ``events`` maps an object name (the job's, its pods') to the events about it.

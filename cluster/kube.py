@@ -12,6 +12,7 @@ import copy
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from typing import Any, cast
 
 import urllib3
 from kubernetes import client, watch
@@ -85,6 +86,11 @@ def _job_call(cluster: Cluster, kind: JobKind, verb: str, namespace: str,
     return translate(cluster, Action(verb, kind.resource, namespace, name))
 
 
+def _json(answer: object) -> dict:
+    """A custom-objects call's answer: the server's JSON object (the client types it ``object``)."""
+    return cast(dict, answer)
+
+
 def kind_of(manifest: dict) -> JobKind:
     return KINDS[manifest["kind"]]
 
@@ -100,9 +106,9 @@ def create_job(cluster: Cluster, manifest: dict, namespace: str, dry_run: bool =
     body = copy.deepcopy(manifest)
     body.setdefault("metadata", {})["namespace"] = namespace
     with _job_call(cluster, kind, "create", namespace, body["metadata"].get("name")):
-        return cluster.custom.create_namespaced_custom_object(
+        return _json(cluster.custom.create_namespaced_custom_object(
             kind.group, kind.version, namespace, kind.plural, body, dry_run="All" if dry_run else None,
-            field_validation="Strict", _request_timeout=REQUEST_TIMEOUT)
+            field_validation="Strict", _request_timeout=REQUEST_TIMEOUT))
 
 
 def apply_runtime(cluster: Cluster, runtime: dict, namespace: str, dry_run: bool = False) -> dict:
@@ -114,18 +120,18 @@ def apply_runtime(cluster: Cluster, runtime: dict, namespace: str, dry_run: bool
     body["metadata"]["namespace"] = namespace
     with translate(cluster, Action("create", f"{RUNTIMES}.{group}", namespace, name)):
         try:
-            return cluster.custom.create_namespaced_custom_object(group, version, namespace, RUNTIMES, body,
-                                                                  dry_run=dry, field_validation="Strict",
-                                                                  _request_timeout=REQUEST_TIMEOUT)
+            return _json(cluster.custom.create_namespaced_custom_object(group, version, namespace, RUNTIMES, body,
+                                                                        dry_run=dry, field_validation="Strict",
+                                                                        _request_timeout=REQUEST_TIMEOUT))
         except client.ApiException as err:
             if err.status != 409:
                 raise
-        current = cluster.custom.get_namespaced_custom_object(group, version, namespace, RUNTIMES, name,
-                                                              _request_timeout=REQUEST_TIMEOUT)
+        current = _json(cluster.custom.get_namespaced_custom_object(group, version, namespace, RUNTIMES, name,
+                                                                    _request_timeout=REQUEST_TIMEOUT))
         body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-        return cluster.custom.replace_namespaced_custom_object(group, version, namespace, RUNTIMES, name, body,
-                                                               dry_run=dry, field_validation="Strict",
-                                                               _request_timeout=REQUEST_TIMEOUT)
+        return _json(cluster.custom.replace_namespaced_custom_object(group, version, namespace, RUNTIMES, name,
+                                                                     body, dry_run=dry, field_validation="Strict",
+                                                                     _request_timeout=REQUEST_TIMEOUT))
 
 
 def own_runtime(cluster: Cluster, runtime: dict, job: dict) -> dict:
@@ -136,25 +142,25 @@ def own_runtime(cluster: Cluster, runtime: dict, job: dict) -> dict:
     owner = {"apiVersion": job["apiVersion"], "kind": job["kind"], "name": job["metadata"]["name"],
              "uid": job["metadata"]["uid"]}
     with translate(cluster, Action("update", f"{RUNTIMES}.{group}", namespace, name)):
-        current = cluster.custom.get_namespaced_custom_object(group, version, namespace, RUNTIMES, name,
-                                                              _request_timeout=REQUEST_TIMEOUT)
+        current = _json(cluster.custom.get_namespaced_custom_object(group, version, namespace, RUNTIMES, name,
+                                                                    _request_timeout=REQUEST_TIMEOUT))
         current["metadata"]["ownerReferences"] = [owner]
-        return cluster.custom.replace_namespaced_custom_object(group, version, namespace, RUNTIMES, name, current,
-                                                               _request_timeout=REQUEST_TIMEOUT)
+        return _json(cluster.custom.replace_namespaced_custom_object(group, version, namespace, RUNTIMES, name,
+                                                                     current, _request_timeout=REQUEST_TIMEOUT))
 
 
 def get_job(cluster: Cluster, namespace: str, name: str, kind: JobKind = MPIJOB) -> dict:
     with _job_call(cluster, kind, "get", namespace, name):
-        return cluster.custom.get_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural, name,
-                                                           _request_timeout=REQUEST_TIMEOUT)
+        return _json(cluster.custom.get_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural,
+                                                                 name, _request_timeout=REQUEST_TIMEOUT))
 
 
 def list_job(cluster: Cluster, namespace: str, name: str, kind: JobKind = MPIJOB) -> dict:
     """The job as a one-item list: its ``metadata.resourceVersion`` is where a watch starts."""
     with _job_call(cluster, kind, "list", namespace, name):
-        return cluster.custom.list_namespaced_custom_object(
+        return _json(cluster.custom.list_namespaced_custom_object(
             kind.group, kind.version, namespace, kind.plural, field_selector=f"metadata.name={name}",
-            _request_timeout=REQUEST_TIMEOUT)
+            _request_timeout=REQUEST_TIMEOUT))
 
 
 def watch_job(cluster: Cluster, namespace: str, name: str, resource_version: str,
@@ -185,17 +191,18 @@ def watch_job(cluster: Cluster, namespace: str, name: str, resource_version: str
 
 def delete_job(cluster: Cluster, namespace: str, name: str, kind: JobKind = MPIJOB) -> dict:
     with _job_call(cluster, kind, "delete", namespace, name):
-        return cluster.custom.delete_namespaced_custom_object(
+        return _json(cluster.custom.delete_namespaced_custom_object(
             kind.group, kind.version, namespace, kind.plural, name, propagation_policy=PROPAGATION,
-            _request_timeout=REQUEST_TIMEOUT)
+            _request_timeout=REQUEST_TIMEOUT))
 
 
 def launcher_pod(cluster: Cluster, namespace: str, job: str, kind: JobKind = MPIJOB) -> LauncherPod | None:
     """The newest launcher pod of a job (after a restart there can be several), or None."""
     selector = ",".join(f"{k}={v}" for k, v in (dict(kind.launcher_labels) | {kind.job_label: job}).items())
     with translate(cluster, Action("list", "pods", namespace)):
-        pods = cluster.core.list_namespaced_pod(namespace, label_selector=selector,
-                                                _request_timeout=REQUEST_TIMEOUT).items
+        # Any: the client's models type every field optional; a listed pod always has metadata and spec
+        pods: list[Any] = cluster.core.list_namespaced_pod(namespace, label_selector=selector,
+                                                           _request_timeout=REQUEST_TIMEOUT).items
     if not pods:
         return None
     newest = max(pods, key=lambda p: (p.metadata.creation_timestamp.timestamp()

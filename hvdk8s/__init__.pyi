@@ -1,5 +1,7 @@
 """The public names of ``hvdk8s``, for editors and type checkers; ``__init__.py`` loads each on first use from here."""
 
+__version__: str
+
 from . import callbacks as callbacks, collectives as collectives, data as data, elastic as elastic, launcher as launcher, models as models, mpijob as mpijob, serving as serving
 # Horovod's runtime (hvdk8s's init also pins devices and threads), and is_chief
 from .runtime import (

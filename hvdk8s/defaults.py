@@ -13,7 +13,7 @@ from hvdk8s.observability import observability_callbacks
 def default_callbacks(
     *,
     initial_lr: float | None = None,
-    warmup_epochs: float = 0,
+    warmup_epochs: int = 0,
     momentum_correction: bool = True,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     checkpoint_every: int = 1,

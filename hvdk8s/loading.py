@@ -37,7 +37,7 @@ def _keras_optimizer_classes() -> list[type]:
     return found
 
 
-def _wrapping(cls: type, compression: Any) -> type:
+def _wrapping(cls: type[keras.optimizers.Optimizer], compression: Any) -> type:
     """A class Keras can deserialise by name whose ``from_config`` returns the distributed optimizer."""
 
     def from_config(_cls: type, config: Mapping[str, Any], custom_objects: Any = None) -> keras.optimizers.Optimizer:

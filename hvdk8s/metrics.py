@@ -155,7 +155,7 @@ def steps_done(batch: int, model: keras.Model, params: Mapping[str, object]) -> 
     """
     done = batch + int(getattr(model, "steps_per_execution", 1) or 1)
     total = params.get("steps")
-    return min(done, int(total)) if total else done
+    return min(done, int(total)) if isinstance(total, int) and total else done
 
 
 def loss_tracker(model: keras.Model) -> keras.metrics.Metric | None:
@@ -201,7 +201,7 @@ class TrainingMetrics(keras.callbacks.Callback):
         self.port = port
         self.batch_size = batch_size
         self.sample_seconds = sample_seconds
-        self.exporter: Exporter | None = None
+        self._exporter: Exporter | None = None
         self._recent: deque[tuple[float, int]] = deque(maxlen=window)
         self._epoch_start: float | None = None
         self._last_end = 0.0
@@ -210,8 +210,15 @@ class TrainingMetrics(keras.callbacks.Callback):
         self._allreduce_epoch = 0.0
         self._figures_in_logs = False
 
+    @property
+    def exporter(self) -> Exporter:
+        """The process's exporter, from ``on_train_begin`` on."""
+        if self._exporter is None:
+            raise RuntimeError("MetricsCallback: the exporter starts with training (on_train_begin)")
+        return self._exporter
+
     def on_train_begin(self, logs: dict | None = None) -> None:
-        self.exporter = exporter(self.port)
+        self._exporter = exporter(self.port)
         self._tracker = None if self.batch_size else loss_tracker(self.model)
         self.exporter.epochs.set(float(self.params.get("epochs") or 0))
         self.exporter.set_job({"ranks": float(runtime.size())})
@@ -292,7 +299,7 @@ class TrainingMetrics(keras.callbacks.Callback):
         }
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self._figures_in_logs:  # MetricAverageCallback averaged them with the logs
+        if self._figures_in_logs and logs is not None:  # MetricAverageCallback averaged them with the logs
             job = {k: float(logs[k]) for k in EPOCH_FIGURES}
         else:
             job = collectives.average_scalars(self._epoch_figures(), name="hvdk8s.observability")

@@ -303,9 +303,10 @@ def failure_summary(
     one, are the cause. Horovod's elastic driver says why it stopped the job.
     """
     first = failed_rank(output) or f"{launcher} exited with code {returncode}"
+    errors = errors or {}
     collateral = set(collateral)
     suspects = sorted(set(ranks) - collateral)
-    raised = [f"rank {rank} raised {errors[rank]}" for rank in suspects if rank in (errors or {})]
+    raised = [f"rank {rank} raised {errors[rank]}" for rank in suspects if rank in errors]
     if raised:
         cause = "; ".join(raised)
     elif collateral and suspects:
