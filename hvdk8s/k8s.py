@@ -62,6 +62,15 @@ class SpecError(UserError):
         super().__init__(f"{source}: invalid:\n  " + "\n  ".join(self.errors))
 
 
+def join(path: str, *keys: str | int) -> str:
+    """``path`` then ``keys``, each a field (``.key``) or a list index (``[i]``): apimachinery's
+    ``field.Path`` Child/Index, which the MPI Operator passes down its validators (v0.8.2
+    ``pkg/apis/kubeflow/validation/validation.go``) so each one reports under whatever prefix it is given."""
+    for key in keys:
+        path = f"{path}[{key}]" if isinstance(key, int) else f"{path}.{key}" if path else key
+    return path
+
+
 def required(path: str, detail: str = "required") -> FieldError:
     return FieldError("Required", path, detail)
 

@@ -18,7 +18,7 @@ from hvdk8s.mpijob.render import KIND, render
 from hvdk8s.mpijob.spec import JobSpec
 from hvdk8s.mpijob.trainjob import checked_render_trainjob
 
-__all__ = ["SpecError", "load_spec", "manifest_from_data", "manifest_from_file", "objects_from_file", "read_yaml",
+__all__ = ["SpecError", "check_spec_data", "load_spec", "manifest_from_data", "manifest_from_file", "objects_from_file", "read_yaml",
            "to_yaml", "write_text"]
 
 
@@ -32,19 +32,26 @@ def load_spec(source: str | os.PathLike[str] | Mapping[str, Any], *, origin: str
         data, where = source, origin or "job spec"
     if is_mpijob(data):
         raise UserError(f"{where}: is an MPIJob manifest, not an hvdk8s job spec (apply it as is)")
-    parse_errors: list[FieldError] = []
-    spec = parse.from_mapping(JobSpec, data, parse_errors)
+    spec, errors = check_spec_data(data)
     if spec is None:
-        raise SpecError(where, parse_errors)
-    derived = validate.derived_paths(spec)
-    spec = validate.with_defaults(spec)
-    refused = {e.path for e in parse_errors}  # those fields kept their (valid) defaults
-    errors = parse_errors + [e for e in validate.check_spec(spec) if e.path not in refused]
-    if own := [e for e in errors if e.path not in derived]:
-        errors = own  # a derived value is wrong only because a field it comes from is (workers: -2)
-    if errors:
         raise SpecError(where, errors)
     return spec
+
+
+def check_spec_data(data: Any, path: str = "") -> tuple[JobSpec | None, list[FieldError]]:
+    """A job spec's mapping parsed strictly and defaulted, and every problem at its path under ``path``:
+    the spec only when there are none."""
+    parse_errors: list[FieldError] = []
+    spec = parse.from_mapping(JobSpec, data, parse_errors, path)
+    if spec is None:
+        return None, parse_errors
+    derived = validate.derived_paths(spec, path)
+    spec = validate.with_defaults(spec)
+    refused = {e.path for e in parse_errors}  # those fields kept their (valid) defaults
+    errors = parse_errors + [e for e in validate.check_spec(spec, path) if e.path not in refused]
+    if own := [e for e in errors if e.path not in derived]:
+        errors = own  # a derived value is wrong only because a field it comes from is (workers: -2)
+    return (None, errors) if errors else (spec, [])
 
 
 def checked_render(spec: JobSpec, where: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
-from hvdk8s.k8s import FieldError, invalid, not_supported, required
+from hvdk8s.k8s import FieldError, invalid, join, not_supported, required
 
 T = TypeVar("T")
 _MISSING = dataclasses.MISSING
@@ -27,12 +27,6 @@ def camel(name: str) -> str:
     """``slots_per_worker`` -> ``slotsPerWorker`` (the YAML key of a field)."""
     head, *rest = name.split("_")
     return head + "".join(part.title() for part in rest)
-
-
-def join(path: str, key: str | int) -> str:
-    if isinstance(key, int):
-        return f"{path}[{key}]"
-    return f"{path}.{key}" if path else key
 
 
 def from_mapping(cls: type[T], data: Any, errors: list[FieldError], path: str = "") -> T | None:

@@ -31,7 +31,7 @@ import dataclasses
 from typing import Any
 
 from hvdk8s import k8s
-from hvdk8s.k8s import MULTIKUEUE, FieldError, SpecError, forbidden
+from hvdk8s.k8s import MULTIKUEUE, FieldError, SpecError, forbidden, join
 from hvdk8s.mpijob.render import labels, launcher_command, metadata, render
 from hvdk8s.mpijob.spec import JobSpec
 
@@ -49,26 +49,26 @@ def runtime_name(spec: JobSpec) -> str:
     return f"{RUNTIME_PREFIX}{spec.name}"
 
 
-def trainjob_problems(spec: JobSpec) -> list[FieldError]:
-    """What a (valid, defaulted) job spec asks for that a TrainJob cannot express."""
+def trainjob_problems(spec: JobSpec, path: str = "") -> list[FieldError]:
+    """What a (valid, defaulted) job spec asks for that a TrainJob cannot express, at job-file paths under ``path``."""
     errors = []
     if spec.elastic:
-        errors.append(forbidden("elastic", "Kubeflow Trainer's MPI plugin writes a fixed hostfile and has no "
+        errors.append(forbidden(join(path, "elastic"), "Kubeflow Trainer's MPI plugin writes a fixed hostfile and has no "
                                 "elastic host discovery (no discover_hosts.sh): render an MPIJob (--api mpijob)"))
     if spec.workers == 0:
-        errors.append(forbidden("workers", "Trainer always runs at least one node pod besides the launcher: "
+        errors.append(forbidden(join(path, "workers"), "Trainer always runs at least one node pod besides the launcher: "
                                 "a launcher-only job needs an MPIJob (--api mpijob)"))
     if spec.scheduler_name == "volcano":
-        errors.append(forbidden("schedulerName", "volcano is not carried to a TrainJob: Trainer's Volcano gang "
+        errors.append(forbidden(join(path, "schedulerName"), "volcano is not carried to a TrainJob: Trainer's Volcano gang "
                                 "(podGroupPolicy, v2.3.0 plugins/volcano) counts the launcher in minMember, which "
                                 "JobSet creates only once the nodes are Ready, so the gang would never fill: "
                                 "render an MPIJob (--api mpijob) for Volcano"))
     nodes = spec.workers  # JobSet pod hostnames: <job>-<replicated job>-<job index>-<pod index>
     for host in (f"{spec.name}-{NODE}-0-{max(nodes, 1) - 1}", f"{spec.name}-{LAUNCHER}-0-0"):
         if problem := k8s.name_problem(host):
-            errors.append(k8s.invalid("name", f"pod hostname {host!r} {problem}"))
+            errors.append(k8s.invalid(join(path, "name"), f"pod hostname {host!r} {problem}"))
     if len(runtime_name(spec)) > 253:
-        errors.append(k8s.invalid("name", f"runtime name {runtime_name(spec)!r} is over 253 characters"))
+        errors.append(k8s.invalid(join(path, "name"), f"runtime name {runtime_name(spec)!r} is over 253 characters"))
     return errors
 
 

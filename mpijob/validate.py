@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hvdk8s import k8s
-from hvdk8s.k8s import MULTIKUEUE, FieldError, at_least, forbidden, invalid, one_of, quantity, required
+from hvdk8s.k8s import MULTIKUEUE, FieldError, at_least, forbidden, invalid, join, one_of, quantity, required
 from hvdk8s.launcher.mpirun import OWNED_MCA, mca_problems, tcp_eager_limit_problem
 from hvdk8s.mpijob.render import API_VERSION, GENERATED_ENV, KIND, LAUNCHER_COMMANDS
 from hvdk8s.mpijob.spec import (
@@ -70,12 +70,12 @@ def with_defaults(spec: JobSpec) -> JobSpec:
     return dataclasses.replace(spec, **changes)
 
 
-def derived_paths(spec: JobSpec) -> set[str]:
-    """Job-file paths ``with_defaults`` fills from other fields when the file leaves them out: their
-    errors are reported only when the fields they come from are valid."""
+def derived_paths(spec: JobSpec, path: str = "") -> set[str]:
+    """Job-file paths (under ``path``) ``with_defaults`` fills from other fields when the file leaves them
+    out: their errors are reported only when the fields they come from are valid."""
     gang = spec.run_policy.scheduling_policy or SchedulingPolicy()
     fields = {"minAvailable": gang.min_available, "minResources": gang.min_resources}
-    return {f"runPolicy.schedulingPolicy.{key}" for key, value in fields.items() if value is None}
+    return {join(path, "runPolicy", "schedulingPolicy", key) for key, value in fields.items() if value is None}
 
 
 def gang_resources(spec: JobSpec, pods: int) -> dict[str, str] | None:
@@ -116,254 +116,257 @@ def _created_suspended(spec: JobSpec) -> bool:
 # ---- job specs: one validator per section ------------------------------------
 
 
-def check_spec(spec: JobSpec) -> list[FieldError]:
-    """Every problem of a defaulted spec, with job-file paths."""
+def check_spec(spec: JobSpec, path: str = "") -> list[FieldError]:
+    """Every problem of a defaulted spec, each at its job-file path under ``path`` (a pipeline
+    passes ``candidates[i].job``)."""
     return [
-        *_check_identity(spec),
-        *_check_metadata(spec),
-        *_check_size(spec),
-        *_check_resources(spec),
-        *_check_env(spec),
-        *_check_volumes(spec),
-        *_check_scheduling(spec),
-        *_check_network(spec),
-        *_check_run_policy(spec),
-        *_check_gang(spec),
-        *_check_queueing(spec),
-        *_check_mpi(spec),
-        *_check_metrics(spec),
+        error
+        for section in (_check_identity, _check_metadata, _check_size, _check_resources, _check_env, _check_volumes,
+                        _check_scheduling, _check_network, _check_run_policy, _check_gang, _check_queueing,
+                        _check_mpi, _check_metrics)
+        for error in section(spec, path)
     ]
 
 
-def _check_identity(spec: JobSpec) -> list[FieldError]:
+def _check_identity(spec: JobSpec, path: str) -> list[FieldError]:
     errors = []
     if problem := pod_hostname_problem(spec.name, spec.elastic.max_workers if spec.elastic else spec.workers):
-        errors.append(invalid("name", problem))
+        errors.append(invalid(join(path, "name"), problem))
     if spec.namespace is not None and (problem := k8s.name_problem(spec.namespace, "DNS-1123 label")):
-        errors.append(invalid("namespace", f"{spec.namespace!r} {problem}"))
+        errors.append(invalid(join(path, "namespace"), f"{spec.namespace!r} {problem}"))
     if not spec.image or any(c.isspace() for c in spec.image):
-        errors.append(invalid("image", f"{spec.image!r} is not an image reference"))
+        errors.append(invalid(join(path, "image"), f"{spec.image!r} is not an image reference"))
     if not spec.command:
-        errors.append(required("command", "must not be empty"))
-    errors += [required(f"command[{i}]", "must not be empty") for i, arg in enumerate(spec.command) if not arg]
+        errors.append(required(join(path, "command"), "must not be empty"))
+    errors += [required(join(path, "command", i), "must not be empty") for i, arg in enumerate(spec.command) if not arg]
     return errors
 
 
-def _check_metadata(spec: JobSpec) -> list[FieldError]:
+def _check_metadata(spec: JobSpec, path: str) -> list[FieldError]:
     errors = [
-        *k8s.labels_errors("labels", spec.labels),
-        *k8s.labels_errors("annotations", spec.annotations, values=False),
-        *k8s.labels_errors("podAnnotations", spec.pod_annotations, values=False),
+        *k8s.labels_errors(join(path, "labels"), spec.labels),
+        *k8s.labels_errors(join(path, "annotations"), spec.annotations, values=False),
+        *k8s.labels_errors(join(path, "podAnnotations"), spec.pod_annotations, values=False),
     ]
     if ISTIO_INJECT in spec.pod_annotations:
-        errors.append(forbidden(f"podAnnotations.{ISTIO_INJECT}", f"set it as labels.{ISTIO_INJECT}: Istio reads the "
-                                "label (the annotation is deprecated), and hvdk8s's default label would win over it"))
+        errors.append(forbidden(join(path, "podAnnotations", ISTIO_INJECT), f"set it as labels.{ISTIO_INJECT}: Istio "
+                                "reads the label (the annotation is deprecated), and hvdk8s's default label would "
+                                "win over it"))
     if spec.queue is not None and not k8s.is_label_value(spec.queue):
-        errors.append(invalid("queue", f"{spec.queue!r} is not a LocalQueue name (a label value)"))
-    for path, name in (("serviceAccountName", spec.service_account_name), ("schedulerName", spec.scheduler_name),
-                       *((f"imagePullSecrets[{i}]", s) for i, s in enumerate(spec.image_pull_secrets))):
+        errors.append(invalid(join(path, "queue"), f"{spec.queue!r} is not a LocalQueue name (a label value)"))
+    names = (("serviceAccountName",), spec.service_account_name), (("schedulerName",), spec.scheduler_name), *(
+        (("imagePullSecrets", i), secret) for i, secret in enumerate(spec.image_pull_secrets))
+    for keys, name in names:
         if name is not None and (problem := k8s.name_problem(name, "DNS-1123 subdomain")):
-            errors.append(invalid(path, f"{name!r} {problem}"))
+            errors.append(invalid(join(path, *keys), f"{name!r} {problem}"))
     return errors
 
 
-def _check_size(spec: JobSpec) -> list[FieldError]:
+def _check_size(spec: JobSpec, path: str) -> list[FieldError]:
     # A launcher that runs ranks may be the only pod (the operator allows no Worker).
-    errors = at_least("workers", spec.workers, 0 if spec.run_launcher_as_worker else 1)
+    errors = at_least(join(path, "workers"), spec.workers, 0 if spec.run_launcher_as_worker else 1)
     if spec.slots_per_worker == 0:
-        errors.append(invalid("slotsPerWorker", "0 slots give mpirun no host to start a rank on: "
+        errors.append(invalid(join(path, "slotsPerWorker"), "0 slots give mpirun no host to start a rank on: "
                               "set the ranks per worker (= GPUs per worker with gpu: true)"))
     else:
-        errors += at_least("slotsPerWorker", spec.slots_per_worker, 1)
+        errors += at_least(join(path, "slotsPerWorker"), spec.slots_per_worker, 1)
     if el := spec.elastic:
-        errors += at_least("elastic.minWorkers", el.min_workers, 1)
+        errors += at_least(join(path, "elastic", "minWorkers"), el.min_workers, 1)
         if el.max_workers < el.min_workers:
-            errors.append(invalid("elastic.maxWorkers", f"must be >= elastic.minWorkers ({el.min_workers})"))
+            errors.append(invalid(join(path, "elastic", "maxWorkers"), f"must be >= elastic.minWorkers ({el.min_workers})"))
         elif not el.min_workers <= spec.workers <= el.max_workers:
-            errors.append(invalid("workers", f"must be between elastic.minWorkers ({el.min_workers}) "
+            errors.append(invalid(join(path, "workers"), f"must be between elastic.minWorkers ({el.min_workers}) "
                                   f"and elastic.maxWorkers ({el.max_workers})"))
         if spec.run_launcher_as_worker:
-            errors.append(forbidden("runLauncherAsWorker", "not with elastic: Horovod's elastic driver runs on "
-                                    "the launcher and discovers only worker pods"))
+            errors.append(forbidden(join(path, "runLauncherAsWorker"), "not with elastic: Horovod's elastic driver "
+                                    "runs on the launcher and discovers only worker pods"))
     return errors
 
 
-def _check_resources(spec: JobSpec) -> list[FieldError]:
+def _check_resources(spec: JobSpec, path: str) -> list[FieldError]:
     errors = []
     for role in ("worker", "launcher"):
-        res = getattr(spec.resources, role)
-        errors += quantity(f"resources.{role}.cpu", res.cpu) + quantity(f"resources.{role}.memory", res.memory)
+        res, where = getattr(spec.resources, role), join(path, "resources", role)
+        errors += quantity(join(where, "cpu"), res.cpu) + quantity(join(where, "memory"), res.memory)
         for name, value in res.extra.items():
-            where = f"resources.{role}.extra.{name}"
+            key = join(where, "extra", name)
             if name in ("cpu", "memory", GPU_RESOURCE):
-                errors.append(invalid(where, f"set {name} with resources.{role}.{name}"
+                errors.append(invalid(key, f"set {name} with resources.{role}.{name}"
                                       if name != GPU_RESOURCE else "set GPUs with gpu: true and slotsPerWorker"))
             elif not k8s.is_label_key(name):
-                errors.append(invalid(where, f"{name!r} is not a resource name"))
+                errors.append(invalid(key, f"{name!r} is not a resource name"))
             else:
-                errors += quantity(where, value)
+                errors += quantity(key, value)
     if spec.shm_size is not None:
-        errors += quantity("shmSize", spec.shm_size)
+        errors += quantity(join(path, "shmSize"), spec.shm_size)
     return errors
 
 
-def _check_env(spec: JobSpec) -> list[FieldError]:
+def _check_env(spec: JobSpec, path: str) -> list[FieldError]:
     errors = []
     for name in spec.env:
+        where = join(path, "env", name)
         if not k8s.ENV_NAME.match(name):
-            errors.append(invalid(f"env.{name}", "not a valid environment variable name"))
+            errors.append(invalid(where, "not a valid environment variable name"))
         elif name in GENERATED_ENV:
-            errors.append(forbidden(f"env.{name}", f"set by hvdk8s from {GENERATED_ENV[name]}; set it there"))
+            errors.append(forbidden(where, f"set by hvdk8s from {GENERATED_ENV[name]}; set it there"))
         elif name.startswith(MCA_ENV) and name[len(MCA_ENV):] in OWNED_MCA:
-            errors.append(forbidden(f"env.{name}", OWNED_MCA[name[len(MCA_ENV):]]))
+            errors.append(forbidden(where, OWNED_MCA[name[len(MCA_ENV):]]))
     return errors
 
 
-def _check_volumes(spec: JobSpec) -> list[FieldError]:
+def _check_volumes(spec: JobSpec, path: str) -> list[FieldError]:
     vol = spec.shared_volume
     if vol is None:
         return []
     errors = []
     if problem := k8s.name_problem(vol.claim_name, "DNS-1123 subdomain"):
-        errors.append(invalid("sharedVolume.claimName", f"{vol.claim_name!r} {problem}"))
+        errors.append(invalid(join(path, "sharedVolume", "claimName"), f"{vol.claim_name!r} {problem}"))
     reserved = {"/dev/shm": "shmSize", MPI_CONFIG_DIR: "the MPI Operator's hostfile",
                 spec.ssh_auth_mount_path or "": "sshAuthMountPath"}
-    if not (errors := errors + _absolute("sharedVolume.mountPath", vol.mount_path)):
-        errors += [invalid("sharedVolume.mountPath", f"{vol.mount_path!r} overlaps {path} ({owner})")
-                   for path, owner in reserved.items() if _overlaps(vol.mount_path, path)]
+    mount_path = join(path, "sharedVolume", "mountPath")
+    if not (errors := errors + _absolute(mount_path, vol.mount_path)):
+        errors += [invalid(mount_path, f"{vol.mount_path!r} overlaps {reserved_path} ({owner})")
+                   for reserved_path, owner in reserved.items() if _overlaps(vol.mount_path, reserved_path)]
     return errors
 
 
-def _check_scheduling(spec: JobSpec) -> list[FieldError]:
-    sched, errors = spec.scheduling, []
+def _check_scheduling(spec: JobSpec, path: str) -> list[FieldError]:
+    sched, errors, where = spec.scheduling, [], join(path, "scheduling")
     if sched.gpu_product is not None:
         if not spec.gpu:
-            errors.append(invalid("scheduling.gpuProduct", "only for GPU jobs (gpu: true)"))
+            errors.append(invalid(join(where, "gpuProduct"), "only for GPU jobs (gpu: true)"))
         if not k8s.is_label_value(sched.gpu_product):
-            errors.append(invalid("scheduling.gpuProduct", f"{sched.gpu_product!r} is not a node label value, "
+            errors.append(invalid(join(where, "gpuProduct"), f"{sched.gpu_product!r} is not a node label value, "
                                   "e.g. NVIDIA-A100-SXM4-80GB"))
     if not k8s.is_label_key(sched.gpu_product_label):
-        errors.append(invalid("scheduling.gpuProductLabel", f"{sched.gpu_product_label!r} is not a label key"))
-    errors += k8s.labels_errors("scheduling.nodeSelector", sched.node_selector)
+        errors.append(invalid(join(where, "gpuProductLabel"), f"{sched.gpu_product_label!r} is not a label key"))
+    errors += k8s.labels_errors(join(where, "nodeSelector"), sched.node_selector)
     for i, tol in enumerate(sched.tolerations or ()):
-        errors += _toleration(f"scheduling.tolerations[{i}]", tol)
+        errors += _toleration(join(where, "tolerations", i), tol)
     if sched.priority_class_name is not None and (
         problem := k8s.name_problem(sched.priority_class_name, "DNS-1123 subdomain")
     ):
-        errors.append(invalid("scheduling.priorityClassName", f"{sched.priority_class_name!r} {problem}"))
+        errors.append(invalid(join(where, "priorityClassName"), f"{sched.priority_class_name!r} {problem}"))
     # The rest of these objects is the pod schema's, which the API server applies on create.
     if spec.affinity is not None:
         if not isinstance(spec.affinity, Mapping):
-            errors.append(invalid("affinity", "must be a mapping (a Kubernetes Affinity)"))
+            errors.append(invalid(join(path, "affinity"), "must be a mapping (a Kubernetes Affinity)"))
         else:
-            errors += [FieldError("NotSupported", f"affinity.{key}", f"unknown field (known: {', '.join(AFFINITY_KINDS)})")
+            errors += [FieldError("NotSupported", join(path, "affinity", key),
+                                  f"unknown field (known: {', '.join(AFFINITY_KINDS)})")
                        for key in spec.affinity if key not in AFFINITY_KINDS]
     for i, constraint in enumerate(spec.topology_spread_constraints):
         if not isinstance(constraint, Mapping) or not {"maxSkew", "topologyKey", "whenUnsatisfiable"} <= set(constraint):
-            errors.append(required(f"topologySpreadConstraints[{i}]",
+            errors.append(required(join(path, "topologySpreadConstraints", i),
                                    "needs maxSkew, topologyKey and whenUnsatisfiable (a TopologySpreadConstraint)"))
     return errors
 
 
-def _check_network(spec: JobSpec) -> list[FieldError]:
-    errors = [invalid(f"capabilities[{i}]", f"{cap!r} is not a Linux capability name (e.g. IPC_LOCK)")
+def _check_network(spec: JobSpec, path: str) -> list[FieldError]:
+    errors = [invalid(join(path, "capabilities", i), f"{cap!r} is not a Linux capability name (e.g. IPC_LOCK)")
               for i, cap in enumerate(spec.capabilities) if not CAPABILITY.match(cap)]
-    errors += _port("sshPort", spec.ssh_port)
-    errors += at_least("workerWaitSeconds", spec.worker_wait_seconds, 1)
+    errors += _port(join(path, "sshPort"), spec.ssh_port)
+    errors += at_least(join(path, "workerWaitSeconds"), spec.worker_wait_seconds, 1)
     return errors
 
 
-def _check_run_policy(spec: JobSpec) -> list[FieldError]:
-    rp = spec.run_policy
+def _check_run_policy(spec: JobSpec, path: str) -> list[FieldError]:
+    rp, where = spec.run_policy, join(path, "runPolicy")
     errors = [
-        *at_least("runPolicy.backoffLimit", rp.backoff_limit, 0),
-        *at_least("runPolicy.ttlSecondsAfterFinished", rp.ttl_seconds_after_finished, 0),
-        *at_least("runPolicy.activeDeadlineSeconds", rp.active_deadline_seconds, 1),
+        *at_least(join(where, "backoffLimit"), rp.backoff_limit, 0),
+        *at_least(join(where, "ttlSecondsAfterFinished"), rp.ttl_seconds_after_finished, 0),
+        *at_least(join(where, "activeDeadlineSeconds"), rp.active_deadline_seconds, 1),
     ]
     if gang := rp.scheduling_policy:
-        errors += at_least("runPolicy.schedulingPolicy.minAvailable", gang.min_available, 1)
-        errors += at_least("runPolicy.schedulingPolicy.scheduleTimeoutSeconds", gang.schedule_timeout_seconds, 1)
+        where = join(where, "schedulingPolicy")
+        errors += at_least(join(where, "minAvailable"), gang.min_available, 1)
+        errors += at_least(join(where, "scheduleTimeoutSeconds"), gang.schedule_timeout_seconds, 1)
         if spec.scheduler_name == "volcano" and gang.schedule_timeout_seconds is not None:
-            errors.append(forbidden("runPolicy.schedulingPolicy.scheduleTimeoutSeconds", "Volcano ignores it (the MPI "
-                                    "Operator's VolcanoCtrl does not pass it to the PodGroup; only the "
-                                    "scheduler-plugins coscheduling gang reads it): remove it"))
+            errors.append(forbidden(join(where, "scheduleTimeoutSeconds"), "Volcano ignores it (the MPI Operator's "
+                                    "VolcanoCtrl does not pass it to the PodGroup; only the scheduler-plugins "
+                                    "coscheduling gang reads it): remove it"))
         for key, value in (gang.min_resources or {}).items():
-            errors += quantity(f"runPolicy.schedulingPolicy.minResources.{key}", value)
+            errors += quantity(join(where, "minResources", key), value)
     return errors
 
 
-def _check_gang(spec: JobSpec) -> list[FieldError]:
+def _check_gang(spec: JobSpec, path: str) -> list[FieldError]:
     """A PodGroup's minAvailable must be reachable by the pods that exist together."""
     gang = spec.run_policy.scheduling_policy
     if gang is None or gang.min_available is None:
         return []
-    path = "runPolicy.schedulingPolicy.minAvailable"
+    where = join(path, "runPolicy", "schedulingPolicy", "minAvailable")
     max_workers = spec.elastic.max_workers if spec.elastic else spec.workers
     if gang.min_available < 1 or max_workers < 0:
         return []  # their own errors say why
     if gang.min_available > max_workers + 1:
-        return [invalid(path, f"{gang.min_available} is more than the job's pods ({max_workers} workers + launcher)")]
+        return [invalid(where, f"{gang.min_available} is more than the job's pods ({max_workers} workers + launcher)")]
     waits = spec.launcher_creation_policy == "WaitForWorkersReady" and max_workers > 0
     if waits and gang.min_available > max_workers:
-        return [invalid(path, f"{gang.min_available} counts the launcher, but launcherCreationPolicy: "
+        return [invalid(where, f"{gang.min_available} counts the launcher, but launcherCreationPolicy: "
                         f"WaitForWorkersReady creates it only once the workers run, and a gang scheduler runs none "
                         f"of them before {gang.min_available} pods exist: the job would never start (mpi-operator "
                         f"issue 608). Use at most {max_workers}, or launcherCreationPolicy: AtStartup")]
     return []
 
 
-def _check_queueing(spec: JobSpec) -> list[FieldError]:
+def _check_queueing(spec: JobSpec, path: str) -> list[FieldError]:
     """Kueue, suspension and managedBy: combinations under which the job never runs as written."""
     errors = []
     if spec.launcher_creation_policy == "WaitForWorkersReady" and _created_suspended(spec):
         why = "queue (Kueue creates it suspended)" if spec.queue else "runPolicy.suspend: true"
-        errors.append(forbidden("launcherCreationPolicy", f"WaitForWorkersReady does not hold with {why}: the "
-                                "operator creates the launcher while no worker exists and starts it together "
+        errors.append(forbidden(join(path, "launcherCreationPolicy"), f"WaitForWorkersReady does not hold with {why}: "
+                                "the operator creates the launcher while no worker exists and starts it together "
                                 "with them on resume (mpi-operator issue 615). Leave it unset: hvdk8s then "
                                 "renders AtStartup and the launcher waits for the workers' sshd itself"))
     if spec.run_policy.managed_by == MULTIKUEUE and spec.queue is None:
-        errors.append(required("queue", f"runPolicy.managedBy: {MULTIKUEUE} hands the job to MultiKueue, "
+        errors.append(required(join(path, "queue"), f"runPolicy.managedBy: {MULTIKUEUE} hands the job to MultiKueue, "
                                "which only dispatches queued jobs: set queue to a LocalQueue with MultiKueue"))
     return errors
 
 
-def _check_mpi(spec: JobSpec) -> list[FieldError]:
+def _check_mpi(spec: JobSpec, path: str) -> list[FieldError]:
     errors = []
     if spec.mpi_implementation != "OpenMPI":
-        errors.append(FieldError("NotSupported", "mpiImplementation", f"{spec.mpi_implementation!r}: hvdk8s "
-                                 "launches with Open MPI's mpirun; only OpenMPI"))
+        errors.append(FieldError("NotSupported", join(path, "mpiImplementation"), f"{spec.mpi_implementation!r}: "
+                                 "hvdk8s launches with Open MPI's mpirun; only OpenMPI"))
     if spec.user:
-        errors += at_least("user.uid", spec.user.uid, 1)
+        errors += at_least(join(path, "user", "uid"), spec.user.uid, 1)
         if not USER_NAME.match(spec.user.name):
-            errors.append(invalid("user.name", f"{spec.user.name!r} is not a user name"))
-    errors += _absolute("sshAuthMountPath", spec.ssh_auth_mount_path or "")
-    errors += [invalid(f"openMpi.mca.{name}", problem) for name, problem in mca_problems(spec.open_mpi.mca).items()]
+            errors.append(invalid(join(path, "user", "name"), f"{spec.user.name!r} is not a user name"))
+    errors += _absolute(join(path, "sshAuthMountPath"), spec.ssh_auth_mount_path or "")
+    errors += [invalid(join(path, "openMpi", "mca", name), problem)
+               for name, problem in mca_problems(spec.open_mpi.mca).items()]
     if problem := tcp_eager_limit_problem(spec.open_mpi.tcp_eager_limit):
-        errors.append(invalid("openMpi.tcpEagerLimit", problem))
+        errors.append(invalid(join(path, "openMpi", "tcpEagerLimit"), problem))
     if spec.elastic and spec.open_mpi != OpenMpi():
-        errors.append(forbidden("openMpi", "not with elastic: elastic jobs run horovodrun over Gloo, not mpirun"))
+        errors.append(forbidden(join(path, "openMpi"), "not with elastic: elastic jobs run horovodrun over Gloo, "
+                                "not mpirun"))
     return errors
 
 
-def _check_metrics(spec: JobSpec) -> list[FieldError]:
-    errors = at_least("horovod.fusionThreshold", spec.horovod.fusion_threshold, 0)
-    if spec.horovod.cycle_time_ms is not None and not spec.horovod.cycle_time_ms > 0:
-        errors.append(invalid("horovod.cycleTimeMs", f"must be > 0 (milliseconds), got {spec.horovod.cycle_time_ms:g}"))
-    if spec.horovod.cache_capacity is not None:
-        errors += at_least("horovod.cacheCapacity", spec.horovod.cache_capacity, 0)
-    if spec.horovod.timeline is not None:
-        errors += _absolute("horovod.timeline", spec.horovod.timeline)
+def _check_metrics(spec: JobSpec, path: str) -> list[FieldError]:
+    hvd, where = spec.horovod, join(path, "horovod")
+    errors = at_least(join(where, "fusionThreshold"), hvd.fusion_threshold, 0)
+    if hvd.cycle_time_ms is not None and not hvd.cycle_time_ms > 0:
+        errors.append(invalid(join(where, "cycleTimeMs"), f"must be > 0 (milliseconds), got {hvd.cycle_time_ms:g}"))
+    if hvd.cache_capacity is not None:
+        errors += at_least(join(where, "cacheCapacity"), hvd.cache_capacity, 0)
+    if hvd.timeline is not None:
+        errors += _absolute(join(where, "timeline"), hvd.timeline)
     if not spec.metrics.enabled:
         return errors
-    port, last = spec.metrics.port, spec.metrics.port + max(spec.slots_per_worker, 1) - 1
-    if bad_port := _port("metrics.port", port):
+    port, last, where = spec.metrics.port, spec.metrics.port + max(spec.slots_per_worker, 1) - 1, join(path, "metrics")
+    if bad_port := _port(join(where, "port"), port):
         errors += bad_port
     elif last > 65535:
-        errors.append(invalid("metrics.port", f"ranks use ports {port}..{last}, past 65535"))
+        errors.append(invalid(join(where, "port"), f"ranks use ports {port}..{last}, past 65535"))
     elif port <= spec.ssh_port <= last:
-        errors.append(invalid("metrics.port", f"ranks use ports {port}..{last}, which include sshPort {spec.ssh_port}"))
+        errors.append(invalid(join(where, "port"), f"ranks use ports {port}..{last}, which include sshPort "
+                              f"{spec.ssh_port}"))
     if not spec.metrics.path.startswith("/"):
-        errors.append(invalid("metrics.path", f"{spec.metrics.path!r} must start with /"))
+        errors.append(invalid(join(where, "path"), f"{spec.metrics.path!r} must start with /"))
     return errors
 
 
@@ -397,27 +400,30 @@ def manifest_defaults(manifest: Mapping[str, Any]) -> dict[str, Any]:
     return spec
 
 
-def check_manifest(manifest: Mapping[str, Any]) -> list[FieldError]:
-    """The MPI Operator's validation of an MPIJob, then hvdk8s's -np rule."""
+def check_manifest(manifest: Mapping[str, Any], path: str = "") -> list[FieldError]:
+    """The MPI Operator's validation of an MPIJob (``ValidateMPIJob``, which hands ``spec``'s path down
+    the same way), then hvdk8s's -np rule; paths under ``path``."""
     if manifest.get("apiVersion") != API_VERSION or manifest.get("kind") != KIND:
-        return [invalid("apiVersion/kind", f"{manifest.get('apiVersion')}/{manifest.get('kind')}: "
+        return [invalid(join(path, "apiVersion/kind"), f"{manifest.get('apiVersion')}/{manifest.get('kind')}: "
                         f"expected {API_VERSION} {KIND}")]
+    where = join(path, "spec")
     if not isinstance(manifest.get("spec"), Mapping):
-        return [required("spec")]
+        return [required(where)]
     spec = manifest_defaults(manifest)
     replicas = spec.get("mpiReplicaSpecs")
     errors = [
-        *_unknown("spec", manifest["spec"], _SPEC_FIELDS),
-        *_check_manifest_name(manifest, spec),
-        *_check_manifest_spec(spec),
-        *_check_manifest_run_policy(spec["runPolicy"]),
+        *_unknown(where, manifest["spec"], _SPEC_FIELDS),
+        *_check_manifest_name(manifest, spec, join(path, "metadata", "name")),
+        *_check_manifest_spec(spec, where),
+        *_check_manifest_run_policy(spec["runPolicy"], join(where, "runPolicy")),
     ]
+    where = join(where, "mpiReplicaSpecs")
     if not isinstance(replicas, Mapping):
-        return [*errors, required("spec.mpiReplicaSpecs", "must have replica specs")]
-    errors += _unknown("spec.mpiReplicaSpecs", replicas, {"Launcher", "Worker"})
-    errors += _check_replica("Launcher", replicas.get("Launcher"))
-    errors += _check_replica("Worker", replicas.get("Worker"))
-    return errors or _check_np(spec)
+        return [*errors, required(where, "must have replica specs")]
+    errors += _unknown(where, replicas, {"Launcher", "Worker"})
+    errors += _check_replica("Launcher", replicas.get("Launcher"), f"{where}[Launcher]")
+    errors += _check_replica("Worker", replicas.get("Worker"), f"{where}[Worker]")
+    return errors or _check_np(spec, join(f"{where}[Launcher]", "template", "spec", "containers", 0, "command"))
 
 
 def manifest_warnings(manifest: Mapping[str, Any]) -> list[str]:
@@ -433,54 +439,54 @@ def manifest_warnings(manifest: Mapping[str, Any]) -> list[str]:
     return []
 
 
-def _check_manifest_name(manifest: Mapping[str, Any], spec: Mapping[str, Any]) -> list[FieldError]:
+def _check_manifest_name(manifest: Mapping[str, Any], spec: Mapping[str, Any], path: str) -> list[FieldError]:
     worker = (spec.get("mpiReplicaSpecs") or {}).get("Worker")
     workers = worker.get("replicas") if isinstance(worker, Mapping) else 1
     problem = pod_hostname_problem((manifest.get("metadata") or {}).get("name", ""),
                                    workers if isinstance(workers, int) else 1)
-    return [invalid("metadata.name", problem)] if problem else []
+    return [invalid(path, problem)] if problem else []
 
 
-def _check_manifest_spec(spec: Mapping[str, Any]) -> list[FieldError]:
-    errors = at_least("spec.slotsPerWorker", spec["slotsPerWorker"], 0)
+def _check_manifest_spec(spec: Mapping[str, Any], path: str) -> list[FieldError]:
+    errors = at_least(join(path, "slotsPerWorker"), spec["slotsPerWorker"], 0)
     if not spec["sshAuthMountPath"]:
-        errors.append(required("spec.sshAuthMountPath", "must have a mount path for SSH credentials"))
-    errors += one_of("spec.mpiImplementation", spec["mpiImplementation"], allowed(MPIImplementation))
-    errors += one_of("spec.launcherCreationPolicy", spec["launcherCreationPolicy"], allowed(LauncherCreationPolicy))
+        errors.append(required(join(path, "sshAuthMountPath"), "must have a mount path for SSH credentials"))
+    errors += one_of(join(path, "mpiImplementation"), spec["mpiImplementation"], allowed(MPIImplementation))
+    errors += one_of(join(path, "launcherCreationPolicy"), spec["launcherCreationPolicy"],
+                     allowed(LauncherCreationPolicy))
     return errors
 
 
-def _check_manifest_run_policy(run_policy: Mapping[str, Any]) -> list[FieldError]:
-    errors = _unknown("spec.runPolicy", run_policy, _RUN_POLICY_FIELDS)
-    errors += one_of("spec.runPolicy.cleanPodPolicy", run_policy["cleanPodPolicy"], allowed(CleanPodPolicy))
+def _check_manifest_run_policy(run_policy: Mapping[str, Any], path: str) -> list[FieldError]:
+    errors = _unknown(path, run_policy, _RUN_POLICY_FIELDS)
+    errors += one_of(join(path, "cleanPodPolicy"), run_policy["cleanPodPolicy"], allowed(CleanPodPolicy))
     for key in ("ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit"):
-        errors += at_least(f"spec.runPolicy.{key}", run_policy.get(key), 0)
+        errors += at_least(join(path, key), run_policy.get(key), 0)
     if (managed_by := run_policy.get("managedBy")) is not None:
         # Any other controller name: the operator skips the job and nothing else claims it.
-        errors += one_of("spec.runPolicy.managedBy", managed_by, allowed(ManagedBy))
+        errors += one_of(join(path, "managedBy"), managed_by, allowed(ManagedBy))
     return errors
 
 
-def _check_replica(role: str, replica: Any) -> list[FieldError]:
-    path = f"spec.mpiReplicaSpecs[{role}]"
+def _check_replica(role: str, replica: Any, path: str) -> list[FieldError]:
     if replica is None:  # the operator allows launcher-only jobs
         return [required(path, "must have Launcher replica spec")] if role == "Launcher" else []
     if not isinstance(replica, Mapping):
         return [invalid(path, "must be a mapping")]
     errors = _unknown(path, replica, _REPLICA_FIELDS)
-    errors += one_of(f"{path}.restartPolicy", replica["restartPolicy"], allowed(RestartPolicyName))
+    errors += one_of(join(path, "restartPolicy"), replica["restartPolicy"], allowed(RestartPolicyName))
     count = replica["replicas"]
     if role == "Launcher" and count != 1:
-        errors.append(invalid(f"{path}.replicas", f"{count!r}: must be 1"))
+        errors.append(invalid(join(path, "replicas"), f"{count!r}: must be 1"))
     if role == "Worker" and (not isinstance(count, int) or count < 1):
-        errors.append(invalid(f"{path}.replicas", f"{count!r}: must be >= 1"))
+        errors.append(invalid(join(path, "replicas"), f"{count!r}: must be >= 1"))
     if not _containers(replica):
-        errors.append(required(f"{path}.template.spec.containers", "must define at least one container"))
+        errors.append(required(join(path, "template", "spec", "containers"), "must define at least one container"))
     return errors
 
 
-def _check_np(spec: Mapping[str, Any]) -> list[FieldError]:
-    """-np of the launcher's mpirun/horovodrun must fill exactly the operator's hostfile."""
+def _check_np(spec: Mapping[str, Any], path: str) -> list[FieldError]:
+    """-np of the launcher's mpirun/horovodrun (its command, at ``path``) must fill exactly the operator's hostfile."""
     replicas = spec["mpiReplicaSpecs"]
     containers = _containers(replicas.get("Launcher"))
     worker = replicas.get("Worker")
@@ -504,8 +510,7 @@ def _check_np(spec: Mapping[str, Any]) -> list[FieldError]:
             hostfile = f"(Worker replicas{' + the launcher' if as_worker else ''}) x slotsPerWorker = {expected}"
             if slots == 0:
                 hostfile = "slotsPerWorker = 0: the operator's hostfile offers no slots"
-            return [invalid("spec.mpiReplicaSpecs[Launcher].template.spec.containers[0].command",
-                            f"{argv[0]} {flag} {value}, but {hostfile}")]
+            return [invalid(path, f"{argv[0]} {flag} {value}, but {hostfile}")]
     return []
 
 

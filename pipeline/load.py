@@ -1,10 +1,11 @@
 """Pipeline files -> a checked ``Pipeline``: strict keys, every problem reported with its field path.
 
-Candidates' jobs go through ``hvdk8s.mpijob.load_spec`` (the same checks as
-``hvdk8s render``) with the pipeline's name prefix, image, namespace and
-shared volume filled in; serving options through ``ServingOptions`` (the same
-checks as ``hvdk8s serving-manifests``). Nothing is half-accepted: either the
-whole file is valid or ``SpecError`` lists every problem found.
+Candidates' jobs go through the job-spec validators (the same checks as
+``hvdk8s render``) under ``candidates[i].job``, with the pipeline's name prefix,
+image, namespace and shared volume filled in; serving options through their
+validator (the same checks as ``hvdk8s serving-manifests``) under ``serving``,
+in the file's keys. Nothing is half-accepted: either the whole file is valid
+or ``SpecError`` lists every problem found.
 """
 from __future__ import annotations
 
@@ -14,14 +15,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hvdk8s.errors import UserError
-from hvdk8s.k8s import FieldError, at_least, invalid, name_problem, one_of, read_yaml, required as required_error
+from hvdk8s.k8s import FieldError, at_least, invalid, join, name_problem, one_of, read_yaml, required as required_error
 from hvdk8s.mpijob import parse
-from hvdk8s.mpijob.files import SpecError, load_spec
+from hvdk8s.mpijob.files import SpecError, check_spec_data, is_mpijob
 from hvdk8s.mpijob.spec import JobSpec
 from hvdk8s.mpijob.validate import pod_hostname_problem
 from hvdk8s.pipeline import naming, spec as s
-from hvdk8s.serving.manifests_options import ServingOptions
+from hvdk8s.serving.manifests_options import OptionsError, ServingOptions, validate as validate_serving
 from hvdk8s.serving.selection import METRICS
 
 # Job-spec fields the pipeline sets for every candidate, and from where.
@@ -57,7 +57,7 @@ def from_data(data: Any, where: str, base_dir: Path) -> s.Pipeline:
     load_test = _load_test(top.load_test, errors)
     given = _with_stand_ins(top, errors)
     candidates = tuple(_candidate(given, i, entry, job, base_dir, errors) for i, entry, job in entries)
-    _serving_options(given, errors)
+    errors += _serving_options(given)
     if errors:
         raise SpecError(where, errors)
     return s.Pipeline(
@@ -185,20 +185,19 @@ def _candidate(top: s.PipelineFile, i: int, entry: s.CandidateEntry, job: Any, b
             errors.append(invalid(where, f"must be a mapping of job-spec fields, got {parse._kind(job)}"))
             return None
         job = {k: v for k, v in job.items() if k not in PIPELINE_SET}  # a standalone spec names itself
+    if is_mpijob(job):
+        errors.append(invalid(where, "is an MPIJob manifest, not an hvdk8s job spec"))
+        return None
     for key in sorted(PIPELINE_SET.keys() & job.keys()):
-        errors.append(FieldError("Forbidden", f"{where}.{key}", f"set by {PIPELINE_SET[key]}; remove it here"))
+        errors.append(FieldError("Forbidden", join(where, key), f"set by {PIPELINE_SET[key]}; remove it here"))
     volume = dataclasses.asdict(top.shared_volume)
     mapping = {"image": top.image, **job, "name": f"{top.name}-{entry.name}",
                "sharedVolume": {parse.camel(k): v for k, v in volume.items()}}
     if top.namespace is not None:
         mapping["namespace"] = top.namespace
-    try:
-        job_spec = load_spec(mapping, origin=where)
-    except SpecError as err:
-        errors.extend(dataclasses.replace(e, path=f"{where}.{e.path}") for e in err.field_errors)
-        return None
-    except UserError as err:
-        errors.append(invalid(where, str(err)))
+    job_spec, job_errors = check_spec_data(mapping, where)
+    if job_spec is None:
+        errors += job_errors
         return None
     if problem := _run_name_problem(top.name, entry.name, job_spec):
         errors.append(invalid(f"candidates[{i}].name", problem))
@@ -219,14 +218,18 @@ def _run_name_problem(pipeline: str, candidate: str, job: JobSpec) -> str | None
     return None
 
 
-def _serving_options(top: s.PipelineFile, errors: list[FieldError]) -> None:
+def _serving_options(top: s.PipelineFile) -> list[FieldError]:
+    """The serving options' problems, under ``serving`` and in the file's keys (its ``modelName`` is the options'
+    ``name``)."""
     if problem := name_problem(top.serving.model_name):
-        errors.append(invalid("serving.modelName", f"{top.serving.model_name!r} {problem}"))
-        return
+        return [invalid("serving.modelName", f"{top.serving.model_name!r} {problem}")]
     try:
         serving_options(top)
-    except UserError as err:
-        path, _, problem = str(err).partition(": ")
-        if path == "name":
-            path = "model_name"
-        errors.append(invalid(f"serving.{'.'.join(parse.camel(part) for part in path.split('.'))}", problem))
+    except OptionsError as err:
+        return validate_serving(err.options, "serving", _serving_key)
+    return []
+
+
+def _serving_key(option: str) -> str:
+    """A ServingOptions option (dotted Python name) as its key under ``serving`` in a pipeline file."""
+    return "modelName" if option == "name" else ".".join(parse.camel(part) for part in option.split("."))

@@ -5,6 +5,7 @@ import argparse
 import sys
 from dataclasses import fields
 
+from hvdk8s.k8s import SpecError, invalid
 from hvdk8s.serving.manifests_options import (
     GRPC_PORT,
     HPA_SCALE_METRICS,
@@ -15,7 +16,10 @@ from hvdk8s.serving.manifests_options import (
     TF_SERVING_VERSION,
     Autoscaling,
     Batching,
+    OptionsError,
     Resources,
+    ServingOptions,
+    validate,
 )
 
 _BATCH_FIELDS = tuple(f.name for f in fields(Batching))
@@ -80,35 +84,42 @@ def _limit(text: str | None) -> str | None:
     return None if text is None or text.lower() == "none" else text
 
 
-def options_from_args(args: argparse.Namespace):
-    """Build the validated options; bad values raise UserError naming the option."""
-    from hvdk8s.errors import UserError
-    from hvdk8s.serving.manifests_options import ServingOptions
+def flag(option: str) -> str:
+    """The command-line name of a ServingOptions option (its dotted Python name)."""
+    return _FLAGS.get(option) or "--" + option.rpartition(".")[2].replace("_", "-")
 
-    given = {f: getattr(args, f) for f in _BATCH_FIELDS if getattr(args, f) is not None}
-    if given and not args.batching:
-        raise UserError(f"--{next(iter(given)).replace('_', '-')} needs --batching")
-    if args.storage_uri is not None and args.model_base_path is not None:
-        raise UserError("give either --model-base-path (on the --pvc volume) or --storage-uri, not both")
-    if args.storage_uri is None and args.model_base_path is None:
-        raise UserError("give the model's location: --model-base-path PATH (on the --pvc volume) or --storage-uri URI")
-    return ServingOptions(
-        name=args.name,
-        model_base_path=args.model_base_path,
-        storage_uri=args.storage_uri,
-        pvc_claim=args.pvc,
-        namespace=args.namespace,
-        tf_serving_version=args.tf_serving_version,
-        resources=Resources(cpu_request=args.cpu_request, memory_request=args.memory_request,
-                            cpu_limit=_limit(args.cpu_limit), memory_limit=_limit(args.memory_limit),
-                            gpus=args.gpus),
-        autoscaling=Autoscaling(min_replicas=args.min_replicas, max_replicas=args.max_replicas,
-                                scale_metric=args.scale_metric, scale_target=args.scale_target),
-        batching=Batching(**given) if args.batching else None,
-        kserve=args.kserve,
-        logger_url=args.logger_url,
-        logger_mode=args.logger_mode,
-    )
+
+_FLAGS = {"name": "NAME", "pvc_claim": "--pvc"}  # the options whose flag is not their last name with dashes
+
+
+def options_from_args(args: argparse.Namespace) -> ServingOptions:
+    """Build the validated options; every bad value is listed in one SpecError, each under its flag."""
+    errors = [invalid(flag(f"batching.{f}"), "needs --batching")
+              for f in _BATCH_FIELDS if getattr(args, f) is not None and not args.batching]
+    try:
+        opts = ServingOptions(
+            name=args.name,
+            model_base_path=args.model_base_path,
+            storage_uri=args.storage_uri,
+            pvc_claim=args.pvc,
+            namespace=args.namespace,
+            tf_serving_version=args.tf_serving_version,
+            resources=Resources(cpu_request=args.cpu_request, memory_request=args.memory_request,
+                                cpu_limit=_limit(args.cpu_limit), memory_limit=_limit(args.memory_limit),
+                                gpus=args.gpus),
+            autoscaling=Autoscaling(min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                                    scale_metric=args.scale_metric, scale_target=args.scale_target),
+            batching=Batching(**{f: getattr(args, f) for f in _BATCH_FIELDS if getattr(args, f) is not None})
+            if args.batching else None,
+            kserve=args.kserve,
+            logger_url=args.logger_url,
+            logger_mode=args.logger_mode,
+        )
+    except OptionsError as err:
+        errors += validate(err.options, spell=flag)
+    if errors:
+        raise SpecError("hvdk8s serving-manifests", errors)
+    return opts
 
 
 def _serving_manifests(args: argparse.Namespace) -> int:

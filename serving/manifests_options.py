@@ -1,18 +1,19 @@
 """Typed, validated options for the TensorFlow Serving / KServe manifests.
 
 Validation happens when the options object is built, so no manifest is ever
-rendered from options a cluster would reject (or silently misread). Every
-error names the option's path, e.g. ``autoscaling.min_replicas``.
+rendered from options a cluster would reject (or silently misread). ``validate``
+returns every problem as a field error, under the path and in the spelling its
+caller's users write (Python names, a pipeline file's keys, the CLI's flags).
 """
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, is_dataclass
 from decimal import Decimal
-from typing import Any, NoReturn
+from typing import Any
 
-from hvdk8s.errors import UserError
-from hvdk8s.k8s import name_problem
+from hvdk8s.k8s import FieldError, SpecError, invalid, join, name_problem, required
 
 # tensorflow/serving publishes X.Y.Z and X.Y.Z-gpu tags per TF Serving release.
 # 2.18.0 matches the TensorFlow 2.18 used for training; there is no 2.18.1
@@ -97,7 +98,8 @@ class ServingOptions:
     logger_mode: str = "all"
 
     def __post_init__(self) -> None:
-        validate(self)
+        if errors := validate(self):
+            raise OptionsError(self, errors)
 
     @property
     def image(self) -> str:
@@ -108,39 +110,58 @@ class ServingOptions:
         return self.tf_serving_version + ("-gpu" if self.resources.gpus else "")
 
 
-def validate(opts: ServingOptions) -> None:
-    """Raise UserError naming the first invalid option's path."""
-    _check_types(opts, "")
-    _check_name(opts)
-    _check_source(opts)
-    _check_resources(opts.resources)
-    _check_autoscaling(opts.autoscaling, opts.kserve)
-    if opts.batching is not None:
-        _check_batching(opts.batching)
-    _check_logger(opts)
-    if not _VERSION.fullmatch(opts.tf_serving_version):
-        _fail("tf_serving_version", f"{opts.tf_serving_version!r} is not a release number like {TF_SERVING_VERSION}")
+class OptionsError(SpecError):
+    """Invalid serving options, every problem listed under their Python names; ``options`` are the options
+    as given, for a caller whose users name them otherwise (``validate(err.options, path, spell)``)."""
+
+    def __init__(self, options: ServingOptions, field_errors: list[FieldError]):
+        super().__init__("serving options", field_errors)
+        self.options = options
+
+
+def validate(opts: ServingOptions, path: str = "", spell: Callable[[str], str] = str) -> list[FieldError]:
+    """Every problem of ``opts``, each at ``path`` plus the option as ``spell`` writes its dotted Python name
+    (``autoscaling.min_replicas`` as is by default; a pipeline file's ``autoscaling.minReplicas``; a flag).
+
+    Other options a problem refers to are written the same way, so a pipeline file's or a command
+    line's user reads only the names they typed. Values are judged only once every type is right.
+    """
+    def at(option: str) -> str:
+        return join(path, spell(option))
+
+    if errors := _check_types(opts, "", at):
+        return errors
+    return [
+        *_check_name(opts, at),
+        *_check_source(opts, at),
+        *_check_resources(opts.resources, at),
+        *_check_autoscaling(opts.autoscaling, opts.kserve, at),
+        *(_check_batching(opts.batching, at) if opts.batching is not None else ()),
+        *_check_logger(opts, at),
+        *([] if _VERSION.fullmatch(opts.tf_serving_version) else [invalid(
+            at("tf_serving_version"), f"{opts.tf_serving_version!r} is not a release number like {TF_SERVING_VERSION}")]),
+    ]
 
 
 _TYPES: dict[str, type] = {"str": str, "int": int, "bool": bool, "Resources": Resources,
                            "Autoscaling": Autoscaling, "Batching": Batching}
+At = Callable[[str], str]  # an option's dotted Python name -> its path as the user writes it
 
 
-def _fail(path: str, message: str) -> NoReturn:
-    raise UserError(f"{path}: {message}")
-
-
-def _check_types(obj: Any, prefix: str) -> None:
+def _check_types(obj: Any, prefix: str, at: At) -> list[FieldError]:
     """Catch e.g. ``min_replicas="2"`` from API callers before it reaches YAML."""
+    errors = []
     for f in fields(obj):
-        value, path = getattr(obj, f.name), prefix + f.name
+        value, option = getattr(obj, f.name), prefix + f.name
         kinds = [k.strip() for k in str(f.type).split("|")]
         if value is None and "None" in kinds:
             continue
         if not any(_is_a(value, _TYPES[k]) for k in kinds if k in _TYPES):
-            _fail(path, f"expected {' or '.join(kinds)}, got {type(value).__name__} {value!r}")
-        if is_dataclass(value):
-            _check_types(value, path + ".")
+            errors.append(FieldError("TypeInvalid", at(option),
+                                     f"expected {' or '.join(kinds)}, got {type(value).__name__} {value!r}"))
+        elif is_dataclass(value):
+            errors += _check_types(value, option + ".", at)
+    return errors
 
 
 def _is_a(value: Any, kind: type) -> bool:
@@ -148,88 +169,110 @@ def _is_a(value: Any, kind: type) -> bool:
     return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
 
 
-def _check_name(opts: ServingOptions) -> None:
+def _check_name(opts: ServingOptions, at: At) -> list[FieldError]:
+    errors = []
     if problem := name_problem(opts.name, limit=KSERVE_NAME_MAX if opts.kserve else None):
-        _fail("name", f"{opts.name!r} {problem}" + (" (KServe adds '-predictor' to it)" if opts.kserve else ""))
+        errors.append(invalid(at("name"), f"{opts.name!r} {problem}"
+                              + (" (KServe adds '-predictor' to it)" if opts.kserve else "")))
     if opts.namespace is not None and (problem := name_problem(opts.namespace, "DNS-1123 label")):
-        _fail("namespace", f"{opts.namespace!r} {problem}")
+        errors.append(invalid(at("namespace"), f"{opts.namespace!r} {problem}"))
+    return errors
 
 
-def _check_source(opts: ServingOptions) -> None:
-    if (opts.model_base_path is None) == (opts.storage_uri is None):
-        _fail("model_base_path", "give exactly one model source: model_base_path (a folder on the "
-              f"{opts.pvc_claim!r} volume) or storage_uri")
+def _check_source(opts: ServingOptions, at: At) -> list[FieldError]:
+    sources = f"{at('model_base_path')} (a folder on the {opts.pvc_claim!r} volume) or {at('storage_uri')}"
+    if opts.model_base_path is None and opts.storage_uri is None:
+        return [required(at("model_base_path"), f"give the model's location: {sources}")]
+    if opts.model_base_path is not None and opts.storage_uri is not None:
+        return [invalid(at("model_base_path"), f"give either {sources}, not both")]
     if opts.model_base_path is not None:
+        errors = []
         if not _REL_PATH.fullmatch(opts.model_base_path) or ".." in opts.model_base_path.split("/"):
-            _fail("model_base_path", f"{opts.model_base_path!r} must be a relative path inside the volume "
-                  "(letters, digits, '.', '_', '-', '/'; no leading '/', no '..')")
+            errors.append(invalid(at("model_base_path"), f"{opts.model_base_path!r} must be a relative path inside "
+                                  "the volume (letters, digits, '.', '_', '-', '/'; no leading '/', no '..')"))
         if problem := name_problem(opts.pvc_claim, "DNS-1123 subdomain"):
-            _fail("pvc_claim", f"{opts.pvc_claim!r} {problem}")
-        return
-    match = _URI.fullmatch(opts.storage_uri)
+            errors.append(invalid(at("pvc_claim"), f"{opts.pvc_claim!r} {problem}"))
+        return errors
+    match = _URI.fullmatch(opts.storage_uri or "")
     schemes = KSERVE_URI_SCHEMES if opts.kserve else TF_SERVING_URI_SCHEMES
     if match is None or match.group(1) not in schemes:
         hint = "" if opts.kserve else (
-            "; TF Serving images cannot read s3:// since 2.7, render with kserve (--kserve) for s3:// "
+            f"; TF Serving images cannot read s3:// since 2.7, render with {at('kserve')} for s3:// "
             "(its storage initializer downloads the model)")
-        _fail("storage_uri", f"{opts.storage_uri!r} must look like SCHEME://BUCKET/PATH with SCHEME one of "
-              f"{', '.join(schemes)}{hint}")
+        return [invalid(at("storage_uri"), f"{opts.storage_uri!r} must look like SCHEME://BUCKET/PATH with SCHEME "
+                        f"one of {', '.join(schemes)}{hint}")]
+    return []
 
 
-def _quantity(path: str, text: str) -> Decimal:
+def _quantity(option: str, text: str, at: At, errors: list[FieldError]) -> Decimal | None:
+    """``text`` as a positive quantity, or None after adding why it is not one to ``errors``."""
     from kubernetes.utils.quantity import parse_quantity
 
     try:
         value = parse_quantity(text)
     except ValueError:
-        _fail(path, f"{text!r} is not a Kubernetes quantity (e.g. 500m, 2, 512Mi, 4Gi)")
+        errors.append(invalid(at(option), f"{text!r} is not a Kubernetes quantity (e.g. 500m, 2, 512Mi, 4Gi)"))
+        return None
     if value <= 0:
-        _fail(path, f"{text!r} must be positive")
+        errors.append(invalid(at(option), f"{text!r} must be positive"))
+        return None
     return value
 
 
-def _check_resources(res: Resources) -> None:
+def _check_resources(res: Resources, at: At) -> list[FieldError]:
+    errors: list[FieldError] = []
     for kind in ("cpu", "memory"):
-        request = _quantity(f"resources.{kind}_request", getattr(res, f"{kind}_request"))
-        limit_text = getattr(res, f"{kind}_limit")
-        if limit_text is not None and _quantity(f"resources.{kind}_limit", limit_text) < request:
-            _fail(f"resources.{kind}_limit", f"{limit_text!r} is below resources.{kind}_request "
-                  f"({getattr(res, f'{kind}_request')!r}); Kubernetes rejects such a pod")
+        request_text, limit_text = getattr(res, f"{kind}_request"), getattr(res, f"{kind}_limit")
+        request = _quantity(f"resources.{kind}_request", request_text, at, errors)
+        limit = None if limit_text is None else _quantity(f"resources.{kind}_limit", limit_text, at, errors)
+        if request is not None and limit is not None and limit < request:
+            errors.append(invalid(at(f"resources.{kind}_limit"), f"{limit_text!r} is below "
+                                  f"{at(f'resources.{kind}_request')} ({request_text!r}); Kubernetes rejects such a pod"))
     if res.gpus < 0:
-        _fail("resources.gpus", f"{res.gpus} must be 0 (CPU only) or a positive GPU count")
+        errors.append(invalid(at("resources.gpus"), f"{res.gpus} must be 0 (CPU only) or a positive GPU count"))
+    return errors
 
 
-def _check_autoscaling(auto: Autoscaling, kserve: bool) -> None:
+def _check_autoscaling(auto: Autoscaling, kserve: bool, at: At) -> list[FieldError]:
+    errors = []
     lowest = 0 if kserve else 1  # scale to zero exists only with KServe (Knative)
     if auto.min_replicas < lowest:
-        _fail("autoscaling.min_replicas", f"{auto.min_replicas} must be at least {lowest}"
-              + ("" if kserve else " (only KServe scales to zero)"))
+        errors.append(invalid(at("autoscaling.min_replicas"), f"{auto.min_replicas} must be at least {lowest}"
+                              + ("" if kserve else " (only KServe scales to zero)")))
     if auto.max_replicas < max(1, auto.min_replicas):
-        _fail("autoscaling.max_replicas", f"{auto.max_replicas} must be at least 1 and at least "
-              f"autoscaling.min_replicas ({auto.min_replicas})")
+        errors.append(invalid(at("autoscaling.max_replicas"), f"{auto.max_replicas} must be at least 1 and at least "
+                              f"{at('autoscaling.min_replicas')} ({auto.min_replicas})"))
     metrics = KSERVE_SCALE_METRICS if kserve else HPA_SCALE_METRICS
     if auto.scale_metric not in metrics:
         hint = "" if kserve or auto.scale_metric not in KSERVE_SCALE_METRICS else (
-            " (concurrency and rps need KServe's Knative autoscaler: render with kserve (--kserve))")
-        _fail("autoscaling.scale_metric", f"{auto.scale_metric!r} is not one of {', '.join(metrics)}{hint}")
+            f" (concurrency and rps need KServe's Knative autoscaler: render with {at('kserve')})")
+        errors.append(FieldError("NotSupported", at("autoscaling.scale_metric"),
+                                 f"{auto.scale_metric!r} is not one of {', '.join(metrics)}{hint}"))
     if auto.scale_target < 1:
-        _fail("autoscaling.scale_target", f"{auto.scale_target} must be a positive integer")
+        errors.append(invalid(at("autoscaling.scale_target"), f"{auto.scale_target} must be a positive integer"))
+    return errors
 
 
-def _check_batching(batching: Batching) -> None:
+def _check_batching(batching: Batching, at: At) -> list[FieldError]:
+    errors = []
     for f in fields(batching):
         value, lowest = getattr(batching, f.name), 0 if f.name == "batch_timeout_micros" else 1
         if value < lowest:
-            _fail(f"batching.{f.name}", f"{value} must be at least {lowest}")
+            errors.append(invalid(at(f"batching.{f.name}"), f"{value} must be at least {lowest}"))
+    return errors
 
 
-def _check_logger(opts: ServingOptions) -> None:
+def _check_logger(opts: ServingOptions, at: At) -> list[FieldError]:
+    errors = []
     if opts.logger_mode not in LOGGER_MODES:
-        _fail("logger_mode", f"{opts.logger_mode!r} is not one of {', '.join(LOGGER_MODES)}")
+        errors.append(FieldError("NotSupported", at("logger_mode"),
+                                 f"{opts.logger_mode!r} is not one of {', '.join(LOGGER_MODES)}"))
     if opts.logger_url is None:
-        return
+        return errors
     if not opts.kserve:
-        _fail("logger_url", "the request logger is a KServe feature: render with kserve (--kserve)")
+        errors.append(invalid(at("logger_url"), f"the request logger is a KServe feature: render with {at('kserve')}"))
     match = _URI.fullmatch(opts.logger_url)
     if match is None or match.group(1) not in ("http", "https"):
-        _fail("logger_url", f"{opts.logger_url!r} must be an http:// or https:// URL (KServe posts CloudEvents to it)")
+        errors.append(invalid(at("logger_url"), f"{opts.logger_url!r} must be an http:// or https:// URL (KServe "
+                              "posts CloudEvents to it)"))
+    return errors

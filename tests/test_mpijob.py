@@ -26,6 +26,7 @@ from hvdk8s.mpijob import (
     render,
     to_yaml,
 )
+from hvdk8s.mpijob.files import check_spec_data
 from hvdk8s.mpijob.spec import JobSpec
 
 pytestmark = pytest.mark.unit
@@ -281,6 +282,38 @@ def test_derived_fields_are_reported_only_when_the_fields_they_come_from_are_val
         "workers: must be >= 1, got -2", "runPolicy.schedulingPolicy.minAvailable: must be >= 1, got 0"]
     assert errors_of(BASE | {"resources": {"worker": {"cpu": "two", "memory": "1Gi"}}}) == [
         "resources.worker.cpu: 'two' is not a Kubernetes quantity (e.g. 500m, 2, 4Gi)"]
+
+
+def test_job_spec_validators_report_under_the_prefix_they_are_given():
+    # One validator, two prefixes (a job file's top level, a pipeline's candidate): the same problems, and the
+    # derived-value rule (minAvailable comes from workers) holds under either.
+    bad = BASE | {"workers": -2, "workerz": 1, "sshPort": 0, "scheduling": {"tolerations": [{"value": "x"}]}}
+    assert messages(check_spec_data(bad)[1]) == [
+        "workerz: unknown field (did you mean 'workers'?)",
+        "workers: must be >= 1, got -2",
+        "scheduling.tolerations[0].operator: must be Exists when key is empty",
+        "sshPort: 0 is not a port (1-65535)",
+    ]
+    assert messages(check_spec_data(bad, "candidates[1].job")[1]) == [
+        "candidates[1].job.workerz: unknown field (did you mean 'workers'?)",
+        "candidates[1].job.workers: must be >= 1, got -2",
+        "candidates[1].job.scheduling.tolerations[0].operator: must be Exists when key is empty",
+        "candidates[1].job.sshPort: 0 is not a port (1-65535)",
+    ]
+    spec, errors = check_spec_data(BASE, "candidates[1].job")
+    assert (spec, errors) == (load_spec(BASE), [])
+
+
+def test_the_operator_rules_report_under_the_prefix_they_are_given():
+    manifest = render(load_spec(BASE))
+    manifest["spec"]["slotsPerWorker"] = -1
+    manifest["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] = 0
+    assert messages(check_manifest(manifest)) == [
+        "spec.slotsPerWorker: must be >= 0, got -1", "spec.mpiReplicaSpecs[Worker].replicas: 0: must be >= 1"]
+    assert messages(check_manifest(manifest, "items[2]")) == [
+        "items[2].spec.slotsPerWorker: must be >= 0, got -1",
+        "items[2].spec.mpiReplicaSpecs[Worker].replicas: 0: must be >= 1",
+    ]
 
 
 # ---- the operator's rules on MPIJob manifests ---------------------------------

@@ -120,6 +120,37 @@ def test_every_problem_is_reported_at_once_with_its_field_path(tmp_path):
     ]
 
 
+def test_every_serving_problem_is_reported_under_serving_in_the_files_keys(tmp_path):
+    # The serving options' own validator, run under the prefix "serving" with the file's spelling:
+    # all its problems, other options named as the file names them too (modelName for the options' name).
+    data = minimal(serving={
+        "modelName": "m" * 60, "kserve": True, "tfServingVersion": "latest", "loggerMode": "some",
+        "resources": {"memoryRequest": "4Gi"},
+        "autoscaling": {"minReplicas": 3, "maxReplicas": 2, "scaleMetric": "gpu"},
+        "batching": {"numBatchThreads": 0},
+    })
+    with pytest.raises(SpecError) as caught:
+        from_data(data, "p.yaml", tmp_path)
+    assert caught.value.errors == [
+        f"serving.modelName: {'m' * 60!r} is 60 characters; at most 53 fit here (shorten the name) "
+        "(KServe adds '-predictor' to it)",
+        "serving.resources.memoryLimit: '2Gi' is below serving.resources.memoryRequest ('4Gi'); "
+        "Kubernetes rejects such a pod",
+        "serving.autoscaling.maxReplicas: 2 must be at least 1 and at least serving.autoscaling.minReplicas (3)",
+        "serving.autoscaling.scaleMetric: 'gpu' is not one of cpu, memory, concurrency, rps",
+        "serving.batching.numBatchThreads: 0 must be at least 1",
+        "serving.loggerMode: 'some' is not one of all, request, response",
+        "serving.tfServingVersion: 'latest' is not a release number like 2.18.0",
+    ]
+
+
+def test_a_candidate_job_that_is_an_mpijob_is_reported_at_its_path(tmp_path):
+    data = minimal(candidates=[{"name": "cnn", "job": {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob"}}])
+    with pytest.raises(SpecError) as caught:
+        from_data(data, "p.yaml", tmp_path)
+    assert caught.value.errors == ["candidates[0].job: is an MPIJob manifest, not an hvdk8s job spec"]
+
+
 def test_job_file_candidates_and_the_cli_error(tmp_path, capsys):
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(
         {"name": "standalone", "image": "other:2", "command": ["python", "t.py"], "workers": 3}))

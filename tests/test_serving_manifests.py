@@ -22,8 +22,16 @@ import pytest
 import yaml
 
 from hvdk8s.errors import UserError
+from hvdk8s.k8s import SpecError
 from hvdk8s.serving import manifests, manifests_cli
-from hvdk8s.serving.manifests_options import Autoscaling, Batching, Resources, ServingOptions
+from hvdk8s.serving.manifests_options import (
+    Autoscaling,
+    Batching,
+    OptionsError,
+    Resources,
+    ServingOptions,
+    validate,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -392,8 +400,10 @@ BAD_OPTIONS = [
     (dict(name="d" * 64), "name:"),
     (dict(name="d" * 54, kserve=True), "KServe adds '-predictor'"),
     (dict(namespace="ML"), "namespace: 'ML'"),
-    (dict(model_base_path=None), "model_base_path: give exactly one model source"),
-    (dict(storage_uri="gs://b/m"), "model_base_path: give exactly one model source"),
+    (dict(model_base_path=None), "model_base_path: give the model's location: model_base_path (a folder on the "
+                                 "'model-store' volume) or storage_uri"),
+    (dict(storage_uri="gs://b/m"), "model_base_path: give either model_base_path (a folder on the 'model-store' "
+                                   "volume) or storage_uri, not both"),
     (dict(model_base_path="/abs/path"), "model_base_path: '/abs/path' must be a relative path"),
     (dict(model_base_path="a/../b"), "model_base_path: 'a/../b' must be a relative path"),
     (dict(pvc_claim="Models_1"), "pvc_claim: 'Models_1' is not a DNS-1123 subdomain"),
@@ -428,6 +438,49 @@ def test_bad_options_raise_user_error_naming_the_field(overrides, message):
     with pytest.raises(UserError) as err:
         ServingOptions(**kwargs)
     assert message in str(err.value)
+
+
+def test_every_bad_option_is_reported_at_once():
+    with pytest.raises(SpecError) as err:
+        ServingOptions(name="Digits", model_base_path="/abs", resources=Resources(cpu_request="0"),
+                       autoscaling=Autoscaling(min_replicas=0), batching=Batching(num_batch_threads=0))
+    assert err.value.errors == [
+        "name: 'Digits' is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)",
+        "model_base_path: '/abs' must be a relative path inside the volume (letters, digits, '.', '_', '-', '/'; "
+        "no leading '/', no '..')",
+        "resources.cpu_request: '0' must be positive",
+        "autoscaling.min_replicas: 0 must be at least 1 (only KServe scales to zero)",
+        "batching.num_batch_threads: 0 must be at least 1",
+    ]
+
+
+def test_the_validator_reports_under_any_prefix_and_spelling():
+    with pytest.raises(OptionsError) as err:
+        ServingOptions(name="digits", model_base_path="digits", autoscaling=Autoscaling(min_replicas=4, max_replicas=3))
+    opts = err.value.options
+    assert [str(e) for e in validate(opts)] == err.value.errors == [
+        "autoscaling.max_replicas: 3 must be at least 1 and at least autoscaling.min_replicas (4)"]
+    assert [str(e) for e in validate(opts, "spec.serving", str.upper)] == [
+        "spec.serving.AUTOSCALING.MAX_REPLICAS: 3 must be at least 1 and at least "
+        "spec.serving.AUTOSCALING.MIN_REPLICAS (4)"]
+
+
+def test_cli_lists_every_bad_option_under_its_flag(tmp_path):
+    with pytest.raises(SpecError) as err:
+        run_cli("Digits", "--model-base-path", "d", "--storage-uri", "gs://b/m", "--pvc", "Claim_1",
+                "--max-batch-size", "8", "--num-batch-threads", "2", "--min-replicas", "5", "--logger-url", "http://l",
+                "-o", str(tmp_path))
+    assert str(err.value) == "\n  ".join([
+        "hvdk8s serving-manifests: invalid:",
+        "--max-batch-size: needs --batching",
+        "--num-batch-threads: needs --batching",
+        "NAME: 'Digits' is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)",
+        "--model-base-path: give either --model-base-path (a folder on the 'Claim_1' volume) or --storage-uri, "
+        "not both",
+        "--max-replicas: 3 must be at least 1 and at least --min-replicas (5)",
+        "--logger-url: the request logger is a KServe feature: render with --kserve",
+    ])
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_kserve_accepts_what_only_kserve_can_do():
@@ -473,9 +526,10 @@ def test_cli_maps_every_flag(capsys):
 @pytest.mark.parametrize(("argv", "message"), [
     (["digits"], "give the model's location"),
     (["digits", "--model-base-path", "d", "--storage-uri", "gs://b/m"], "not both"),
-    (["digits", "--model-base-path", "d", "--max-batch-size", "8"], "--max-batch-size needs --batching"),
-    (["digits", "--model-base-path", "d", "--min-replicas", "5"], "autoscaling.max_replicas: 3 must be at least"),
-    (["digits", "--storage-uri", "s3://b/m"], r"render with kserve \(--kserve\) for s3://"),
+    (["digits", "--model-base-path", "d", "--max-batch-size", "8"], "--max-batch-size: needs --batching"),
+    (["digits", "--model-base-path", "d", "--min-replicas", "5"],
+     r"--max-replicas: 3 must be at least 1 and at least --min-replicas \(5\)"),
+    (["digits", "--storage-uri", "s3://b/m"], "--storage-uri: 's3://b/m' .* render with --kserve for s3://"),
 ])
 def test_cli_errors_are_user_errors(argv, message, tmp_path):
     with pytest.raises(UserError, match=message):
