@@ -4,6 +4,15 @@ The learning-rate callbacks compute Horovod's formulas exactly (``initial_lr``
 is the already-scaled rate; a constant multiplier ``m`` means
 ``m ** (epoch - start_epoch)``; warm-up ends on the last batch of its last
 epoch). Where Keras 3 forces a difference, the class docstring says so.
+
+Each Horovod callback here (broadcast, metric average, the rate callbacks) is a
+``DistributedFitCallback``: when ``fit`` begins it gives a model compiled with
+a ``DistributedOptimizer`` Horovod's step (``fit_step.install``: XLA off, the
+lean per-step call), whichever of them ``fit`` calls first. Keras calls no
+library code between ``compile`` and the first step's trace but the callbacks
+``fit`` is given, so a Horovod script (``BroadcastGlobalVariablesCallback(0)``
+in ``fit``) trains with the same step as ``default_callbacks()``. Their own
+hooks do only what their names say.
 """
 from __future__ import annotations
 
@@ -19,7 +28,21 @@ from hvdk8s.collectives import variable_key
 from hvdk8s.optimizer import is_distributed, reduces_gradients
 
 
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+class DistributedFitCallback(keras.callbacks.Callback):
+    """Base of hvdk8s's Horovod callbacks: ``fit`` trains a distributed model with Horovod's step.
+
+    At train begin, a model whose optimizer is a ``DistributedOptimizer``
+    (or a ``LossScaleOptimizer`` around one) gets XLA switched off and
+    hvdk8s's lean per-step call (``fit_step.install``, idempotent: the first of
+    these callbacks does it); any other model is left as Keras made it.
+    Subclasses that override ``on_train_begin`` call this one first.
+    """
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        fit_step.install(self.model)
+
+
+class BroadcastGlobalVariablesCallback(DistributedFitCallback):
     """Broadcast the model's and the optimizer's variables from ``root_rank`` once, before training diverges.
 
     A model that is already built is broadcast at train begin, so every rank
@@ -28,10 +51,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     Horovod. ``local_variables`` (Keras or TF variables) keep each rank's
     values. ``device`` is accepted for Horovod compatibility (a placement hint
     Horovod uses for the broadcast; here the variables' own device is used).
-    Horovod's collectives cannot be XLA-compiled, so XLA is switched off for
-    the model's train step (Keras 3 turns it on by default on GPUs), and
-    ``fit`` gets hvdk8s's lean per-step call (``fit_step``). Warns when the
-    model's optimizer is not distributed: the ranks would silently diverge.
+    Warns when the model's optimizer is not distributed: the ranks would
+    silently diverge. As a ``DistributedFitCallback``, it gives a distributed
+    model Horovod's step when ``fit`` begins.
     """
 
     def __init__(self, root_rank: int, device: str = "", local_variables: Any = None) -> None:
@@ -51,13 +73,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         """Leave ``var`` out of the broadcast."""
         self._local_vars.add(variable_key(var))
 
-    def set_model(self, model: keras.Model) -> None:
-        super().set_model(model)
-        if getattr(model, "jit_compile", False):
-            warnings.warn("hvdk8s: XLA (jit_compile) cannot compile Horovod collectives; turning it off", stacklevel=2)
-            model.jit_compile = False
-
     def on_train_begin(self, logs: dict | None = None) -> None:
+        super().on_train_begin(logs)
         optimizer = self.model.optimizer
         if optimizer is not None and not reduces_gradients(optimizer) and runtime.size() > 1:
             warnings.warn(
@@ -65,7 +82,6 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
                 "rank applies only its own gradients and the ranks diverge; wrap it with "
                 "hvdk8s.DistributedOptimizer, or load saved models with hvdk8s.load_model", stacklevel=2,
             )
-        fit_step.install(self.model)
         if self.model.built:
             self._broadcast()
 
@@ -84,7 +100,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = True
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
+class MetricAverageCallback(DistributedFitCallback):
     """Replace each numeric epoch log (loss, metrics, ``val_*``) by its mean over ranks, in one allreduce.
 
     Put it before callbacks that read the logs (ReduceLROnPlateau, early
@@ -121,7 +137,7 @@ def _get(value: Any) -> float:
     return float(keras.ops.convert_to_numpy(value))
 
 
-class LearningRateScheduleCallback(keras.callbacks.Callback):
+class LearningRateScheduleCallback(DistributedFitCallback):
     """Set the rate to ``initial_lr × multiplier(epoch)`` for epochs in [``start_epoch``, ``end_epoch``).
 
     Horovod's semantics: ``initial_lr`` is the rate at the start of training
@@ -138,10 +154,11 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
     inside the step, which yields the same update for SGD without Nesterov.
     For other optimizers it is not applied.
 
-    With a ``DistributedOptimizer`` nothing runs per batch: the callback writes
-    its epoch's per-batch rates once per epoch (``schedule.RateTable``) and
-    each step sets the next batch's rate after its update, so a batch starts
-    with Horovod's rate in the variable (the first batch's is assigned when it
+    With a ``DistributedOptimizer`` nothing runs per batch: the callback
+    registers with the optimizer's ``rate_schedule`` (``schedule.RateSchedule``)
+    at train begin, writes its epoch's per-batch rates once per epoch, and each
+    step sets the next batch's rate after its update, so a batch starts with
+    Horovod's rate in the variable (the first batch's is assigned when it
     starts). Other optimizers get Horovod's per-batch assignment.
     """
 
@@ -173,12 +190,13 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             self.multiplier = lambda epoch: multiplier ** (epoch - start_epoch)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        super().on_train_begin(logs)
         optimizer = self.model.optimizer
         self._correction, self._rates, created = None, None, False
         if is_distributed(optimizer):
-            self._rates, created = schedule.rate_table(optimizer)
+            self._rates, created = optimizer.rate_schedule.rate_table()
             if self.momentum_correction:
-                self._correction, new = schedule.momentum_correction(optimizer)
+                self._correction, new = optimizer.rate_schedule.momentum_correction()
                 created = created or new
         if created:
             fit_step.rebuild(self.model)  # compiled before the step could set the rate or correct momentum

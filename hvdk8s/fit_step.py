@@ -23,13 +23,14 @@ step per call, one replica in sync.
 """
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from hvdk8s.optimizer import distribute_loss_scale
+from hvdk8s.optimizer import distribute_loss_scale, reduces_gradients
 
 _ITERATORS = (tf.data.Iterator, tf.distribute.DistributedIterator)
 
@@ -64,18 +65,28 @@ def applies(model: keras.Model) -> bool:
 
 
 def install(model: keras.Model) -> None:
-    """Make ``model.fit`` call a ``LeanTrainFunction`` per step where it ``applies``; idempotent.
+    """Make ``model.fit``'s step Horovod's, where the model's optimizer reduces gradients; idempotent.
 
-    One installed function serves every later ``fit`` until ``compile``
-    resets it, so its step is traced once, as Keras's is. First, the
-    ``LossScaleOptimizer`` that ``compile`` wraps around a
-    ``DistributedOptimizer`` under ``mixed_float16`` is made to reduce before
-    it checks the gradients (``optimizer.distribute_loss_scale``), so no rank
-    decides on its own gradients.
+    A ``DistributedOptimizer`` (or a ``LossScaleOptimizer`` around one) makes
+    the model distributed; any other optimizer leaves the model as Keras made
+    it. Three changes, each forcing a new train function only when it changes
+    something: the ``LossScaleOptimizer`` that ``compile`` wraps around a
+    ``DistributedOptimizer`` under ``mixed_float16`` is made to reduce before it
+    checks the gradients (``optimizer.distribute_loss_scale``), so no rank
+    decides on its own gradients; XLA is switched off, as Horovod's
+    collectives cannot be XLA-compiled (Keras 3's ``compile`` turns it on by
+    default on GPUs); and ``fit`` gets a ``LeanTrainFunction`` where it
+    ``applies``. One installed function serves every later ``fit`` until
+    ``compile`` resets it, so its step is traced once, as Keras's is.
     """
-    if distribute_loss_scale(model.optimizer):
-        model.make_train_function(force=True)  # a step traced before the change would decide per rank
-    model.make_train_function()  # Keras's own, unless there is a train function already
+    if not reduces_gradients(model.optimizer):
+        return
+    stale = distribute_loss_scale(model.optimizer)  # a step traced before the change would decide per rank
+    if model.jit_compile:
+        warnings.warn("hvdk8s: XLA (jit_compile) cannot compile Horovod collectives; turning it off", stacklevel=2)
+        model.jit_compile = False
+        stale = True
+    model.make_train_function(force=stale)  # Keras's own, unless there is a current train function already
     current = model.train_function
     if not isinstance(current, LeanTrainFunction) and applies(model):
         model.train_function = LeanTrainFunction(model, current)

@@ -16,12 +16,11 @@ decays every row, and so do other dtypes.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import keras
 import tensorflow as tf
-
-from hvdk8s.collectives import variable_key
 
 # the dtypes whose fused result is checked bit for bit against Keras's update (tests/test_fused.py)
 _KERNEL_DTYPES = (tf.float16, tf.float32, tf.float64)
@@ -33,13 +32,7 @@ class FusedSGD:
     momentum: float
     nesterov: bool
     momentums: list[keras.Variable]
-
-    def build(self, variables: list[Any]) -> None:
-        built = self.built  # type: ignore[attr-defined]
-        super().build(variables)  # type: ignore[misc]
-        if not built:
-            # Keras's SGD creates one momentum per variable, in this order. Plain attribute: no tracking.
-            self.__dict__["_hvdk8s_slot"] = {variable_key(v): i for i, v in enumerate(variables)}
+    _get_variable_index: Callable[[Any], int]  # Keras's: a trainable variable's index among build's variables
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         var = variable.value if isinstance(variable, keras.Variable) else variable
@@ -50,7 +43,8 @@ class FusedSGD:
         if not self.momentum:
             tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=lr, delta=grad)
             return None
-        accum = self.momentums[self.__dict__["_hvdk8s_slot"][variable_key(var)]].value
+        # Keras's SGD finds a variable's momentum the same way (one per trainable variable, in build's order).
+        accum = self.momentums[self._get_variable_index(variable)].value
         tf.raw_ops.ResourceApplyKerasMomentum(
             var=var.handle, accum=accum.handle, lr=lr, grad=grad, momentum=tf.cast(self.momentum, var.dtype),
             use_locking=False, use_nesterov=bool(self.nesterov),

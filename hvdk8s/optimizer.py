@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import keras
 import tensorflow as tf
@@ -35,12 +35,7 @@ from hvdk8s.fused import fused_bases
 
 
 class _Accumulators:
-    """Local gradient sums and the pass counter for ``backward_passes_per_step > 1``.
-
-    A plain object on purpose: neither Keras nor TensorFlow tracking sees these
-    variables, so checkpoints and exported models hold only the wrapped
-    optimizer's own state and load without hvdk8s.
-    """
+    """Local gradient sums and the pass counter for ``backward_passes_per_step > 1``."""
 
     def __init__(self, grads: Sequence[Any]) -> None:
         with tf.init_scope():
@@ -50,28 +45,58 @@ class _Accumulators:
             self.counter = tf.Variable(0, dtype=tf.int64, trainable=False)
 
 
-class _DistributedMixin:
-    """Placed in front of the user's optimizer class in the MRO; settings live on the class.
+@dataclasses.dataclass(frozen=True)
+class Aggregation:
+    """How a distributed optimizer class turns each rank's gradients into its update: Horovod's arguments.
 
-    Class-level settings make ``from_config`` copies (which Keras and Horovod's
-    own tests create) reduce exactly like the original. Keras's own SGD gets
-    ``fused.FusedSGD`` between the two: the same update in one kernel per variable.
+    Held by the class ``DistributedOptimizer`` creates, so ``from_config``
+    copies (which Keras and Horovod's own tests create) reduce exactly like the
+    original.
     """
 
-    _hvdk8s_base: type
-    _hvdk8s_reduction: GradientReduction
-    _hvdk8s_passes: int
-    _hvdk8s_average_passes: bool
-    _hvdk8s_scale_local: bool
+    base: type  # the wrapped optimizer's own class
+    reduction: GradientReduction
+    passes: int = 1  # backward_passes_per_step
+    average_passes: bool = False  # average_aggregated_gradients
+    scale_local: bool = True  # scale_local_gradients
+
+
+class DistributedState:
+    """One distributed optimizer's own state beside Keras's: local variables, pass accumulators, the reduced flag.
+
+    A plain object on purpose: neither Keras nor TensorFlow tracking sees into
+    it, so checkpoints and exported models hold only the wrapped optimizer's
+    own state and load without hvdk8s.
+    """
+
+    def __init__(self) -> None:
+        self.local_keys: set = set()  # variable_key of each registered local variable
+        self.accumulators: _Accumulators | None = None  # created by the first apply, with backward_passes_per_step > 1
+        # True while the distributed LossScaleOptimizer around it applies gradients it has reduced already
+        self.reduced = False
+
+
+class _DistributedMixin:
+    """Placed in front of the user's optimizer class in the MRO.
+
+    Keras's own SGD gets ``fused.FusedSGD`` between the two: the same update
+    in one kernel per variable. The class holds the Horovod settings
+    (``aggregation``); each instance owns its ``distributed_state`` and its
+    ``rate_schedule`` (which hvdk8s's rate callbacks register with).
+    """
+
+    aggregation: ClassVar[Aggregation]
+    distributed_state: DistributedState
+    rate_schedule: schedule.RateSchedule
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.distributed_state = DistributedState()
+        self.rate_schedule = schedule.RateSchedule(self)  # type: ignore[arg-type]  # a keras Optimizer, by the MRO
 
     def register_local_var(self, var: Any) -> None:
         """Keep ``var``'s gradient local: not reduced, and divided by size (unless ``scale_local_gradients=False``)."""
-        self._hvdk8s_locals().add(variable_key(var))
-
-    def _hvdk8s_locals(self) -> set:
-        if "_hvdk8s_local_keys" not in self.__dict__:
-            self.__dict__["_hvdk8s_local_keys"] = set()
-        return self.__dict__["_hvdk8s_local_keys"]
+        self.distributed_state.local_keys.add(variable_key(var))
 
     def build(self, variables: list[Any]) -> None:
         super().build(variables)  # type: ignore[misc]
@@ -84,18 +109,18 @@ class _DistributedMixin:
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
         grads = list(grads)
         variables = None if trainable_variables is None else list(trainable_variables)
-        if self.__dict__.get("_hvdk8s_reduced"):
+        if self.distributed_state.reduced:
             # Called by its distributed LossScaleOptimizer with gradients already reduced (and unscaled).
             return self._update(grads, variables)
         if variables is not None and not self.built:  # type: ignore[attr-defined]
             self.build(variables)  # type: ignore[attr-defined]  # not inside a tf.cond branch
         applied = self._apply_passes(grads, variables, self._update)
-        schedule.after_update(self)
+        self.rate_schedule.after_update()
         return applied
 
     def _update(self, reduced: list[Any], variables: list[Any] | None) -> Any:
         """The wrapped optimizer's own update, with reduced gradients."""
-        schedule.before_update(self)
+        self.rate_schedule.before_update()
         return super().apply(reduced, variables)  # type: ignore[misc]
 
     def _apply_passes(
@@ -107,11 +132,13 @@ class _DistributedMixin:
         decision (which may skip the update: ``iterations`` then does not count
         that pass, as in Keras).
         """
-        if self._hvdk8s_passes == 1:
+        passes = self.aggregation.passes
+        if passes == 1:
             return update(self._reduce(grads, variables), variables)
-        acc = self.__dict__.get("_hvdk8s_acc")
-        if acc is None:
-            acc = self.__dict__["_hvdk8s_acc"] = _Accumulators(grads)
+        state = self.distributed_state
+        if state.accumulators is None:
+            state.accumulators = _Accumulators(grads)
+        acc = state.accumulators
         for total, grad in zip(acc.sums, grads):
             if total is not None:
                 total.assign_add(tf.convert_to_tensor(grad))
@@ -120,8 +147,8 @@ class _DistributedMixin:
         def reduce_and_apply() -> tf.Tensor:
             summed = [None if t is None else t.read_value() for t in acc.sums]
             reduced = self._reduce(summed, variables)
-            if self._hvdk8s_average_passes:
-                reduced = [None if r is None else r / self._hvdk8s_passes for r in reduced]
+            if self.aggregation.average_passes:
+                reduced = [None if r is None else r / passes for r in reduced]
             update(reduced, variables)
             # The next cycle starts from zero (Horovod clears when its counter is back at 0), so a
             # non-finite gradient never leaks into it.
@@ -136,11 +163,12 @@ class _DistributedMixin:
             self.iterations.assign_add(1)  # type: ignore[attr-defined]
             return tf.constant(False)
 
-        return tf.cond(acc.counter >= self._hvdk8s_passes, reduce_and_apply, count_pass)
+        return tf.cond(acc.counter >= passes, reduce_and_apply, count_pass)
 
     def _reduce(self, grads: list[Any], variables: list[Any] | None) -> list[Any]:
+        aggregation = self.aggregation
         return reduce_keeping_locals(
-            self._hvdk8s_reduction, grads, variables, self._hvdk8s_locals(), self._hvdk8s_scale_local
+            aggregation.reduction, grads, variables, self.distributed_state.local_keys, aggregation.scale_local
         )
 
 
@@ -199,13 +227,13 @@ class _DistributedLossScaleMixin:
         if not self.built:  # type: ignore[attr-defined]
             self.build(variables)  # type: ignore[attr-defined]  # builds the inner optimizer too; not inside a tf.cond
         applied = inner._apply_passes(grads, variables, self._decide)
-        schedule.after_update(inner)
+        inner.rate_schedule.after_update()
         return applied
 
     def check_finite(self, grads: Any) -> Any:
         """Keras's check; outside ``apply``'s reduced path, agreed across ranks (a step traced before the switch)."""
         finite = super().check_finite(grads)  # type: ignore[misc]
-        if self.inner_optimizer.__dict__.get("_hvdk8s_reduced"):
+        if self.inner_optimizer.distributed_state.reduced:
             return finite  # reduced gradients: the same on every rank
         # The step being traced started in Keras's apply, before this wrapper was switched over (Keras 3.15's
         # fit builds the optimizer inside its first step): every rank must take the same branch, and the
@@ -225,11 +253,11 @@ class _DistributedLossScaleMixin:
 @contextlib.contextmanager
 def _reduced(optimizer: Any) -> Iterator[None]:
     """While tracing (or running) the body, ``optimizer.apply`` takes its gradients as already reduced."""
-    optimizer.__dict__["_hvdk8s_reduced"] = True
+    optimizer.distributed_state.reduced = True
     try:
         yield
     finally:
-        optimizer.__dict__.pop("_hvdk8s_reduced", None)
+        optimizer.distributed_state.reduced = False
 
 
 @functools.cache
@@ -246,7 +274,7 @@ def distribute_loss_scale(optimizer: Any) -> bool:
     ``mixed_float16`` policy. Called when the wrapper builds its inner optimizer
     (Keras 3.8's ``fit`` builds it before tracing the first step, 3.15's inside
     that step, whose decision ``check_finite`` then agrees across ranks) and by
-    ``fit_step.install`` (hvdk8s's callbacks, which retrace the step). It changes
+    ``fit_step.install`` (when ``fit`` begins with hvdk8s's Horovod callbacks; it retraces the step). It changes
     the object in place (its class becomes the distributed-aware subclass, which
     overrides only ``apply`` and ``check_finite``), so its variables, its state
     and every reference to it (elastic state, checkpoints) stay as they are.
@@ -342,7 +370,7 @@ def DistributedOptimizer(
         config = optimizer.get_config()
         del config["inner_optimizer"]
         return _loss_scale_class(type(optimizer))(inner, **config)
-    base = optimizer._hvdk8s_base if is_distributed(optimizer) else type(optimizer)
+    base = optimizer.aggregation.base if is_distributed(optimizer) else type(optimizer)
     reduction = GradientReduction.create(
         op=op, compression=compression, sparse_as_dense=sparse_as_dense,
         gradient_predivide_factor=gradient_predivide_factor, num_groups=num_groups, groups=groups,
@@ -352,13 +380,12 @@ def DistributedOptimizer(
     if backward_passes_per_step > 1 and not reduction.sparse_as_dense:
         # Horovod: IndexedSlices cannot be accumulated locally; densified here as Horovod's helper requires.
         reduction = dataclasses.replace(reduction, sparse_as_dense=True)
+    aggregation = Aggregation(
+        base=base, reduction=reduction, passes=int(backward_passes_per_step),
+        average_passes=bool(average_aggregated_gradients), scale_local=bool(scale_local_gradients),
+    )
     cls = type(base.__name__, (_DistributedMixin, *fused_bases(base), base), {
-        "__module__": base.__module__,
-        "_hvdk8s_base": base,
-        "_hvdk8s_reduction": reduction,
-        "_hvdk8s_passes": int(backward_passes_per_step),
-        "_hvdk8s_average_passes": bool(average_aggregated_gradients),
-        "_hvdk8s_scale_local": bool(scale_local_gradients),
+        "__module__": base.__module__, "aggregation": aggregation,
     })
     return cls.from_config(optimizer.get_config())
 

@@ -9,16 +9,18 @@ epoch's batches once per epoch (``RateTable.write``), and every step of a
 (~14 µs inside the step), so the rate in the variable when a batch starts is
 the one Horovod's callback would have assigned there.
 
-Both are plain objects on the optimizer, invisible to Keras's and TensorFlow's
-tracking, so checkpoints and exported models hold only the optimizer's own
-state. A train function compiled before one of them existed does not contain
-it: rebuild it (``fit_step.rebuild(model)``) when ``created`` says so.
+Each ``DistributedOptimizer`` owns a ``RateSchedule`` (its ``rate_schedule``),
+empty until a rate callback registers with it, so a step without rate
+callbacks traces nothing of this. The table and the correction are plain
+objects, invisible to Keras's and TensorFlow's tracking, so checkpoints and
+exported models hold only the optimizer's own state. A train function compiled
+before one of them existed does not contain it: rebuild it
+(``fit_step.rebuild(model)``) when registering says it was created.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import keras
 import tensorflow as tf
@@ -109,42 +111,42 @@ class RateTable:
         lr.assign(tf.where(keep, tf.convert_to_tensor(lr), tf.cast(rate, lr.dtype)))
 
 
-def _attached(optimizer: Any, key: str, make: Any) -> tuple[Any, bool]:
-    created = key not in optimizer.__dict__
-    if created:
-        optimizer.__dict__[key] = make()
-    return optimizer.__dict__[key], created
+class RateSchedule:
+    """A ``DistributedOptimizer``'s in-step rate machinery, which hvdk8s's rate callbacks register with.
 
-
-def momentum_correction(optimizer: Any) -> tuple[MomentumCorrection | None, bool]:
-    """(a ``DistributedOptimizer``'s in-step momentum correction, whether it was created now).
-
-    ``None`` unless the optimizer is SGD with momentum and without Nesterov.
+    Each part is created by the first callback that asks for it and traced
+    into the optimizer's step from then on (``before_update``,
+    ``after_update``); until then the step holds none of it.
     """
-    if not (isinstance(optimizer, keras.optimizers.SGD) and optimizer.momentum and not optimizer.nesterov):
-        return None, False
-    return _attached(optimizer, "_hvdk8s_momentum", lambda: MomentumCorrection(optimizer))
 
+    def __init__(self, optimizer: keras.optimizers.Optimizer) -> None:
+        self._optimizer = optimizer
+        self.table: RateTable | None = None
+        self.correction: MomentumCorrection | None = None
 
-def rate_table(optimizer: Any) -> tuple[RateTable | None, bool]:
-    """(a ``DistributedOptimizer``'s rate table, whether it was created now).
+    def rate_table(self) -> tuple[RateTable | None, bool]:
+        """(the rate table, whether it was created now): ``None`` where the rate is not a variable (a schedule)."""
+        if self.table is not None or not isinstance(self._optimizer.learning_rate, keras.Variable):
+            return self.table, False
+        self.table = RateTable()
+        return self.table, True
 
-    ``None`` where the rate is not a variable (a ``LearningRateSchedule``).
-    """
-    if not isinstance(optimizer.learning_rate, keras.Variable):
-        return None, False
-    return _attached(optimizer, "_hvdk8s_rates", RateTable)
+    def momentum_correction(self) -> tuple[MomentumCorrection | None, bool]:
+        """(the momentum correction, whether it was created now): ``None`` unless SGD with momentum, no Nesterov."""
+        opt = self._optimizer
+        if self.correction is not None or not (
+            isinstance(opt, keras.optimizers.SGD) and opt.momentum and not opt.nesterov
+        ):
+            return self.correction, False
+        self.correction = MomentumCorrection(opt)
+        return self.correction, True
 
+    def before_update(self) -> None:
+        """Traced into the optimizer's step before its update."""
+        if self.correction is not None:
+            self.correction.scale(self._optimizer)
 
-def before_update(optimizer: Any) -> None:
-    """Traced into a ``DistributedOptimizer``'s step before its update."""
-    correction = optimizer.__dict__.get("_hvdk8s_momentum")
-    if correction is not None:
-        correction.scale(optimizer)
-
-
-def after_update(optimizer: Any) -> None:
-    """Traced into a ``DistributedOptimizer``'s step after its update."""
-    table = optimizer.__dict__.get("_hvdk8s_rates")
-    if table is not None:
-        table.set_next(optimizer)
+    def after_update(self) -> None:
+        """Traced into the optimizer's step after its update."""
+        if self.table is not None:
+            self.table.set_next(self._optimizer)

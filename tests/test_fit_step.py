@@ -136,6 +136,37 @@ def test_rate_callback_rebuild_keeps_lean_call(hvd) -> None:
                  hvd.callbacks.LearningRateWarmupCallback(0.05, warmup_epochs=2)]
     model.fit(data(), epochs=1, verbose=0, callbacks=callbacks)
     assert isinstance(model.train_function, LeanTrainFunction)
-    correction = model.optimizer.__dict__["_hvdk8s_momentum"]
+    correction = model.optimizer.rate_schedule.correction
     captured = {id(t) for t in model.train_function.step.get_concrete_function(iter(data())).captured_inputs}
     assert id(correction.last_lr.handle) in captured
+
+
+def test_broadcast_callback_leaves_a_keras_models_step_as_keras_made_it(hvd) -> None:
+    """With a plain Keras optimizer there are no collectives in the step: XLA and Keras's train function stay."""
+    import keras
+
+    from hvdk8s.fit_step import LeanTrainFunction
+
+    model = hvd.models.cnn("cnn", input_shape=(8, 8, 1), seed=3)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy", jit_compile=True)
+    model.fit(data(), epochs=1, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert model.jit_compile is True and not isinstance(model.train_function, LeanTrainFunction)
+
+
+@pytest.mark.parametrize("how", ["metric_average", "install"])
+def test_a_distributed_model_gets_horovods_step_without_the_broadcast_callback(hvd, how: str) -> None:
+    """Any of hvdk8s's Horovod callbacks, or ``fit_step.install`` called directly, switches XLA off (Horovod's
+    ops cannot be compiled: with XLA on, this fit fails) and installs the lean call."""
+    from hvdk8s import fit_step
+    from hvdk8s.fit_step import LeanTrainFunction
+
+    model = compiled(hvd, jit_compile=True)
+    callbacks = []
+    with pytest.warns(UserWarning, match="XLA"):
+        if how == "install":
+            fit_step.install(model)
+        else:
+            callbacks = [hvd.callbacks.MetricAverageCallback()]
+        history = model.fit(data(), epochs=1, verbose=0, callbacks=callbacks)
+    assert model.jit_compile is False and isinstance(model.train_function, LeanTrainFunction)
+    assert np.isfinite(history.history["loss"]).all() and int(model.optimizer.iterations.numpy()) == 6

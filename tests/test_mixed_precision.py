@@ -152,12 +152,12 @@ def test_distributed_optimizer_of_loss_scale_optimizer(hvd) -> None:
     assert config == keras_config
     inner = opt.inner_optimizer
     assert is_distributed(inner) and isinstance(inner, keras.optimizers.SGD)
-    assert inner._hvdk8s_passes == 2 and inner._hvdk8s_reduction.compression is hvd.Compression.fp16
+    assert inner.aggregation.passes == 2 and inner.aggregation.reduction.compression is hvd.Compression.fp16
     assert reduces_gradients(opt)
     # the same for Keras's wrapper around a DistributedOptimizer, and an already distributed optimizer rewraps
     assert reduces_gradients(keras.optimizers.LossScaleOptimizer(hvd.DistributedOptimizer(keras.optimizers.SGD())))
     again = hvd.DistributedOptimizer(inner, backward_passes_per_step=3)
-    assert again._hvdk8s_base is keras.optimizers.SGD and again._hvdk8s_passes == 3
+    assert again.aggregation.base is keras.optimizers.SGD and again.aggregation.passes == 3
 
 
 def test_partial_distributed_optimizer_of_loss_scale_optimizer(hvd) -> None:
@@ -168,7 +168,8 @@ def test_partial_distributed_optimizer_of_loss_scale_optimizer(hvd) -> None:
     model = small_model()
     opt = hvd.PartialDistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD()),
                                           local_layers=model.layers[0])
-    assert opt.inner_optimizer._hvdk8s_locals() == {variable_key(v) for v in model.layers[0].trainable_weights}
+    local = opt.inner_optimizer.distributed_state.local_keys
+    assert local == {variable_key(v) for v in model.layers[0].trainable_weights}
 
 
 def test_compile_wrapper_becomes_distributed_before_the_first_step(hvd, float16_policy) -> None:

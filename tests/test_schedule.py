@@ -54,12 +54,10 @@ def test_each_step_trains_with_its_batchs_rate(hvd, steps_per_execution: int) ->
 def test_rate_table_sets_only_rates_of_its_epoch(hvd) -> None:
     import keras
 
-    from hvdk8s import schedule
-
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.5))
     opt.build([keras.Variable(np.zeros(2, np.float32))])
-    table, created = schedule.rate_table(opt)
-    assert created and schedule.rate_table(opt) == (table, False)
+    table, created = opt.rate_schedule.rate_table()
+    assert created and opt.rate_schedule.rate_table() == (table, False)
     opt.iterations.assign(10)
     table.write(opt, {0: 0.1, 1: 0.2, 3: 0.4})
     table.write(opt, {1: 0.25})  # a later callback in the same epoch: its batch wins
@@ -79,7 +77,24 @@ def test_rate_table_sets_only_rates_of_its_epoch(hvd) -> None:
 def test_no_table_where_the_rate_is_a_schedule(hvd) -> None:
     import keras
 
-    from hvdk8s import schedule
-
     decay = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.9)
-    assert schedule.rate_table(hvd.DistributedOptimizer(keras.optimizers.SGD(decay))) == (None, False)
+    assert hvd.DistributedOptimizer(keras.optimizers.SGD(decay)).rate_schedule.rate_table() == (None, False)
+
+
+def test_rate_machinery_and_pass_state_are_the_optimizers_own(hvd) -> None:
+    """The optimizer declares its state (nothing hung on its ``__dict__`` from outside); its rate schedule
+    is empty, so its step traces none of it, until a rate callback registers."""
+    import keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="shared"), keras.layers.Dense(1)])
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), backward_passes_per_step=2)
+    opt.register_local_var(model.layers[0].kernel)
+    model.compile(opt, loss="mse")
+    assert (opt.rate_schedule.table, opt.rate_schedule.correction) == (None, None)
+    ones = np.ones((8, 2), np.float32)
+    warmup = hvd.callbacks.LearningRateWarmupCallback(0.1, warmup_epochs=1)
+    model.fit(ones, ones[:, :1], batch_size=2, verbose=0, callbacks=[warmup])
+    assert opt.rate_schedule.table is warmup._rates and opt.rate_schedule.correction is warmup._correction
+    assert opt.distributed_state.accumulators is not None and len(opt.distributed_state.local_keys) == 1
+    assert not [key for key in vars(opt) if key.startswith("_hvdk8s")]
+    assert int(opt.iterations.numpy()) == 4
