@@ -126,7 +126,7 @@ class MetricAverageCallback(DistributedFitCallback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if logs is None:
             return
-        values = {k: v for k, v in logs.items() if isinstance(v, numbers.Real)}
+        values = {k: float(v) for k, v in logs.items() if isinstance(v, numbers.Real)}
         for source in self.figures:
             values.update(source())
         if values:
@@ -227,7 +227,13 @@ class LearningRateScheduleCallback(DistributedFitCallback):
         """Horovod's assignment when ``batch`` of ``epoch`` starts: every batch's, or with staircase the first's."""
         if self.staircase:
             return self.initial_lr * self.multiplier(epoch) if batch == 0 else None
-        return self.initial_lr * self.multiplier(epoch + float(batch) / self.steps_per_epoch)
+        return self.initial_lr * self.multiplier(epoch + float(batch) / self._steps_per_epoch())
+
+    def _steps_per_epoch(self) -> int:
+        """The per-batch schedule's ``steps_per_epoch``: given, or detected when training begins."""
+        if not self.steps_per_epoch:
+            raise ValueError(f"{type(self).__name__}: steps_per_epoch is unknown until training begins")
+        return self.steps_per_epoch
 
     def _epoch_rates(self, epoch: int) -> dict[int, float]:
         """Horovod's assignments in this epoch, by batch."""
@@ -237,7 +243,7 @@ class LearningRateScheduleCallback(DistributedFitCallback):
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         epoch = self.current_epoch
-        if not self._in_range(epoch):
+        if epoch is None or not self._in_range(epoch):
             return
         if self._rates is None:
             rate = self._batch_rate(epoch, batch)
@@ -268,7 +274,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         verbose: int = 0,
     ) -> None:
         def multiplier(epoch: float) -> float:
-            epoch += 1.0 / self.steps_per_epoch
+            epoch += 1.0 / self._steps_per_epoch()
             size = runtime.size()
             return 1.0 / size * (epoch * (size - 1) / warmup_epochs + 1)
 
@@ -276,11 +282,12 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
             initial_lr, multiplier, start_epoch=0, end_epoch=warmup_epochs, staircase=False,
             momentum_correction=momentum_correction, steps_per_epoch=steps_per_epoch,
         )
+        self.warmup_epochs = warmup_epochs
         self.verbose = verbose
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         super().on_epoch_end(epoch, logs)
-        if epoch == self.end_epoch - 1 and self.verbose > 0 and runtime.rank() == 0:
+        if epoch == self.warmup_epochs - 1 and self.verbose > 0 and runtime.rank() == 0:
             print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to "
                   f"{_get(self.model.optimizer.learning_rate):g}.")
 

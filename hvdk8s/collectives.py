@@ -105,29 +105,35 @@ class GradientReduction:
             raise ValueError(f"op={op!r}: expected hvdk8s.Average, hvdk8s.Sum or hvdk8s.Adasum")
         if num_groups and groups is None:
             groups = num_groups  # Horovod's deprecated spelling of groups=int
-        if isinstance(groups, int) and not isinstance(groups, bool):
-            if groups < 0:
-                raise ValueError(f"groups={groups}: must be a non-negative integer or a list of variable lists")
-            groups = groups or None
-        elif groups is not None:
-            if not all(isinstance(g, (list, tuple)) for g in groups):
-                raise ValueError("groups: expected a non-negative integer or a list of lists of variables")
-            groups = tuple(frozenset(variable_key(v) for v in g) for g in groups)
+        resolved = _resolve_groups(groups)
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor}: only applies to op=Average")
         if op == Adasum:
-            _check_adasum(groups, gradient_predivide_factor)
+            _check_adasum(resolved, gradient_predivide_factor)
         return cls(
             op=op,
             compression=resolve_compression(compression),
             sparse_as_dense=bool(sparse_as_dense),
             gradient_predivide_factor=float(gradient_predivide_factor),
-            groups=groups,
+            groups=resolved,
             process_set=process_set,
             device_dense=device_dense,
             device_sparse=device_sparse,
             name=name,
         )
+
+
+def _resolve_groups(groups: int | Sequence[Sequence[Any]] | None) -> int | tuple[frozenset, ...] | None:
+    """Horovod's ``groups`` as ``GradientReduction`` holds it: a positive count, variable-key sets, or ``None``."""
+    if groups is None:
+        return None
+    if isinstance(groups, int):
+        if isinstance(groups, bool) or groups < 0:
+            raise ValueError(f"groups={groups}: must be a non-negative integer or a list of variable lists")
+        return groups or None
+    if not all(isinstance(g, (list, tuple)) for g in groups):
+        raise ValueError("groups: expected a non-negative integer or a list of lists of variables")
+    return tuple(frozenset(variable_key(v) for v in g) for g in groups)
 
 
 def _check_adasum(groups: Any, predivide: float) -> None:

@@ -52,7 +52,7 @@ class FusedSGD:
         return None
 
 
-def fused_bases(base: type) -> tuple[type, ...]:
+def fused_bases(base: type[Any]) -> tuple[type, ...]:
     """The mixins that fuse ``base``'s update: ``(FusedSGD,)`` for Keras's own SGD update, else none."""
     if issubclass(base, keras.optimizers.SGD) and base.update_step is keras.optimizers.SGD.update_step:
         return (FusedSGD,)

@@ -285,7 +285,7 @@ def distribute_loss_scale(optimizer: Any) -> bool:
         and not isinstance(optimizer, _DistributedLossScaleMixin)
         and is_distributed(optimizer.inner_optimizer)
     ):
-        optimizer.__class__ = _loss_scale_class(type(optimizer))
+        optimizer.__class__ = _loss_scale_class(optimizer.__class__)
         return True
     return False
 
@@ -369,7 +369,7 @@ def DistributedOptimizer(
         )
         config = optimizer.get_config()
         del config["inner_optimizer"]
-        return _loss_scale_class(type(optimizer))(inner, **config)
+        return _loss_scale_class(optimizer.__class__)(inner, **config)
     base = optimizer.aggregation.base if is_distributed(optimizer) else type(optimizer)
     reduction = GradientReduction.create(
         op=op, compression=compression, sparse_as_dense=sparse_as_dense,
@@ -384,7 +384,7 @@ def DistributedOptimizer(
         base=base, reduction=reduction, passes=int(backward_passes_per_step),
         average_passes=bool(average_aggregated_gradients), scale_local=bool(scale_local_gradients),
     )
-    cls = type(base.__name__, (_DistributedMixin, *fused_bases(base), base), {
+    cls: type[Any] = type(base.__name__, (_DistributedMixin, *fused_bases(base), base), {
         "__module__": base.__module__, "aggregation": aggregation,
     })
     return cls.from_config(optimizer.get_config())

@@ -87,6 +87,17 @@ def test_groups_split_the_gradients_into_that_many_allreduces(groups: int) -> No
     assert len(reduce_ops) == groups
 
 
+
+@pytest.mark.parametrize("groups", [-1, True, "dense"])
+def test_groups_other_than_a_count_or_variable_lists_are_refused_naming_the_argument(groups) -> None:
+    import keras
+
+    import hvdk8s as hvd
+
+    with pytest.raises(ValueError, match="groups"):
+        hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), groups=groups)
+
+
 ONE_RANK_FIT = """
 import sys
 import keras, numpy as np, tensorflow as tf
