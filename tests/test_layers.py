@@ -4,7 +4,8 @@
     hvdk8s.pipeline | hvdk8s.benchmarks         (independent of each other)
     hvdk8s.cluster  | hvdk8s.serving            Kubernetes jobs; serving
     hvdk8s.mpijob                               the job file and the manifests rendered from it
-    hvdk8s.launcher                             local launching: mpirun/horovodrun argv, the hosts wait
+    hvdk8s.launcher | hvdk8s.migrate            local launching: mpirun/horovodrun argv, the hosts wait;
+                                                the Horovod-script codemod (a tool, not the core)
     hvdk8s.<module>                             the core: training library and neutral helpers
                                                 (atomic writes, Kubernetes names and YAML, errors)
 
@@ -32,7 +33,7 @@ LAYERS = [
     "hvdk8s.pipeline | hvdk8s.benchmarks",
     "hvdk8s.cluster | hvdk8s.serving",
     "hvdk8s.mpijob",
-    "hvdk8s.launcher",
+    "hvdk8s.launcher | hvdk8s.migrate",
 ]
 
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdk8s import migrate_cli
-from hvdk8s.migrate import LOSS_ALIASES, Finding, migrate_source
+from hvdk8s.migrate import LOSS_ALIASES, Finding, cli as migrate_cli, migrate_source
 
 from conftest import HVDK8S, REPO
 
@@ -359,3 +358,17 @@ def test_cli_checks_every_file_before_writing_any(tmp_path: Path) -> None:
     (tmp_path / "bad.py").write_text("def (:\n")
     assert _cli("--write", "good.py", "bad.py", cwd=tmp_path).returncode == 2
     assert (tmp_path / "good.py").read_text() == "import horovod.keras as hvd\n"
+
+
+def test_without_libcst_the_cli_runs_and_migrate_says_what_to_install(tmp_path: Path) -> None:
+    # libcst is the optional extra hvdk8s[migrate]: the CLI (and `import hvdk8s`) must not need it.
+    (tmp_path / "train.py").write_text("import horovod.keras as hvd\n")
+    no_libcst = ("import sys; sys.modules['libcst'] = None; from hvdk8s.cli import main; "
+                 "sys.exit(main(sys.argv[1:]))")
+    help_proc = subprocess.run([sys.executable, "-c", no_libcst, "--help"], cwd=tmp_path, capture_output=True,
+                               text=True, timeout=60)
+    assert help_proc.returncode == 0 and "migrate" in help_proc.stdout, help_proc.stderr
+    proc = subprocess.run([sys.executable, "-c", no_libcst, "migrate", "train.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        2, "", "hvdk8s migrate: error: needs libcst, an optional extra: pip install 'hvdk8s[migrate]'\n")

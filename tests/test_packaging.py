@@ -26,10 +26,14 @@ def test_wheel_has_every_subpackage_and_the_public_names_stub(tmp_path: Path) ->
     assert proc.returncode == 0, proc.stderr[-3000:]
     (wheel,) = tmp_path.glob("hvdk8s-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for stub in ("hvdk8s/__init__.pyi", "hvdk8s/serving/__init__.pyi"):
+    for stub in ("hvdk8s/__init__.pyi", "hvdk8s/serving/__init__.pyi", "hvdk8s/migrate/__init__.pyi"):
         assert stub in names, stub  # without it the package fails to import (lazy_loader reads it)
-    for package in ("launcher", "mpijob", "serving", "benchmarks", "pipeline"):
+    for package in ("launcher", "cluster", "mpijob", "serving", "benchmarks", "pipeline", "migrate"):
         assert f"hvdk8s/{package}/__init__.py" in names, package
+    # libcst (hvdk8s migrate's codemod) is an extra, not a need of the training library
+    (metadata,) = (n for n in names if n.endswith(".dist-info/METADATA"))
+    requires = [line for line in zipfile.ZipFile(wheel).read(metadata).decode().splitlines() if "libcst" in line]
+    assert requires == ['Requires-Dist: libcst==1.9.0; extra == "migrate"'], requires
     # the stub names only modules that exist, so every public name resolves
     stub = (REPO / "hvdk8s" / "__init__.pyi").read_text()
     for line in stub.splitlines():

@@ -31,8 +31,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _migrate(args: argparse.Namespace) -> int:
-    from hvdk8s.migrate import migrate_source
-
+    try:  # here, not at the top: libcst is an optional extra, and the command line registers this command without it
+        from hvdk8s.migrate.codemod import migrate_source
+    except ModuleNotFoundError as err:
+        if err.name != "libcst":
+            raise
+        raise UserError("needs libcst, an optional extra: pip install 'hvdk8s[migrate]'") from None
     sources = {path: _read(path) for path in args.scripts}  # every file is checked before any is written
     results = {}
     for path, source in sources.items():

@@ -1,4 +1,4 @@
-"""``hvdk8s migrate``: rewrite a Horovod Keras 2 script for hvdk8s on Keras 3.
+"""The ``hvdk8s migrate`` codemod: rewrite a Horovod Keras 2 script for hvdk8s on Keras 3.
 
 A libcst codemod, so comments and formatting survive. Each rule is a mechanical
 change whose Keras 3.8 / TensorFlow 2.18 target was checked in this environment
