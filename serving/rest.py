@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from hvdk8s.serving import jsonfloat
+
 # In google.rpc code order (CANCELLED = 1 ... UNAUTHENTICATED = 16): the repository numbers them from it.
 HTTP_STATUS = {
     "CANCELLED": 499,
@@ -175,8 +177,8 @@ def regress_response(values: list[float]) -> dict[str, Any]:
 
 
 def _float32(value: float) -> float:
-    """A float32 result as its shortest round-tripping text reads (3.0999999 -> 3.1), as the predict answer."""
-    return float(str(np.float32(value)))
+    """A float32 result as TF Serving writes it (3.0999999 -> 3.1), as the predict answer."""
+    return jsonfloat.number(float(np.float32(value)))
 
 
 def predict_response(outputs: Mapping[str, np.ndarray], row: bool) -> dict[str, Any]:
@@ -477,8 +479,7 @@ def _to_json(array: np.ndarray, as_b64: bool) -> Any:
         texts = [_text(v, as_b64) for v in array.ravel().tolist()]
         return texts if array.ndim == 1 else np.array(texts, dtype=object).reshape(array.shape).tolist()
     if array.dtype == np.float32:
-        # shortest text that round-trips as float32 (0.1, not 0.10000000149), like TF Serving's 6-digit %g
-        return array.astype(str).astype(np.float64).tolist()
+        return jsonfloat.values(array)  # 0.1, not 0.10000000149, as TF Serving writes it
     return array.tolist()
 
 
