@@ -194,7 +194,7 @@ def _callee(call: cst.Call) -> str:
 
 
 def _is_backend(name: str | None, aliases: set[str]) -> bool:
-    return bool(name) and (name in aliases or name.endswith("keras.backend"))
+    return name is not None and (name in aliases or name.endswith("keras.backend"))
 
 
 @dataclass
@@ -642,7 +642,7 @@ class _Migrator(cst.CSTTransformer):
 
     def _is_optimizer(self, node: cst.BaseExpression) -> bool:
         name = dotted(node)
-        return bool(name) and (name.rpartition(".")[2] == "optimizer" or name in self.scan.optimizers)
+        return name is not None and (name.rpartition(".")[2] == "optimizer" or name in self.scan.optimizers)
 
     # --- calls ---------------------------------------------------------------------------------------
     def leave_Call(self, original: cst.Call, updated: cst.Call) -> cst.BaseExpression:

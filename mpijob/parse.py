@@ -15,11 +15,14 @@ import difflib
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from hvdk8s.k8s import FieldError, invalid, join, not_supported, required
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 _MISSING = dataclasses.MISSING
 
 
@@ -72,7 +75,7 @@ def _convert(tp: Any, raw: Any, errors: list[FieldError], where: str) -> Any:
             return None
         (inner,) = [a for a in args if a is not type(None)]
         return _convert(inner, raw, errors, where)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return from_mapping(tp, raw, errors, where)
     if origin is tuple:
         if not isinstance(raw, list):
@@ -126,7 +129,8 @@ def _kind(value: Any) -> str:
         return f"number {value}"
     if isinstance(value, str):
         return f"string {value!r}"
-    return {list: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
+    names: dict[type, str] = {list: "a list", dict: "a mapping"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _suggest(key: Any, fields: Mapping[str, Any]) -> str:

@@ -279,7 +279,7 @@ def _volumes(spec: JobSpec, *, shm: bool) -> list[dict[str, Any]]:
     if shm and spec.shm_size is not None:
         volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}})
     if spec.shared_volume:
-        claim = {"claimName": spec.shared_volume.claim_name}
+        claim: dict[str, Any] = {"claimName": spec.shared_volume.claim_name}
         if spec.shared_volume.read_only:
             claim["readOnly"] = True
         volumes.append({"name": SHARED_VOLUME, "persistentVolumeClaim": claim})
@@ -291,7 +291,7 @@ def _mounts(spec: JobSpec, *, shm: bool) -> list[dict[str, Any]]:
     if shm and spec.shm_size is not None:
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
     if spec.shared_volume:
-        mount = {"name": SHARED_VOLUME, "mountPath": spec.shared_volume.mount_path}
+        mount: dict[str, Any] = {"name": SHARED_VOLUME, "mountPath": spec.shared_volume.mount_path}
         if spec.shared_volume.read_only:
             mount["readOnly"] = True
         mounts.append(mount)

@@ -62,10 +62,10 @@ def with_defaults(spec: JobSpec) -> JobSpec:
         policy = "AtStartup" if _created_suspended(spec) else "WaitForWorkersReady"
         changes["launcher_creation_policy"] = policy
     gang = spec.run_policy.scheduling_policy or SchedulingPolicy()
-    if gang.min_available is None:
-        gang = dataclasses.replace(gang, min_available=gang_pods(spec, policy))
+    pods = gang_pods(spec, policy) if gang.min_available is None else gang.min_available
+    gang = dataclasses.replace(gang, min_available=pods)
     if gang.min_resources is None and policy == "WaitForWorkersReady" and spec.workers > 0:
-        gang = dataclasses.replace(gang, min_resources=gang_resources(spec, gang.min_available))
+        gang = dataclasses.replace(gang, min_resources=gang_resources(spec, pods))
     changes["run_policy"] = dataclasses.replace(spec.run_policy, scheduling_policy=gang)
     return dataclasses.replace(spec, **changes)
 

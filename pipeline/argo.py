@@ -61,9 +61,9 @@ SHARED_VOLUME = "shared"
 WORKFLOW_NAME, WORKFLOW_NAMESPACE = naming.WORKFLOW_NAME, "{{workflow.namespace}}"
 # On every pod the Workflow runs: Istio injects no sidecar (a label since Istio 1.10; the annotation is deprecated).
 POD_LABELS = {"sidecar.istio.io/inject": "false"}
-STEP_RESOURCES = m.ResourceRequirements(requests={"cpu": "1", "memory": "2Gi"})
-ON_ERROR = RetryStrategy(limit=2, retry_policy="OnError", backoff=m.Backoff(duration="15s", factor=2))
-APPLY_RETRY = RetryStrategy(limit=2, retry_policy="Always", backoff=m.Backoff(duration="10s", factor=2))
+STEP_RESOURCES = m.ResourceRequirements(requests={"cpu": m.Quantity("1"), "memory": m.Quantity("2Gi")})
+ON_ERROR = RetryStrategy(limit=2, retry_policy="OnError", backoff=m.Backoff(duration="15s", factor=m.IntOrString(2)))
+APPLY_RETRY = RetryStrategy(limit=2, retry_policy="Always", backoff=m.Backoff(duration="10s", factor=m.IntOrString(2)))
 # Readiness as Argo can test it (see the module docstring).
 READY = {
     "Deployment": ("status.availableReplicas > 0", None),
@@ -207,7 +207,7 @@ def _deploy(p: Pipeline) -> list[Any]:
     """ConfigMap first (the server mounts it), then the other objects together."""
     objects = serving_manifests(p)
     names = [f"apply-{obj['kind'].lower()}" for obj in objects]
-    tasks = [Task(name=names[0], template=names[0])]
+    tasks: list[Task | m.DAGTask] = [Task(name=names[0], template=names[0])]
     tasks += [Task(name=name, template=name, depends=f"{names[0]}.Succeeded") for name in names[1:]]
     templates: list[Any] = [DAG(name=DEPLOY_DAG, tasks=tasks)]
     for name, obj in zip(names, objects, strict=True):

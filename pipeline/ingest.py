@@ -29,10 +29,11 @@ def heldout(source: str, split: str, image_size: int, color_mode: str, path: str
         train, test = data.load_digits(image_size=image_size)
         x, y = test if split == "test" else train
     elif source == "imageFolder":
-        ds, _ = data.image_folder(path, (image_size, image_size), color_mode=color_mode, shuffle=False)
+        ds, _ = data.image_folder(_given(source, "path", path), (image_size, image_size), color_mode=color_mode,
+                                  shuffle=False)
         x, y = _arrays(ds)
     elif source == "tfds":
-        ds = data.tfds_dataset(name, split, path)
+        ds = data.tfds_dataset(_given(source, "name", name), split, _given(source, "path", path))
         ds = ds.map(lambda image, label: (tf.image.resize(image, (image_size, image_size)), label))
         x, y = _arrays(ds)
     else:
@@ -44,6 +45,13 @@ def heldout(source: str, split: str, image_size: int, color_mode: str, path: str
     elif x.shape[-1] == 1 and channels == 3:
         x = np.repeat(x, 3, axis=-1)
     return np.clip(x, 0.0, 1.0), np.asarray(y, dtype="int64")
+
+
+def _given(source: str, field: str, value: str | None) -> str:
+    """A data field the source needs (the pipeline file's checks require it; this says so to a direct caller)."""
+    if value is None:
+        raise ValueError(f"data source {source!r} needs data.{field}")
+    return value
 
 
 def _arrays(ds) -> tuple[np.ndarray, np.ndarray]:

@@ -53,16 +53,17 @@ def from_data(data: Any, where: str, base_dir: Path) -> s.Pipeline:
     if top is None:  # a required field missing or refused (reported): stand-ins let the rest be checked
         usable = {k: v for k, v in top_fields.items() if k not in STAND_INS or not _has_error(errors, k)}
         top = parse.from_mapping(s.PipelineFile, STAND_INS | usable, [])
+        assert top is not None  # the stand-ins are valid
     _check_top(top, errors)
     load_test = _load_test(top.load_test, errors)
     given = _with_stand_ins(top, errors)
-    candidates = tuple(_candidate(given, i, entry, job, base_dir, errors) for i, entry, job in entries)
+    candidates = [_candidate(given, i, entry, job, base_dir, errors) for i, entry, job in entries]
     errors += _serving_options(given)
     if errors:
         raise SpecError(where, errors)
     return s.Pipeline(
         name=top.name, image=top.image, namespace=top.namespace, shared_volume=top.shared_volume,
-        data=top.data, candidates=candidates, metric=top.selection.metric, serving=top.serving,
+        data=top.data, candidates=tuple(c for c in candidates if c is not None), metric=top.selection.metric, serving=top.serving,
         load_test=load_test, deadlines=top.deadlines, local=top.local,
     )
 

@@ -170,16 +170,17 @@ class _Executor:
         while not ready.wait(0.2):
             if self.server.poll() is not None or time.monotonic() > deadline:
                 return False
-        return self._warm_up(f)
+        assert self.result.url is not None  # relay sets it before ready
+        return self._warm_up(self.result.url, f)
 
-    def _warm_up(self, log: TextIO) -> bool:
+    def _warm_up(self, url: str, log: TextIO) -> bool:
         """Deployed = answers a prediction. The first one builds the model's graph (about a second),
         which would otherwise be timed by the load test as the tail of its latency distribution."""
         from hvdk8s.serving import client
         from hvdk8s.serving.loadtest import digits_png
 
         try:
-            client.predict(self.result.url, digits_png(1), model=self.dag.pipeline.serving.model_name)
+            client.predict(url, digits_png(1), model=self.dag.pipeline.serving.model_name)
         except client.PredictError as err:
             log.write(f"warm-up prediction failed: {err}\n")
             return False

@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from kubernetes import client
 
@@ -46,9 +46,9 @@ def create(cluster: Cluster, workflow: dict[str, Any], namespace: str) -> dict[s
     action = Action("create", WORKFLOWS, namespace, body["metadata"].get("name"))
     with kube.translate(cluster, action):
         try:
-            return cluster.custom.create_namespaced_custom_object(
+            return cast(dict[str, Any], cluster.custom.create_namespaced_custom_object(  # the client types it object
                 GROUP, VERSION, namespace, PLURAL, body, field_validation="Strict",
-                _request_timeout=kube.REQUEST_TIMEOUT)
+                _request_timeout=kube.REQUEST_TIMEOUT))
         except client.ApiException as err:
             _explain(err, action)
             raise
@@ -59,8 +59,8 @@ def follow(cluster: Cluster, namespace: str, name: str, out: TextIO) -> int:
     seen: dict[str, str] = {}
     while True:
         with kube.translate(cluster, Action("get", WORKFLOWS, namespace, name)):
-            wf = cluster.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name,
-                                                             _request_timeout=kube.REQUEST_TIMEOUT)
+            wf = cast(dict[str, Any], cluster.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=kube.REQUEST_TIMEOUT))
         status = wf.get("status") or {}
         for node in sorted((status.get("nodes") or {}).values(), key=lambda n: n.get("startedAt") or ""):
             key, phase = node.get("displayName") or node.get("name", "?"), node.get("phase", "Pending")
