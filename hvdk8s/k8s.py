@@ -1,8 +1,9 @@
 """Kubernetes conventions shared by ``mpijob``, ``cluster``, ``serving`` and ``pipeline``: pure functions, no client.
 
 Naming, label and quantity rules (as apimachinery's validation spells them),
-field errors in the API server's shape (kind, field path, detail) and the error
-that carries all of a file's, reading and dumping YAML. It imports none of those
+field errors in the API server's shape (kind, field path, detail), the path
+builder every validator reports under (``join``) and the error that carries all
+of a file's, reading and dumping YAML. It imports none of those
 packages, so none of them import each other for it; talking to a cluster is
 ``hvdk8s.cluster.client``'s.
 """

@@ -118,7 +118,7 @@ def options_from_args(args: argparse.Namespace) -> ServingOptions:
     except OptionsError as err:
         errors += validate(err.options, spell=flag)
     if errors:
-        raise SpecError("hvdk8s serving-manifests", errors)
+        raise SpecError("command line", errors)
     return opts
 
 

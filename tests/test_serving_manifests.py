@@ -471,7 +471,7 @@ def test_cli_lists_every_bad_option_under_its_flag(tmp_path):
                 "--max-batch-size", "8", "--num-batch-threads", "2", "--min-replicas", "5", "--logger-url", "http://l",
                 "-o", str(tmp_path))
     assert str(err.value) == "\n  ".join([
-        "hvdk8s serving-manifests: invalid:",
+        "command line: invalid:",
         "--max-batch-size: needs --batching",
         "--num-batch-threads: needs --batching",
         "NAME: 'Digits' is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)",
