@@ -5,8 +5,10 @@ event): each (re)start of the elastic function with its rank, size and the
 step it starts from, each commit, the fault, the final accuracy. The fault
 strikes once per run (an exclusive marker file): at global step ``STEP`` the
 worker on ``--victim-host`` (rank 0, for ``checkpoint``) SIGKILLs itself
-(``kill``) or SIGSTOPs itself (``hang``: its peers see no reset, only
-silence, until Gloo's timeout; the harness SIGKILLs it later) at ``POINT``:
+(``kill``), takes its host's link ``--link`` down and carries on (``cut``: on
+a namespace host, ``chaos_netns``; its peers see silence, not a reset, until
+Gloo's timeout) or SIGSTOPs itself (``hang``: the stand-in for a cut where
+there are no namespace hosts; the harness SIGKILLs it later) at ``POINT``:
 ``step`` (a random moment inside the step, while its peers wait in the step's
 allreduce), ``commit`` (inside the commit's broadcast of host changes) or
 ``checkpoint`` (rank 0, after writing the checkpoint's temporary, before the
@@ -19,9 +21,13 @@ import json
 import os
 import random
 import signal
+import socket
+import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import hvdk8s
 
@@ -38,6 +44,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", type=Path, required=True)
     p.add_argument("--fault", help="KIND:POINT:STEP (none: an undisturbed run)")
     p.add_argument("--victim-host", default="127.0.0.1")
+    p.add_argument("--link", default="hvb0", help="the host's network interface that a cut takes down")
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--wait-for-rejoin", type=float, default=0.0, metavar="S",
                    help="after a fault, rank 0 waits up to S seconds at an epoch end for the lost host to rejoin")
@@ -73,10 +80,10 @@ class Events:
 
 
 class Fault:
-    def __init__(self, spec: str, victim_host: str, events: Events) -> None:
+    def __init__(self, spec: str, victim_host: str, link: str, events: Events) -> None:
         self.kind, self.point, step = spec.split(":")
         self.step = int(step)
-        self.victim_host = victim_host
+        self.victim_host, self.link = victim_host, link
         self.events = events
 
     def due(self, point: str, step: int) -> bool:
@@ -87,7 +94,28 @@ class Fault:
         if not self.events.claim_fault():
             return
         self.events.log("fault", kind=self.kind, point=self.point, step=step, rank=hvdk8s.rank())
-        os.kill(os.getpid(), signal.SIGKILL if self.kind == "kill" else signal.SIGSTOP)
+        if self.kind == "cut":
+            subprocess.run(["ip", "link", "set", self.link, "down"], check=True)
+        else:
+            os.kill(os.getpid(), signal.SIGKILL if self.kind == "kill" else signal.SIGSTOP)
+
+
+class ChaosState(hvdk8s.elastic.KerasState):
+    """Logs each commit, and strikes a ``commit`` fault inside the commit's check for host changes."""
+
+    def __init__(self, model: keras.Model, events: Events, fault: Fault | None, step: Callable[[], int],
+                 **kwargs: Any) -> None:
+        self.events, self.fault, self.step = events, fault, step
+        super().__init__(model, **kwargs)
+
+    def save(self) -> None:
+        super().save()
+        self.events.log("commit", step=self.step())
+
+    def check_host_updates(self) -> None:
+        if self.fault and self.fault.due("commit", self.step()):
+            self.fault.strike(self.step())
+        super().check_host_updates()
 
 
 class StrikeInStep(keras.callbacks.Callback):
@@ -125,29 +153,22 @@ def main() -> None:
     model = hvdk8s.models.cnn("cnn", input_shape=x_train.shape[1:])
     model.compile(optimizer=hvdk8s.DistributedOptimizer(keras.optimizers.SGD(0.02, momentum=0.9)),
                   loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    state = hvdk8s.elastic.KerasState(model, epoch=0, batch=0)
-    fault = Fault(args.fault, args.victim_host, events) if args.fault else None
+    fault = Fault(args.fault, args.victim_host, args.link, events) if args.fault else None
 
     def step() -> int:
         return int(model.optimizer.iterations.numpy())
 
-    save, check_host_updates, model_save = state.save, state.check_host_updates, model.save
+    state = ChaosState(model, events, fault, step, epoch=0, batch=0)
 
-    def logged_save() -> None:
-        save()
-        events.log("commit", step=step())
-
-    def striking_check_host_updates() -> None:
-        if fault and fault.due("commit", step()):
-            fault.strike(step())
-        check_host_updates()
+    model_save = model.save
 
     def striking_model_save(path: str, *a: object, **kw: object) -> None:
         model_save(path, *a, **kw)
         if fault and fault.due("checkpoint", step()):
             fault.strike(step())
 
-    state.save, state.check_host_updates, model.save = logged_save, striking_check_host_updates, striking_model_save
+    # Shadows the method on this one model: hvdk8s.Checkpoint's save_atomic calls model.save(temporary), then renames.
+    setattr(model, "save", striking_model_save)
     callbacks = [
         hvdk8s.elastic.UpdateEpochStateCallback(state),
         hvdk8s.elastic.UpdateBatchStateCallback(state),
@@ -168,7 +189,7 @@ def main() -> None:
     train(state)
     loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
     if hvdk8s.is_chief():
-        events.log("done", accuracy=float(accuracy), step=step(), size=hvdk8s.size())
+        events.log("done", accuracy=float(accuracy), step=step(), size=hvdk8s.size(), hostname=socket.gethostname())
 
 
 if __name__ == "__main__":

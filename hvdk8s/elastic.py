@@ -196,13 +196,14 @@ def is_collective_failure(err: BaseException) -> bool:
     words in the message, which for a Gloo error is Gloo's own text.
     """
     seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, HorovodInternalError):
+    link: BaseException | None = err
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, HorovodInternalError):
             return True
-        if isinstance(err, _TRANSPORT_FAILURES) and _defined_by_horovod(err):
+        if isinstance(link, _TRANSPORT_FAILURES) and _defined_by_horovod(link):
             return True
-        err = err.__cause__ or err.__context__
+        link = link.__cause__ or link.__context__
     return False
 
 
