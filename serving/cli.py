@@ -75,6 +75,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="TF Serving's MonitoringConfig text proto: prometheus_config { enable: true } serves "
                        "Prometheus metrics at /monitoring/prometheus/metrics on the REST port")
     serve.add_argument(
+        "--workers", type=_positive(int), default=1, metavar="N",
+        help="server processes sharing the ports (SO_REUSEPORT), each with its own copy of the models: one process "
+        "uses about one core (default 1, as TF Serving)")
+    serve.add_argument(
         "--max-request-bytes", type=_positive(int), help="larger request bodies get HTTP 413 (default 16 MiB)"
     )
     serve.add_argument(
@@ -234,7 +238,7 @@ def _select(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from hvdk8s.serving import batching, grpc_server, monitoring, server
+    from hvdk8s.serving import batching, grpc_server, monitoring, server, workers
 
     if args.batching_parameters_file and not args.enable_batching:
         raise UserError("--batching_parameters_file needs --enable_batching=true")
@@ -247,8 +251,8 @@ def _serve(args: argparse.Namespace) -> int:
                       if args.batching_parameters_file else batching.BatchingParameters())
         prometheus = (monitoring.read_config(args.monitoring_config_file) if args.monitoring_config_file
                       else monitoring.PrometheusConfig())
-        server.serve(
-            base_path,
+        options = dict(
+            base_path=base_path,
             name=args.name,
             model_config_file=args.model_config_file,
             config_poll_seconds=args.model_config_file_poll_wait_seconds,
@@ -266,6 +270,10 @@ def _serve(args: argparse.Namespace) -> int:
             intra_op_threads=args.tensorflow_intra_op_parallelism,
             inter_op_threads=args.tensorflow_inter_op_parallelism,
         )
+        if args.workers > 1:
+            workers.serve(args.workers, **options)
+        else:
+            server.serve(**options)
     except (ValueError, FileNotFoundError) as err:
         raise UserError(str(err)) from None
     return 0

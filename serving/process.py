@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -15,6 +15,7 @@ class Served:
     url: str  # REST root, http://HOST:PORT
     grpc: str  # gRPC address, HOST:PORT
     pid: int
+    process: subprocess.Popen = field(repr=False, compare=False)
 
 
 @contextlib.contextmanager
@@ -34,7 +35,7 @@ def running(base_path: str | os.PathLike[str], log: str | os.PathLike[str], *arg
         line = proc.stdout.readline()
         if "http://" not in line or " grpc " not in line:
             raise RuntimeError(f"hvdk8s serve did not start: {line!r}\n{Path(log).read_text()[-4000:]}")
-        yield Served(line[line.index("http://"):].split("/v1/")[0], line.split(" grpc ")[1].split()[0], proc.pid)
+        yield Served(line[line.index("http://"):].split("/v1/")[0], line.split(" grpc ")[1].split()[0], proc.pid, proc)
     finally:
         proc.terminate()  # graceful: uvicorn and the gRPC server drain, then the process exits
         try:

@@ -241,6 +241,8 @@ def serve(
     batching: BatchingParameters | None = BatchingParameters(),
     intra_op_threads: int | None = None,
     inter_op_threads: int = 0,
+    reuse_port: bool = False,
+    announce: Callable[[str], object] | None = None,
 ) -> None:
     """Serve the model in ``base_path`` (or those of ``model_config_file``) over REST and gRPC until interrupted.
 
@@ -253,7 +255,9 @@ def serve(
     ``batching=None`` runs every request on its own. The thread counts are
     TF Serving's ``--tensorflow_intra_op_parallelism`` and
     ``--tensorflow_inter_op_parallelism`` (0: TensorFlow picks; intra-op
-    defaults to ``core.tensorflow_threads``).
+    defaults to ``core.tensorflow_threads``). ``reuse_port``: listen with
+    ``SO_REUSEPORT``, beside the other workers of ``workers.serve``;
+    ``announce``: where the ready line goes instead of stdout.
     """
     import tensorflow as tf
     import uvicorn
@@ -282,7 +286,7 @@ def serve(
              tf.config.threading.get_intra_op_parallelism_threads(),
              tf.config.threading.get_inter_op_parallelism_threads())
 
-    sock = listen(host, port)
+    sock = listen(host, port, reuse_port)
     models = Models(configs)
     if model_config_file is not None:
         watcher = ConfigWatcher(model_config_file, models, config_poll_seconds)
@@ -304,7 +308,7 @@ def serve(
         core,
         max_request_bytes=max_request_bytes,
         poll_seconds=poll_seconds,
-        on_ready=[rpc.start, lambda: print(ready, flush=True)],
+        on_ready=[rpc.start, lambda: (announce or _print)(ready)],
         on_stop=[lambda: rpc.stop(grace=5).wait(), core.close],  # before uvicorn re-raises the signal
         watcher=watcher,
         timeout_seconds=rest_timeout_ms / 1000 if rest_timeout_ms else None,
@@ -317,11 +321,13 @@ def serve(
     uvicorn.Server(config).run(sockets=[sock])
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A listening TCP socket with TCP_NODELAY (accepted connections inherit it)."""
+def listen(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A listening TCP socket with TCP_NODELAY (accepted connections inherit it), SO_REUSEPORT if asked."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
@@ -355,6 +361,10 @@ def _poll_until(tick: Callable[[], None], stop: threading.Event, seconds: float)
             tick()
         except Exception:  # noqa: BLE001  (a scan error must not stop future scans)
             log.exception("polling the models failed")
+
+
+def _print(line: str) -> None:
+    print(line, flush=True)
 
 
 def _json(status: int, doc: dict) -> Response:
