@@ -162,12 +162,13 @@ def _listening(host: netns.Host, port: int) -> bool:
 
 
 @contextmanager
-def cluster(workers: int, folder: Path, *, port: int = SSH_PORT,
-            hostnames: Sequence[str] | None = None) -> Iterator[Cluster]:
+def cluster(workers: int, folder: Path, *, port: int = SSH_PORT, hostnames: Sequence[str] | None = None,
+            prefix: str = PREFIX) -> Iterator[Cluster]:
     """The driver's host and ``workers`` worker hosts, each with its sshd on ``port``; all torn down afterwards.
 
     ``hostnames`` names the driver and then each worker host (default: their
     namespace names); each host's /etc/hosts resolves every host's name.
+    Clusters under one ``prefix`` take turns (``netns.cluster``'s lock).
     """
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "bin").mkdir(exist_ok=True)
@@ -180,7 +181,7 @@ def cluster(workers: int, folder: Path, *, port: int = SSH_PORT,
     wrapper.write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F {folder / "ssh_config"} "$@"\n')
     wrapper.chmod(0o755)
     Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
-    with netns.cluster(1 + workers, None, prefix=PREFIX, subnet=SUBNET) as built:
+    with netns.cluster(1 + workers, None, prefix=prefix, subnet=SUBNET) as built:
         driver, *hosts = built.hosts
         names = dict(zip((h.name for h in built.hosts), hostnames or (h.name for h in built.hosts)))
         made = Cluster(driver, tuple(hosts), folder, port, names)
