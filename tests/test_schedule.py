@@ -81,10 +81,11 @@ def test_no_table_where_the_rate_is_a_schedule(hvd) -> None:
     assert hvd.DistributedOptimizer(keras.optimizers.SGD(decay)).rate_schedule.rate_table() == (None, False)
 
 
-def test_rate_machinery_and_pass_state_are_the_optimizers_own(hvd) -> None:
+def test_rate_machinery_and_pass_state_are_the_optimizers_own(hvd, tmp_path) -> None:
     """The optimizer declares its state (nothing hung on its ``__dict__`` from outside); its rate schedule
-    is empty, so its step traces none of it, until a rate callback registers."""
+    is empty, so its step traces none of it, until a rate callback registers; checkpoints hold Keras's state only."""
     import keras
+    import tensorflow as tf
 
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1, name="shared"), keras.layers.Dense(1)])
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), backward_passes_per_step=2)
@@ -98,3 +99,8 @@ def test_rate_machinery_and_pass_state_are_the_optimizers_own(hvd) -> None:
     assert opt.distributed_state.accumulators is not None and len(opt.distributed_state.local_keys) == 1
     assert not [key for key in vars(opt) if key.startswith("_hvdk8s")]
     assert int(opt.iterations.numpy()) == 4
+    path = tf.train.Checkpoint(optimizer=opt).save(str(tmp_path / "ckpt"))
+    saved = [name for name, _ in tf.train.list_variables(path) if name.startswith("optimizer/")]
+    # iterations, rate and momentums, and references to the model's variables: no accumulator, table or correction
+    assert len(opt.variables) == 2 + len(model.trainable_variables)
+    assert len(saved) == len(opt.variables) + len(model.trainable_variables)
