@@ -173,11 +173,12 @@ class Batcher:
 
     def submit(self, servable: Any, signature: str, inputs: Mapping[str, np.ndarray]) -> Future:
         """The future of one request's outputs (or its ``rest.ServingError``), for a caller on any thread."""
-        task = self._task(servable, signature, inputs, Future())
+        future: Future = Future()
+        task = self._task(servable, signature, inputs, future)
         with self._cv:
             self._enqueue(task)
             self._cv.notify()
-        return task.future
+        return future
 
     def submit_async(self, servable: Any, signature: str, inputs: Mapping[str, np.ndarray]) -> asyncio.Future:
         """``submit`` for a caller on the running event loop; the request is queued when this pass of the loop ends.
@@ -186,12 +187,13 @@ class Batcher:
         those of queueing (a full queue, shutdown) come as the future's.
         """
         loop = asyncio.get_running_loop()
-        task = self._task(servable, signature, inputs, loop.create_future(), loop)
+        future = loop.create_future()
+        task = self._task(servable, signature, inputs, future, loop)
         pending = self._pending.setdefault(loop, [])  # touched only by its own loop's thread
         if not pending:
             loop.call_soon(self._flush, loop)
         pending.append(task)
-        return task.future
+        return future
 
     def _task(self, servable: Any, signature: str, inputs: Mapping[str, np.ndarray],
               future: Future | asyncio.Future, loop: asyncio.AbstractEventLoop | None = None) -> _Task:

@@ -49,12 +49,11 @@ class ServingCore:
         servable.check(signature, inputs)
         return self.executor.submit_async(servable, signature, inputs)
 
-    def submit_examples(self, api: str, servable: Servable, signature: str, serialized: Sequence[bytes],
-                        on_loop: bool = False) -> Future | asyncio.Future:
-        """Classify or Regress: the signature checked, then run on the serialized examples like a predict call."""
+    def examples_inputs(self, api: str, servable: Servable, signature: str,
+                        serialized: Sequence[bytes]) -> dict[str, np.ndarray]:
+        """Classify or Regress: the signature checked, then the inputs that run it like a predict call."""
         examples.check_signature(api, signature, servable.signature_defs)
-        inputs = examples.input_tensor(serialized)
-        return (self.submit_async if on_loop else self.submit)(servable, signature, inputs)
+        return examples.input_tensor(serialized)
 
     def close(self) -> None:
         self.executor.close()

@@ -205,7 +205,8 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         """Run one classify/regress signature on ``serialized`` and fill ``result`` and ``out_spec``."""
         servable = self.core.servable(*_selects(spec))
         signature = spec.signature_name or rest.DEFAULT_SIGNATURE
-        outputs = self.core.submit_examples(api, servable, signature, serialized).result()
+        outputs = self.core.submit(servable, signature, self.core.examples_inputs(api, servable, signature,
+                                                                                 serialized)).result()
         if api == examples.CLASSIFY:
             for classes in examples.classifications(outputs, len(serialized)):
                 entry = result.classifications.add()

@@ -31,6 +31,7 @@ def running(base_path: str | os.PathLike[str], log: str | os.PathLike[str], *arg
              *args],
             stdout=subprocess.PIPE, stderr=stderr, text=True,
         )
+    assert proc.stdout is not None  # stdout=PIPE
     try:
         line = proc.stdout.readline()
         if "http://" not in line or " grpc " not in line:

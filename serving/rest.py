@@ -471,7 +471,8 @@ def json_type(value: Any) -> str:
         return "True" if value else "False"
     if isinstance(value, (int, float)):
         return "Number"
-    return {str: "String", list: "Array", dict: "Object"}.get(type(value), type(value).__name__)
+    names: dict[type, str] = {str: "String", list: "Array", dict: "Object"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _to_json(array: np.ndarray, as_b64: bool) -> Any:

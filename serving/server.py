@@ -167,7 +167,8 @@ async def _handle(core: ServingCore, route: rest.Route, body: bytes, timeout: fl
         signature, items, context = rest.parse_examples_body(body)  # the body is checked before the model, as there
         serialized = examples.from_json(items, context)
         servable = core.servable(route.model, route.version, route.label)
-        outputs = await _within(core.submit_examples(route.kind, servable, signature, serialized, on_loop=True), timeout)
+        inputs = core.examples_inputs(route.kind, servable, signature, serialized)
+        outputs = await _within(core.submit_async(servable, signature, inputs), timeout)
         if route.kind == examples.CLASSIFY:
             return rest.classify_response(examples.classifications(outputs, len(serialized)))
         return rest.regress_response(examples.regressions(outputs, len(serialized)))
@@ -270,7 +271,7 @@ def serve(
     if model_config_file is not None:
         configs = registry.read_model_config(model_config_file)
         where = f"--model_config_file {model_config_file}"
-    else:
+    elif base_path is not None:
         root = Path(base_path)
         if not root.is_dir():
             raise FileNotFoundError(f"model base path {root}: no such directory")
