@@ -48,9 +48,13 @@ class Settings:
     soak_s: float = 300.0
     soak_concurrency: int = 8
     soak_sample_s: float = 2.0  # server RSS sampling period
+    wrk_s: float = 5.0  # per wrk load in the server-cost section
+    wrk_rounds: int = 3  # status and :predict loads, interleaved
+    wrk_concurrency: int = 32
+    workers: tuple[int, ...] = (1, 2)  # hvdk8s serve --workers counts measured
 
 
-QUICK = Settings(duration_s=2.0, inprocess_s=1.5, soak_s=30.0)
+QUICK = Settings(duration_s=2.0, inprocess_s=1.5, soak_s=30.0, wrk_s=2.0, wrk_rounds=2)
 TARGETS = {
     "p50_ms_c1": 3.0,  # digits, REST, concurrency 1, keep-alive, one image
     "predict_vs_trivial_c32": 0.7,
@@ -59,9 +63,11 @@ TARGETS = {
     "soak_unexpected": 0,  # answers other than the expected 200 or 400
     "soak_reconnects": 0,  # connections opened beyond one per client
     "soak_rss_growth_pct": 5.0,  # resident memory, last fifth of the soak over its second fifth
+    "server_cpu_predict_vs_status": 2.0,  # null model, wrk, one worker: CPU per :predict / per status, at most
+    "p99_over_p50": 5.0,  # null model, wrk, one worker, :predict: no collector or scheduling stalls
 }
 # model -> batching on/off -> the APIs loaded ("trivial": the model status endpoint, no model involved)
-PLAN = {
+PLAN: dict[str, dict[bool, tuple[str, ...]]] = {
     "digits": {True: ("rest", "grpc", "trivial"), False: ("rest", "grpc")},
     "mobilenet": {True: ("rest", "grpc"), False: ("rest", "grpc")},
     "null": {True: ("rest",)},
@@ -89,10 +95,11 @@ def run(settings: Settings, command: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="hvdk8s-bench-serving-") as tmp:
         models = _export_models(Path(tmp), settings)
         loads = sum(len(apis) for plan in PLAN.values() for apis in plan.values()) * len(settings.concurrencies)
-        bar = tqdm(total=loads + 1, unit="load", desc="serving")
+        bar = tqdm(total=loads + 2, unit="load", desc="serving")
         for name, (base, description) in models.items():
-            entry = results["models"][name] = {"description": description, "inprocess": _inprocess(base, settings),
-                                               "loads": []}
+            rows: list[dict[str, Any]] = []
+            results["models"][name] = {"description": description, "inprocess": _inprocess(base, settings),
+                                       "loads": rows}
             for batching, apis in PLAN[name].items():
                 args = [] if batching else ["--enable_batching=false"]
                 with running(base, Path(tmp) / f"{name}-{batching}.log", *args) as served:
@@ -100,8 +107,10 @@ def run(settings: Settings, command: list[str]) -> dict[str, Any]:
                         target = served.grpc if api == "grpc" else served.url
                         _warm_up(target, name, api, max(settings.concurrencies))
                         for c in settings.concurrencies:
-                            entry["loads"].append(_load(target, name, api, c, batching, settings))
+                            rows.append(_load(target, name, api, c, batching, settings))
                             bar.update()
+        results["server_cost"] = server_cost(models["null"][0], Path(tmp), settings)
+        bar.update()
         with running(models["digits"][0], Path(tmp) / "soak.log") as served:
             results["soak"] = _soak(served, settings)
             bar.update()
@@ -143,74 +152,104 @@ def _export_null(root: Path) -> Path:
     return serving.export(null, root / "null").parent
 
 
-def wrk_study(seconds: float = 8, concurrency: int = 32) -> dict[str, Any]:
-    """Issue #26's server-cost figures in one run: ``wrk`` beside ``hvdk8s loadtest``, with and without ``gc.freeze``.
+def server_cost(base: Path, tmp: Path, settings: Settings) -> dict[str, Any]:
+    """The server's own cost (issue #26) on the null model, for each ``--workers`` count in ``settings.workers``.
 
-    For each server (the null model; the second with ``gc.freeze`` made a
-    no-op): wrk at ``concurrency`` on keep-alive against GET status and POST
-    ``:predict`` (one PNG), the server's CPU per request from
-    /proc/PID/stat, wrk's p50/p99, then ``hvdk8s loadtest`` on ``:predict``.
-    Needs ``wrk`` on PATH (Debian: ``apt-get install wrk``). Run as
-    ``python -m hvdk8s.benchmarks.serving``.
+    ``wrk`` (a C load generator, far cheaper per request than the Python
+    ``hvdk8s loadtest``) at ``wrk_concurrency`` on keep-alive against GET
+    status and POST ``:predict`` (one PNG), interleaved for ``wrk_rounds``
+    rounds; for each load the server's CPU per request (its whole process
+    tree, from /proc), the cores it used (CPU seconds over wall seconds)
+    and wrk's p50/p99; then ``hvdk8s loadtest`` on ``:predict`` beside it.
+    Without ``wrk`` on PATH (Debian: ``apt-get install wrk``) the section
+    says so and has no figures.
     """
     import base64
-    import re
     import shutil
-    import subprocess
-    import sys
 
     from hvdk8s.serving import loadtest
+    from hvdk8s.serving.process import running
 
     if not shutil.which("wrk"):
-        raise RuntimeError("wrk is not on PATH (Debian: apt-get install wrk)")
+        return {"skipped": "wrk is not on PATH (Debian: apt-get install wrk): no wrk figures in this run"}
     png = loadtest.digits_png(1)[0]
     body = json.dumps({"instances": [{"b64": base64.b64encode(png).decode()}]})
-    results: dict[str, Any] = {"concurrency": concurrency, "seconds": seconds}
-    with tempfile.TemporaryDirectory(prefix="hvdk8s-bench-wrk-") as tmp:
-        base = _export_null(Path(tmp))
-        (lua := Path(tmp) / "post.lua").write_text(
-            f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\nwrk.headers["Content-Type"] = "application/json"\n')
+    script = tmp / "predict.lua"
+    script.write_text(f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\n'
+                      'wrk.headers["Content-Type"] = "application/json"\n')
+    runs = []
+    for workers in settings.workers:
+        with running(base, tmp / f"null-workers-{workers}.log", "--workers", str(workers)) as served:
+            status_url, predict_url = f"{served.url}/v1/models/null", f"{served.url}/v1/models/null:predict"
+            for url, lua in ((status_url, None), (predict_url, script)):  # warm-up: kernels, connections
+                _wrk(url, served.pid, lua, settings.wrk_concurrency, 2.0)
+            rounds = [{"status": _wrk(status_url, served.pid, None, settings.wrk_concurrency, settings.wrk_s),
+                       "predict": _wrk(predict_url, served.pid, script, settings.wrk_concurrency, settings.wrk_s)}
+                      for _ in range(settings.wrk_rounds)]
+            load = loadtest.run(served.url, "null", concurrency=settings.wrk_concurrency, duration=settings.wrk_s,
+                                images=[png]).to_dict()
+        runs.append({"workers": workers, "rounds": rounds, "summary": _cost_summary(rounds),
+                     "loadtest_predict": {"rps": load["rps"], "latency_ms": load["latency_ms"],
+                                          "errors": load["errors"]}})
+    return {"concurrency": settings.wrk_concurrency, "seconds": settings.wrk_s, "runs": runs}
 
-        def cpu_s(pid: int) -> float:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-        def wrk(url: str, pid: int, script: Path | None, duration: float) -> dict[str, float]:
-            before = cpu_s(pid)
-            out = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{duration:g}s", "--latency",
-                                  *(["-s", str(script)] if script else []), url],
-                                 capture_output=True, text=True, check=True).stdout
-            used = cpu_s(pid) - before
-            done = int(re.search(r"(\d+) requests in", out).group(1))
-            ms = {p: float(v) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[u]
-                  for p, v, u in re.findall(r"\s(50|99)%\s+([\d.]+)(us|ms|s)", out)}
-            bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-            return {"rps": done / duration, "server_cpu_us": used / done * 1e6, "p50_ms": ms["50"],
-                    "p99_ms": ms["99"], "non_2xx": int(bad.group(1)) if bad else 0}
+def _wrk(url: str, pid: int, script: Path | None, concurrency: int, seconds: float) -> dict[str, float]:
+    """One wrk load: its requests/s and latencies, and the server process tree's CPU over it."""
+    import subprocess
 
-        for mode, prelude in (("gc.freeze", ""), ("no gc.freeze", "import gc; gc.freeze = lambda: None; ")):
-            proc = subprocess.Popen(
-                [sys.executable, "-c", prelude + "import sys; from hvdk8s.cli import main; sys.exit(main(sys.argv[1:]))",
-                 "serve", str(base), "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            try:
-                line = proc.stdout.readline()
-                url = line[line.index("http://"):].split("/v1/")[0]
-                status_url, predict_url = f"{url}/v1/models/null", f"{url}/v1/models/null:predict"
-                wrk(status_url, proc.pid, None, 2)  # warm-up
-                wrk(predict_url, proc.pid, lua, 2)
-                status, predict = wrk(status_url, proc.pid, None, seconds), wrk(predict_url, proc.pid, lua, seconds)
-                load = loadtest.run(url, "null", concurrency=concurrency, duration=seconds, images=[png]).to_dict()
-            finally:
-                proc.terminate()
-                proc.wait(timeout=30)
-            results[mode] = {
-                "wrk_status": status, "wrk_predict": predict,
-                "loadtest_predict": {"rps": load["rps"], "latency_ms": load["latency_ms"]},
-                "cpu_predict_over_status": predict["server_cpu_us"] / status["server_cpu_us"],
-                "p99_over_p50_predict": predict["p99_ms"] / predict["p50_ms"],
-                "loadtest_over_wrk_rps": load["rps"] / predict["rps"],
-            }
-    return results
+    before, start = _tree_cpu_s(pid), time.perf_counter()
+    out = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{seconds:g}s", "--latency",
+                          *(["-s", str(script)] if script else []), url],
+                         capture_output=True, text=True, check=True).stdout
+    wall, used = time.perf_counter() - start, _tree_cpu_s(pid) - before
+    parsed = parse_wrk(out)
+    if parsed["non_2xx"]:
+        raise RuntimeError(f"wrk: {parsed['non_2xx']:.0f} of {parsed['requests']:.0f} answers from {url} were not "
+                           "2xx: the server cost would be an error path's")
+    done = parsed["requests"]
+    return {**parsed, "rps": done / seconds, "server_cpu_us": used / max(done, 1) * 1e6, "cores_used": used / wall}
+
+
+def parse_wrk(text: str) -> dict[str, float]:
+    """Requests, p50/p99 (ms) and non-2xx answers from ``wrk --latency`` output."""
+    import re
+
+    done = re.search(r"(\d+) requests in", text)
+    ms = {p: float(v) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[u]
+          for p, v, u in re.findall(r"^\s+(50|99)%\s+([\d.]+)(us|ms|s)\s*$", text, re.M)}
+    if done is None or set(ms) != {"50", "99"}:
+        raise ValueError(f"unexpected wrk output (no request count or latency distribution): {text[-2000:]}")
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    return {"requests": int(done.group(1)), "p50_ms": ms["50"], "p99_ms": ms["99"],
+            "non_2xx": int(bad.group(1)) if bad else 0}
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of ``pid`` and its live descendants (the worker processes)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in (root, *root.children(recursive=True)))
+
+
+def _cost_summary(rounds: list[dict[str, dict[str, float]]]) -> dict[str, float]:
+    """Medians over the rounds (each ratio taken within its round, where status and predict ran side by side)."""
+    def median(values: list[float]) -> float:
+        return float(np.median(values))
+
+    return {
+        "status_rps": median([r["status"]["rps"] for r in rounds]),
+        "predict_rps": median([r["predict"]["rps"] for r in rounds]),
+        "status_cpu_us": median([r["status"]["server_cpu_us"] for r in rounds]),
+        "predict_cpu_us": median([r["predict"]["server_cpu_us"] for r in rounds]),
+        "predict_cores_used": median([r["predict"]["cores_used"] for r in rounds]),
+        "cpu_predict_over_status": median([r["predict"]["server_cpu_us"] / r["status"]["server_cpu_us"]
+                                           for r in rounds]),
+        "predict_p50_ms": median([r["predict"]["p50_ms"] for r in rounds]),
+        "predict_p99_ms": median([r["predict"]["p99_ms"] for r in rounds]),
+        "p99_over_p50_predict": median([r["predict"]["p99_ms"] / r["predict"]["p50_ms"] for r in rounds]),
+    }
 
 
 def _inprocess(base: Path, settings: Settings) -> dict[str, Any]:
@@ -322,7 +361,7 @@ def rss_growth_pct(samples: list[list[float]], duration_s: float) -> float | Non
     return None if early is None or late is None else 100.0 * (late - early) / early
 
 
-def _find(loads: list[dict], api: str, concurrency: int, batching: bool) -> dict | None:
+def _find(loads: list[dict], api: str, concurrency: int, batching: bool) -> dict[str, Any] | None:
     return next((r for r in loads if (r["api"], r["concurrency"], r["batching"]) == (api, concurrency, batching)),
                 None)
 
@@ -339,21 +378,29 @@ def checks(results: dict[str, Any]) -> list[dict[str, Any]]:
 
     c1 = _find(digits["loads"], "rest", 1, True)
     add("p50_ms_c1", "digits, REST, concurrency 1: p50 latency (ms), target at most",
-        c1 and c1["latency_ms"]["p50"], TARGETS["p50_ms_c1"], higher=False)
+        c1["latency_ms"]["p50"] if c1 else None, TARGETS["p50_ms_c1"], higher=False)
     trivial = _find(digits["loads"], "trivial", c_max, True)
     for name, what in (("null", "null model (the serving path without model compute)"),
                        ("digits", "digits (with the model's own compute)")):
         predict = _find(results["models"][name]["loads"], "rest", c_max, True)
         add(f"predict_vs_trivial_c32_{name}", f"{what}, REST, c={c_max}: :predict requests/s / status endpoint "
-            "requests/s", predict and trivial and predict["rps"] / trivial["rps"], TARGETS["predict_vs_trivial_c32"])
+            "requests/s", predict["rps"] / trivial["rps"] if predict and trivial else None, TARGETS["predict_vs_trivial_c32"])
     for api in ("rest", "grpc"):
         on, off = _find(heavy["loads"], api, c_max, True), _find(heavy["loads"], api, c_max, False)
         add(f"batching_vs_inprocess_b32_{api}",
             f"MobileNetV2, {api}, c={c_max}, batching on: images/s / in-process batch-32 images/s",
-            on and on["images_per_second"] / heavy["inprocess"]["batch32_images_per_s"],
+            on["images_per_second"] / heavy["inprocess"]["batch32_images_per_s"] if on else None,
             TARGETS["batching_vs_inprocess_b32"])
         add(f"batching_on_vs_off_{api}", f"MobileNetV2, {api}, c={c_max}: batching on / off images/s",
-            on and off and on["images_per_second"] / off["images_per_second"], TARGETS["batching_on_vs_off"])
+            on["images_per_second"] / off["images_per_second"] if on and off else None, TARGETS["batching_on_vs_off"])
+    one = next((r["summary"] for r in results.get("server_cost", {}).get("runs", []) if r["workers"] == 1), None)
+    if one is not None:  # no wrk, no figures: the report says so instead
+        c = results["server_cost"]["concurrency"]
+        add("server_cpu_predict_vs_status_c32", f"null model, wrk, c={c}, one worker: server CPU per :predict / per "
+            "status request, at most", one["cpu_predict_over_status"], TARGETS["server_cpu_predict_vs_status"],
+            higher=False)
+        add("p99_over_p50_c32", f"null model, wrk, c={c}, one worker: :predict p99 / p50 latency, at most",
+            one["p99_over_p50_predict"], TARGETS["p99_over_p50"], higher=False)
     soak = results["soak"]
     got = _answers(soak)
     add("soak_unexpected", f"soak, {soak['duration_s']:.0f} s of good and malformed REST requests: answers other "
@@ -408,6 +455,7 @@ def markdown(results: dict[str, Any], plot_name: str) -> str:
                   f"{r['latency_ms']['p99']:.2f}", str(r["errors"])] for r in model["loads"]],
             ),
         ]
+    lines += _cost_markdown(results.get("server_cost"))
     soak = results["soak"]
     got = _answers(soak)
     rss = [mb for _, mb in soak["rss_mb"]]
@@ -432,6 +480,45 @@ def markdown(results: dict[str, Any], plot_name: str) -> str:
     return "\n".join(lines)
 
 
+def _cost_markdown(cost: dict[str, Any] | None) -> list[str]:
+    """The server-cost section: wrk's figures per worker count, hvdk8s loadtest beside them."""
+    if cost is None:
+        return []
+    head = ["", "## Server cost: wrk beside hvdk8s loadtest (null model, keep-alive)", ""]
+    if "skipped" in cost:
+        return [*head, f"Not measured: {cost['skipped']}."]
+    rows = []
+    for run in cost["runs"]:
+        s, load = run["summary"], run["loadtest_predict"]
+        rows += [
+            [str(run["workers"]), "wrk: GET status", report.num(s["status_rps"]), f"{s['status_cpu_us']:.0f}", "",
+             "", "", ""],
+            [str(run["workers"]), "wrk: POST :predict", report.num(s["predict_rps"]), f"{s['predict_cpu_us']:.0f}",
+             f"{s['predict_cores_used']:.2f}", f"{s['predict_p50_ms']:.2f}", f"{s['predict_p99_ms']:.2f}",
+             f"{s['p99_over_p50_predict']:.1f}"],
+            [str(run["workers"]), "hvdk8s loadtest: :predict", report.num(load["rps"]), "", "",
+             f"{load['latency_ms']['p50']:.2f}", f"{load['latency_ms']['p99']:.2f}",
+             f"{load['latency_ms']['p99'] / load['latency_ms']['p50']:.1f}"],
+        ]
+    runs = {run["workers"]: run["summary"] for run in cost["runs"]}
+    scaling = "; ".join(f"{w} worker(s): {report.num(s['predict_rps'])} :predict/s on {s['predict_cores_used']:.2f} "
+                        f"cores ({report.num(s['predict_rps'] / s['predict_cores_used'])} per core)"
+                        for w, s in runs.items())
+    return [
+        *head,
+        f"Concurrency {cost['concurrency']}, {cost['seconds']:g} s per load, status and :predict loads interleaved "
+        f"({len(cost['runs'][0]['rounds'])} rounds, medians shown; ratios taken within each round). Server CPU is "
+        "the `hvdk8s serve` process tree's (all workers) from /proc, per request answered; cores used is that "
+        "CPU over the load's wall time. wrk is a C load generator: its own cost per request is a small fraction "
+        "of `hvdk8s loadtest`'s, so its rates show the server's limit more nearly.",
+        "",
+        report.table(["workers", "load", "requests/s", "server CPU µs/request", "cores used", "p50 ms", "p99 ms",
+                      "p99/p50"], rows),
+        "",
+        f"Throughput at concurrency {cost['concurrency']} against cores used: {scaling}.",
+    ]
+
+
 def _by_threads(inproc: dict[str, Any]) -> str:
     """Each rate's source: the faster of TensorFlow's own intra-op threads (0) and the server's setting."""
     settings = inproc.get("by_intra_op_threads")
@@ -443,11 +530,31 @@ def _by_threads(inproc: dict[str, Any]) -> str:
     return f" (the faster of each, batch 1 / batch 32, {shown})"
 
 
+def _plot_cost(ax: Any, runs: list[dict[str, Any]]) -> None:
+    """wrk requests/s by worker count (status and :predict), each point labelled with the cores it used."""
+    workers = [r["workers"] for r in runs]
+    for key, label, style in (("status", "wrk: GET status", "x:"), ("predict", "wrk: POST :predict", "o-")):
+        rates = [r["summary"][f"{key}_rps"] for r in runs]
+        ax.plot(workers, rates, style, label=label)
+    for r in runs:
+        ax.annotate(f"{r['summary']['predict_cores_used']:.2f} cores", (r["workers"], r["summary"]["predict_rps"]),
+                    fontsize=7, textcoords="offset points", xytext=(4, -10))
+    ax.plot(workers, [r["loadtest_predict"]["rps"] for r in runs], "s--", label="hvdk8s loadtest: :predict")
+    ax.set_xticks(workers)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("hvdk8s serve --workers")
+    ax.set_ylabel("requests/s")
+    ax.set_title("server cost: null model, c=32")
+    ax.legend(fontsize=7)
+
+
 def plot(results: dict[str, Any], path: Path) -> None:
     """Images/s by concurrency per model, API and batching, with the in-process rates as lines; the soak's RSS."""
     plt = report._plt()
     models = results["models"]
-    fig, axes = plt.subplots(1, len(models) + 1, figsize=(6 * len(models) + 5, 4.2))
+    cost = results.get("server_cost", {}).get("runs")
+    panels = len(models) + 1 + bool(cost)
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.2))
     for ax, (name, model) in zip(axes, models.items()):
         for (api, batching), style in {("rest", True): "o-", ("rest", False): "o--", ("grpc", True): "s-",
                                        ("grpc", False): "s--", ("trivial", True): "x:"}.items():
@@ -465,10 +572,12 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("requests/s = images/s")
         ax.set_title(name)
         ax.legend(fontsize=7)
+    if cost:
+        _plot_cost(axes[len(models)], cost)
     soak, ax = results["soak"], axes[-1]
     ax.plot([t for t, _ in soak["rss_mb"]], [mb for _, mb in soak["rss_mb"]], ".-")
     fifth = results["settings"]["soak_s"] / 5
-    for lo, label in ((fifth, "compared"), (4 * fifth, None)):
+    for lo, label in ((fifth, "compared"), (4 * fifth, "_nolegend_")):
         ax.axvspan(lo, lo + fifth, color="grey", alpha=0.2, label=label)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("seconds into the soak")
@@ -479,6 +588,3 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=80)
     plt.close(fig)
 
-
-if __name__ == "__main__":
-    print(json.dumps(wrk_study(), indent=1))

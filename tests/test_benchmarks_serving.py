@@ -1,12 +1,40 @@
 """``hvdk8s bench --serving`` report logic (benchmarks/serving.py) on a synthetic result: ratios, Markdown, plot."""
 from __future__ import annotations
 
+import pytest
+
 from hvdk8s.benchmarks import serving
+
+# wrk 4.1's output (Debian's wrk) for a load whose every answer was a 404
+WRK_OUTPUT = """Running 1s test @ http://127.0.0.1:18999/nonexistent
+  1 threads and 2 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     1.50ms    1.78ms  13.22ms   85.50%
+    Req/Sec     1.81k   200.41     2.23k    70.00%
+  Latency Distribution
+     50%  625.00us
+     75%    2.17ms
+     90%    3.89ms
+     99%    8.35ms
+  1806 requests in 1.00s, 0.90MB read
+  Non-2xx or 3xx responses: 1806
+Requests/sec:   1804.02
+Transfer/sec:      0.89MB
+"""
 
 
 def load(api: str, c: int, batching: bool, rps: float, p50: float = 1.0) -> dict:
     return {"api": api, "concurrency": c, "batching": batching, "rps": rps, "images_per_second": rps, "errors": 0,
             "latency_ms": {"p50": p50, "p90": p50, "p99": 2 * p50, "max": 3 * p50}}
+
+
+def cost_run(workers: int, rps: float, predict_us: float, status_rps: float, p50: float, p99: float) -> dict:
+    """One worker count's wrk rounds: status at 40 µs per request, :predict at ``predict_us`` (two rounds)."""
+    status = {"rps": status_rps, "server_cpu_us": 40.0, "p50_ms": 1.0, "p99_ms": 2.0, "cores_used": 0.9}
+    predict = {"rps": rps, "server_cpu_us": predict_us, "p50_ms": p50, "p99_ms": p99, "cores_used": 0.95 * workers}
+    rounds = [{"status": status, "predict": predict}] * 2
+    return {"workers": workers, "rounds": rounds, "summary": serving._cost_summary(rounds),
+            "loadtest_predict": {"rps": rps / 2, "latency_ms": {"p50": 2 * p50, "p99": 4 * p50}, "errors": 0}}
 
 
 def results() -> dict:
@@ -26,6 +54,8 @@ def results() -> dict:
             "null": {"description": "null", "inprocess": {"batch1_images_per_s": 2000, "batch32_images_per_s": 20000},
                      "loads": [load("rest", 32, True, 950)]},
         },
+        "server_cost": {"concurrency": 32, "seconds": 5.0, "runs": [cost_run(1, 4000, 100.0, 1000.0, 3.0, 21.0),
+                                                                     cost_run(2, 7000, 110.0, 1000.0, 2.5, 10.0)]},
         # 1,000 requests, one malformed one answered 500 instead of 400; 9 clients' worth of connections for 8
         "soak": {"duration_s": 100.0, "requests": 1000, "ok": 500, "errors_by_status": {"400": 499, "500": 1},
                  "expected": {"ok": 500, "400": 500}, "concurrency": 8, "connections": 9, "rps": 10.0,
@@ -49,6 +79,8 @@ def test_checks_are_the_issue_targets_as_ratios_of_one_run(tmp_path):
         "soak_unexpected": (1.0, False),
         "soak_reconnects": (1, False),
         "soak_rss_growth_pct": (3.0, True),
+        "server_cpu_predict_vs_status_c32": (2.5, False),  # the one-worker run: 100 / 40 µs
+        "p99_over_p50_c32": (7.0, False),
     }
     data["checks"] = serving.checks(data)
     paths = serving.write(data, tmp_path)
@@ -57,4 +89,25 @@ def test_checks_are_the_issue_targets_as_ratios_of_one_run(tmp_path):
             "| 0.8 | 0.7 | yes |") in text
     assert "| REST status (no model) | on | 32 | 1,000 |" in text
     assert "| 500 | 0 | 1 |" in text and "first 90 MB, min 90, max 103, last 103 MB" in text
+    assert "| 1 | wrk: POST :predict | 4,000 | 100 | 0.95 | 3.00 | 21.00 | 7.0 |" in text
+    assert "| 2 | hvdk8s loadtest: :predict | 3,500 |  |  | 5.00 | 10.00 | 2.0 |" in text
+    assert ("1 worker(s): 4,000 :predict/s on 0.95 cores (4,211 per core); 2 worker(s): 7,000 :predict/s on 1.90 "
+            "cores (3,684 per core)") in text
     assert paths["plot"].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_without_wrk_the_report_says_so_and_has_no_wrk_checks(tmp_path):
+    data = results()
+    data["server_cost"] = {"skipped": "wrk is not on PATH (Debian: apt-get install wrk): no wrk figures in this run"}
+    data["checks"] = serving.checks(data)
+    assert not {"server_cpu_predict_vs_status_c32", "p99_over_p50_c32"} & {c["name"] for c in data["checks"]}
+    text = serving.write(data, tmp_path)["markdown"].read_text()
+    assert "Not measured: wrk is not on PATH (Debian: apt-get install wrk): no wrk figures in this run." in text
+
+
+def test_wrk_output_is_read_as_requests_latencies_and_bad_answers():
+    assert serving.parse_wrk(WRK_OUTPUT) == {"requests": 1806, "p50_ms": 0.625, "p99_ms": 8.35, "non_2xx": 1806}
+    # latencies of a second and more are printed in seconds, padded to the width of "ms"
+    assert serving.parse_wrk(WRK_OUTPUT.replace("99%    8.35ms", "99%    1.19s "))["p99_ms"] == 1190.0
+    with pytest.raises(ValueError, match="unexpected wrk output"):
+        serving.parse_wrk(WRK_OUTPUT.replace("Latency Distribution", "").replace("     99%    8.35ms\n", ""))
