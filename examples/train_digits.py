@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 import hvdk8s
+from hvdk8s.checkpoint import load_latest
 
 hvdk8s.init()
 
@@ -47,7 +48,12 @@ def main() -> None:
     optimizer = hvdk8s.DistributedOptimizer(keras.optimizers.SGD(args.lr * hvdk8s.size(), momentum=0.9))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
-    initial_epoch = hvdk8s.restore_latest(model, args.checkpoint_dir) if args.checkpoint_dir else 0
+    if args.elastic:
+        # A worker may join the running job here, so no collective: the elastic loop's first sync brings every
+        # rank to rank 0's weights and epoch (restore_latest's broadcast would meet the running ranks' sync).
+        initial_epoch = load_latest(model, args.checkpoint_dir) if args.checkpoint_dir and hvdk8s.is_chief() else 0
+    else:
+        initial_epoch = hvdk8s.restore_latest(model, args.checkpoint_dir) if args.checkpoint_dir else 0
 
     def fit(initial_epoch: int, epochs: int, extra: list[keras.callbacks.Callback]) -> None:
         # Built per call: after an elastic reset rank and size have changed.

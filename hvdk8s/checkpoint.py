@@ -101,17 +101,28 @@ def restore_latest(model: keras.Model, directory: str | os.PathLike[str]) -> int
     model must be compiled so its optimizer state can be restored. Rank 0
     first removes the temporaries that killed writes left behind.
     """
-    epoch = 0
-    if runtime.is_chief():
-        remove_stale_temporaries(directory)
-        checkpoints = list_checkpoints(directory)
-        if checkpoints:
-            epoch, path = checkpoints[-1]
-            if model.optimizer is not None and not model.optimizer.built:
-                model.optimizer.build(model.trainable_variables)
-            model.load_weights(path)
-            print(f"hvdk8s: resumed from {path} (epoch {epoch})", flush=True)
+    epoch = load_latest(model, directory) if runtime.is_chief() else 0
     return int(collectives.broadcast_object(epoch, name="hvdk8s.resume_epoch"))
+
+
+def load_latest(model: keras.Model, directory: str | os.PathLike[str]) -> int:
+    """Load the newest checkpoint into ``model`` in this process alone; return its epoch (0: none yet).
+
+    No collective: an elastic job's rank 0 calls it where a worker joining the
+    running job would otherwise meet it with the running ranks' state sync
+    (``KerasState.sync`` then brings every rank to rank 0's weights and epoch).
+    Stale temporaries are removed first.
+    """
+    remove_stale_temporaries(directory)
+    checkpoints = list_checkpoints(directory)
+    if not checkpoints:
+        return 0
+    epoch, path = checkpoints[-1]
+    if model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    model.load_weights(path)
+    print(f"hvdk8s: resumed from {path} (epoch {epoch})", flush=True)
+    return epoch
 
 
 class Checkpoint(keras.callbacks.Callback):

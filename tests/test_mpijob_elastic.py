@@ -12,20 +12,24 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shlex
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_mpijob import EXAMPLES, REPO, launcher
 
+from hvdk8s.benchmarks import chaos_netns, netns
 from hvdk8s.cluster import kube
-from hvdk8s.cluster.client import connect
+from hvdk8s.cluster.client import Cluster, connect
 from hvdk8s.mpijob import load_spec, render
 
 from controllers import mpi_operator
@@ -34,6 +38,7 @@ from kube_double import KubeDouble
 NAMESPACE, JOB = "team-a", "digits-elastic"
 WORKERS = [f"{JOB}-worker-{i}" for i in range(3)]
 ADDRESS = {name: f"127.0.0.{10 + i}" for i, name in enumerate(WORKERS)}
+TAG = r"\[\d+\]<std(?:out|err)>:"  # horovodrun's prefix of a worker's lines: its process index, not its rank
 
 
 def test_the_elastic_example_runs_the_elastic_script_with_flags_it_takes(monkeypatch: pytest.MonkeyPatch):
@@ -53,6 +58,15 @@ def discovery_command() -> list[str]:
     command = launcher(render(load_spec(EXAMPLES / "elastic.yaml")))["command"]
     assert command[:4] == ["horovodrun", "--blacklist-cooldown-range", "10", "300"]  # a re-created pod may rejoin
     return shlex.split(command[command.index("--host-discovery-script") + 1])
+
+
+def operator_writes_discover_hosts(cluster: Cluster, manifest: dict[str, Any], script: Path) -> None:
+    """updateDiscoverHostsInConfigMap from the API's Running worker pods."""
+    pods = kube.job_pods(cluster, NAMESPACE, JOB)
+    running = [p["metadata"]["name"] for p in pods if p["status"]["phase"] == "Running"
+               and p["metadata"]["labels"]["training.kubeflow.org/job-role"] == "worker"]
+    script.write_text(mpi_operator.discover_hosts(manifest, running))
+    script.chmod(0o755)
 
 
 @contextmanager
@@ -86,12 +100,7 @@ def test_discovery_offers_ready_workers_survives_a_deleted_pod_and_takes_its_rep
         cluster = connect(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
 
         def operator_syncs() -> None:
-            """updateDiscoverHostsInConfigMap from the API's Running worker pods."""
-            pods = kube.job_pods(cluster, NAMESPACE, JOB)
-            running = [p["metadata"]["name"] for p in pods if p["status"]["phase"] == "Running"
-                       and p["metadata"]["labels"]["training.kubeflow.org/job-role"] == "worker"]
-            script.write_text(mpi_operator.discover_hosts(manifest, running))
-            script.chmod(0o755)
+            operator_writes_discover_hosts(cluster, manifest, script)
 
         def offered() -> list[str]:
             """What Horovod's driver gets from the rendered discovery command, run as in the launcher pod."""
@@ -137,3 +146,94 @@ def test_discovery_offers_ready_workers_survives_a_deleted_pod_and_takes_its_rep
             assert offered() == WORKERS[:2]
             sshd_up(WORKERS[2])
             assert offered() == WORKERS
+
+
+def pods_command(command: list[str], script: Path, checkpoints: Path) -> list[str]:
+    """The rendered launcher command as this machine runs it: our Python and script, files in the test's folder.
+
+    Horovod's blacklist cooldown (10-300 s rendered) is cut to 1-2 s so the replacement rejoins within the test.
+    """
+    assert command[:4] == ["horovodrun", "--blacklist-cooldown-range", "10", "300"]
+    here = {"python": sys.executable, "/app/examples/train_digits.py": str(REPO / "examples" / "train_digits.py"),
+              "/etc/mpi/discover_hosts.sh": str(script), "/shared/digits-elastic": str(checkpoints)}
+    discovery = command.index("--host-discovery-script") + 1
+    command = [*command[:2], "1", "2", *command[4:]]
+    command[discovery] = " ".join(here.get(word, word) for word in command[discovery].split())
+    epochs = command.index("--epochs") + 1
+    assert command[epochs] == "20"
+    return [here.get(word, word) for word in command]
+
+
+def test_a_deleted_worker_pods_replacement_joins_the_running_job(tmp_path: Path) -> None:
+    """#28 on Kubernetes, with real training: the rendered elastic launcher command runs on a namespace host,
+    its workers on namespace hosts (own address, host name and sshd on 2222) that the API's worker pods stand
+    for. worker-1's pod is deleted mid-training and its host killed and cut off; the operator re-creates the
+    pod, a new host with a new address behind the same DNS name, and it joins the running job.
+
+    The replacement's namespace is built with the others but stays dark (no sshd, link down) until its pod
+    is created. Pod DNS is the launcher host's /etc/hosts, rewritten as the cluster DNS would answer.
+    """
+    if reason := chaos_netns.unavailable():
+        pytest.skip(f"needs network-namespace hosts: {reason}")
+    manifest = render(load_spec(EXAMPLES / "elastic.yaml"))
+    manifest["metadata"]["namespace"] = NAMESPACE
+    container = launcher(manifest)
+    script = tmp_path / "discover_hosts.sh"  # the operator's ConfigMap, mounted at /etc/mpi
+    command = pods_command(container["command"], script, tmp_path / "checkpoints")
+    launcher_name = f"{JOB}-launcher"
+    names = [launcher_name, WORKERS[0], WORKERS[1], WORKERS[1]]  # the last: worker-1's replacement
+    with KubeDouble() as api, chaos_netns.cluster(3, tmp_path / "hosts", port=2222, hostnames=names,
+                                                   prefix="hvk8sel-") as hosts:
+        cluster = connect(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+        worker_0, worker_1, replacement = hosts.workers
+
+        def dns(pods: dict[str, netns.Host]) -> None:
+            """The launcher's view of pod DNS: each worker pod's name at its host's address."""
+            hosts.hosts_file(hosts.driver).write_text(f"127.0.0.1 localhost\n{hosts.driver.ip} {launcher_name}\n" + "".join(
+                f"{host.ip} {name}.{JOB}.{NAMESPACE}.svc {name}\n" for name, host in pods.items()))
+
+        hosts.kill_host(replacement)  # not created yet
+        hosts.cut_link(replacement)
+        for name in WORKERS[:2]:
+            api.put_worker(NAMESPACE, JOB, name)
+        dns({WORKERS[0]: worker_0, WORKERS[1]: worker_1})
+        operator_writes_discover_hosts(cluster, manifest, script)
+        env = {
+            "PATH": f"{hosts.ssh_path}:{Path(sys.executable).parent}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": "/root", **{e["name"]: e["value"] for e in container["env"]},
+            "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        }
+        lines: list[str] = []
+        deleted = replaced = False
+        with subprocess.Popen(hosts.driver_argv(command), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) as job:
+            watchdog = threading.Timer(300, job.kill)
+            watchdog.start()
+            assert job.stdout is not None
+            for line in job.stdout:
+                lines.append(line)
+                if not deleted and re.match(rf"{TAG}Epoch 1/20: 100%", line):
+                    # worker-1's pod is deleted (drain, spot reclaim): its host goes, with everything on it
+                    api.delete_pod(NAMESPACE, WORKERS[1])
+                    hosts.kill_host(worker_1)
+                    hosts.cut_link(worker_1)
+                    operator_writes_discover_hosts(cluster, manifest, script)
+                    deleted = True
+                elif deleted and not replaced and "elastic: training on 1 ranks" in line:
+                    # The operator re-creates it under its name: a new pod, a new address behind the name.
+                    hosts.restore(replacement)
+                    api.put_worker(NAMESPACE, JOB, WORKERS[1])
+                    dns({WORKERS[0]: worker_0, WORKERS[1]: replacement})
+                    operator_writes_discover_hosts(cluster, manifest, script)
+                    replaced = True
+            job.wait()
+            watchdog.cancel()
+    out = "".join(lines)
+    assert job.returncode == 0 and replaced, out[-4000:]
+    starts = re.findall(rf"^{TAG}elastic: training on (\d) ranks from epoch (\d+)", out, re.M)
+    # 2 ranks; 1 after the deletion; 2 again once the replacement (the only host behind worker-1's name that
+    # is up: the old one is dead and cut off) has joined
+    sizes = [int(size) for size, _ in starts]
+    assert sizes[:2] == [2, 1] and 2 in sizes[2:], out[-4000:]
+    accuracy = float(re.search(r"test accuracy (\d\.\d+)", out).group(1))
+    assert accuracy >= 0.9
