@@ -41,7 +41,7 @@ from typing import Any
 from hvdk8s import atomic
 from hvdk8s.errors import UserError
 
-from . import chaos_netns
+from . import chaos_netns, envinfo
 
 WORKER = Path(__file__).with_name("chaos_worker.py")
 LOCAL_HOSTS = ("localhost", "127.0.0.1")
@@ -320,8 +320,11 @@ def write(outcomes: list[Outcome], baseline_accuracy: float, meta: dict[str, Any
     results = {"meta": meta, "undisturbed_accuracy": baseline_accuracy,
                "runs": [{**asdict(o), "survived": o.survived} for o in outcomes]}
     paths = {"results": atomic.write_json(out / "results.json", results)}
+    load = meta["load_average"]
     text = (f"# Chaos: {len(outcomes)} random faults\n\n`{' '.join(meta['command'])}` (seed {meta['seed']}, "
-            f"{meta['wall_s']:.0f} s). Hosts: {meta['hosts']}. Undisturbed run: accuracy {baseline_accuracy:.3f}."
+            f"{meta['wall_s']:.0f} s, {meta['date']}, commit {(meta['git'].get('commit') or '?')[:7]}; load average "
+            f"{load['start'][0]} at the start, {load['end'][0]} at the end). Hosts: {meta['hosts']}. "
+            f"Undisturbed run: accuracy {baseline_accuracy:.3f}."
             f"\n\n{by_kind(outcomes, baseline_accuracy)}\n{table(outcomes)}")
     paths["markdown"] = atomic.write_text(out / "chaos.md", text)
     plot(outcomes, out / "chaos.png")
@@ -336,7 +339,8 @@ def main(count: int, seed: int, out: Path, command: list[str]) -> int:
     said loudly, on this machine's two names with SIGSTOP standing in for a cut
     link. The output of a run that failed is kept as ``run-K.log`` beside the report.
     """
-    start = time.monotonic()
+    start, load_before = time.monotonic(), envinfo.load_average()
+    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     with tempfile.TemporaryDirectory(prefix="hvdk8s-chaos-") as scratch, ExitStack() as stack:
         if reason := chaos_netns.unavailable():
             where, kinds, hosts = f"FALLBACK to this machine's two names, SIGSTOP for a cut link ({reason})", LOCAL_KINDS, None
@@ -353,7 +357,8 @@ def main(count: int, seed: int, out: Path, command: list[str]) -> int:
             if not outcomes[-1].survived:
                 atomic.write_text(out / f"run-{i}.log", (Path(scratch) / f"run-{i}" / "output.log").read_text())
             print(f"[chaos {i}/{count}] {outcomes[-1].reason or 'survived'}", flush=True)
-    meta = {"command": command, "seed": seed, "wall_s": time.monotonic() - start, "hosts": where}
+    meta = {"command": command, "seed": seed, "wall_s": time.monotonic() - start, "hosts": where, "date": date,
+            "git": envinfo.git_commit(), "load_average": {"start": load_before, "end": envinfo.load_average()}}
     paths = write(outcomes, baseline, meta, out)
     print(by_kind(outcomes, baseline), end="")
     print(table(outcomes), end="")

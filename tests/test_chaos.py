@@ -67,3 +67,17 @@ def test_outcome_counts_lost_steps_and_names_every_problem() -> None:
         "did not finish (exit 1); no restart after the fault; the lost host never rejoined"
     )
     assert "0/1 runs survived; 4 committed steps lost in all." in chaos.table([chaos.outcome(fault, 0, broken, 12.0, 0.97, 1)])
+
+
+def test_by_kind_sums_each_fault_kind() -> None:
+    def run(fault: str, recover: float | None, accuracy: float | None, reason: str = "") -> chaos.Outcome:
+        return chaos.Outcome(fault, not reason, 0 if recover else None, recover, 1, not reason, accuracy, 0, 60.0, reason)
+
+    outcomes = [run("cut:step:3", 30.4, 0.961), run("kill:commit:9", 0.3, 0.972), run("cut:checkpoint:40", 31.0, 0.95),
+                run("kill:step:5", None, None, "did not finish (exit 1)")]
+    assert chaos.by_kind(outcomes, 0.969).splitlines() == [
+        "| fault kind | survived | committed steps lost | recover (s) | host re-added | accuracy (undisturbed 0.969) |",
+        "|---|---|---|---|---|---|",
+        "| cut | 2/2 | 0 | 30.4-31.0 | 2/2 | 0.950-0.961 |",
+        "| kill | 1/2 | 0 | 0.3 | 1/2 | 0.972 |",
+    ]
