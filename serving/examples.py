@@ -96,7 +96,9 @@ def classifications(outputs: Mapping[str, np.ndarray], num_examples: int) -> lis
     if classes is not None and scores is not None and classes.shape[1] != scores.shape[1]:
         raise rest.invalid("Tensors class and score should match in dim_size(1). "
                            f"Got {classes.shape[1]} vs. {scores.shape[1]}")
-    width = (classes if classes is not None else scores).shape[1]
+    present = classes if classes is not None else scores
+    assert present is not None  # check_signature refused a classification signature with neither output
+    width = present.shape[1]
     return [
         [(_label(classes[i, c]) if classes is not None else "",
           float(scores[i, c]) if scores is not None else 0.0) for c in range(width)]

@@ -76,7 +76,7 @@ def create_server(
 
 def channel_arguments(text: str) -> list[tuple[str, int | str]]:
     """``--grpc_channel_arguments`` as TF Serving parses it: ``key=value`` pairs, comma-separated, int where one parses."""
-    pairs = []
+    pairs: list[tuple[str, int | str]] = []
     for item in filter(None, text.split(",")):
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -295,7 +295,8 @@ class _ProfilerProxy(grpc.GenericRpcHandler):
             return None
         method = details.method
 
-        def relay(request: bytes, context: grpc.ServicerContext) -> bytes:
+        def relay(request: bytes, context: grpc.ServicerContext) -> bytes:  # type: ignore[return]
+            # (grpc's stubs type ServicerContext.abort as returning None; it raises)
             try:
                 return self._target().unary_unary(method)(request, timeout=context.time_remaining())
             except grpc.RpcError as err:

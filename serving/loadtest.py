@@ -141,7 +141,7 @@ def digits_png(count: int = 16) -> list[bytes]:
     images = load_digits().images[:count]
     out = []
     for pixels in images:
-        image = Image.fromarray(np.round(pixels * 255 / 16).astype(np.uint8)).resize((28, 28), Image.BILINEAR)
+        image = Image.fromarray(np.round(pixels * 255 / 16).astype(np.uint8)).resize((28, 28), Image.Resampling.BILINEAR)
         buf = io.BytesIO()
         image.save(buf, "PNG")
         out.append(buf.getvalue())
@@ -337,7 +337,7 @@ def plot(result: LoadResult, path: str | os.PathLike[str]) -> None:
     values = result.latencies_ms
     if len(values):
         low, high = max(values.min(), 1e-3), max(values.max(), values.min() * 1.01, 1e-3 * 1.01)
-        ax.hist(values, bins=np.geomspace(low, high, 50), color="tab:blue", alpha=0.8)
+        ax.hist(values, bins=np.geomspace(low, high, 50).tolist(), color="tab:blue", alpha=0.8)
         ax.set_xscale("log")
         for name, style in (("p50", "-"), ("p90", "--"), ("p99", ":")):
             ax.axvline(lat[name], color="black", linestyle=style, label=f"{name} {lat[name]:.2f} ms")

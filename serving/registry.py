@@ -77,12 +77,13 @@ class Models:
             raise ValueError(f"model config: model {duplicates[0]!r} is configured more than once")
         with self._lock:
             current = self._repositories
-            repositories = {}
+            repositories: dict[str, ModelRepository] = {}
             for c in configs:
                 old = current.get(c.name)
-                same = old is not None and old.base_path == c.base_path and old.policy == c.policy
-                repositories[c.name] = old if same else ModelRepository(c.base_path, c.name, loader=self._loader,
-                                                                         policy=c.policy)
+                if old is not None and old.base_path == c.base_path and old.policy == c.policy:
+                    repositories[c.name] = old
+                else:
+                    repositories[c.name] = ModelRepository(c.base_path, c.name, loader=self._loader, policy=c.policy)
             self._repositories = repositories
             self._labels = {c.name: dict(c.labels) for c in configs}
         for name in sorted(set(current) - set(repositories)):

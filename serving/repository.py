@@ -53,8 +53,10 @@ def image_check() -> tuple[str, Callable[[bytes], bool]] | None:
         match = _UNKNOWN_FORMAT.search(str(err.message))
     else:
         return None
-    names = match.group(1).split(", ") if match else []
-    if not names or any(name not in IMAGE_SIGNATURES for name in names):
+    if match is None:
+        return None
+    names = match.group(1).split(", ")
+    if any(name not in IMAGE_SIGNATURES for name in names):
         return None
     tests = [IMAGE_SIGNATURES[name] for name in names]
     return match.group(0), lambda data: any(test(data) for test in tests)
@@ -89,8 +91,10 @@ class Servable:
         fail inside TensorFlow.
         """
         name = self.image_inputs.get(signature)
-        known = image_check() if name in arrays else None
-        for data in arrays[name].ravel() if name in arrays else ():
+        if name is None or name not in arrays:
+            return
+        known = image_check()
+        for data in arrays[name].ravel():
             if not data:
                 raise rest.invalid("Input is empty.")
             if known and not known[1](data):
