@@ -8,8 +8,11 @@ The examples are run unchanged apart from ``hvdk8s migrate``; this module change
   RGB images in 10 classes through ``ImageDataGenerator.flow``, so an example's augmentation and
   ``preprocess_input`` still run: ``HVDK8S_EXAMPLE_IMAGES`` images (64 unless set) for a directory whose path
   contains "train", half as many from the held-out digits for any other. Nothing is read from ``~/imagenet``.
-- ``keras.applications.resnet50.ResNet50`` builds the real ResNet-50 for those 32x32 inputs and 10 classes unless
-  the caller names ``input_shape``/``classes`` (the ImageNet examples call ``ResNet50(weights=None)``).
+- ``keras.applications.resnet50.ResNet50`` builds Keras's ResNet from ResNet-50's own bottleneck blocks, one per
+  stage instead of 3, 4, 6 and 3, for those 32x32 inputs and 10 classes unless the caller names
+  ``input_shape``/``classes`` (the ImageNet examples call ``ResNet50(weights=None)``): the same layer types
+  (Conv2D, BatchNormalization, Add) for an example's regularizer and BatchNormalization edits, ``from_config``
+  and ``load_model``, at about a third of the tracing time and checkpoint size.
 - ``Model.fit`` caps ``epochs``, ``steps_per_epoch`` and ``validation_steps`` (keyword arguments) at
   ``HVDK8S_EXAMPLE_MAX_EPOCHS`` / ``HVDK8S_EXAMPLE_MAX_STEPS`` when set, so 24-epoch examples fit a test budget.
 - With ``HVDK8S_EXAMPLE_HOLD_FOR_RANKS=N``, a ``fit`` of more than one epoch (an example's training, not its
@@ -118,12 +121,16 @@ def _patch_image(module: ModuleType) -> None:
 
 
 def _patch_resnet(module: ModuleType) -> None:
-    resnet50 = module.ResNet50
+    def stages(x: Any) -> Any:  # ResNet50's stack_fn (keras/src/applications/resnet.py) with 1 block per stage
+        x = module.stack_residual_blocks_v1(x, 64, 1, stride1=1, name="conv2")
+        for filters, name in ((128, "conv3"), (256, "conv4"), (512, "conv5")):
+            x = module.stack_residual_blocks_v1(x, filters, 1, name=name)
+        return x
 
-    def ResNet50(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 (Keras's name)
+    def ResNet50(*args: Any, **kwargs: Any) -> Any:  # noqa: N802 (Keras's name; ResNet's arguments follow in its order)
         kwargs.setdefault("input_shape", (32, 32, 3))
         kwargs.setdefault("classes", 10)
-        return resnet50(*args, **kwargs)
+        return module.ResNet(stages, False, True, *args, **kwargs)  # stack_fn, preact, use_bias as ResNet50's
 
     module.ResNet50 = ResNet50
 
