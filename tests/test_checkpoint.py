@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 import keras
@@ -53,24 +55,29 @@ def test_listing_ignores_temporaries_and_other_files(tmp_path: Path) -> None:
     assert checkpoint.list_checkpoints(tmp_path / "missing") == []
 
 
-WRITER = (  # a checkpoint write in progress: its temporary, named as save_atomic names it, half written
-    "import sys, time\nfrom pathlib import Path\nfrom hvdk8s import checkpoint\n"
-    "tmp = checkpoint.temporary_path(Path(sys.argv[1]))\ntmp.write_bytes(b'half a zip')\n"
-    "print(tmp.name, flush=True)\ntime.sleep(300)\n"
-)
+def _write_half(final: Path, names: Connection) -> None:
+    """A checkpoint write in progress: its temporary, named as save_atomic names it, half written."""
+    tmp = checkpoint.temporary_path(final)
+    tmp.write_bytes(b"half a zip")
+    names.send(tmp.name)
+    time.sleep(300)
 
 
-def writer(final: Path) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(final)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    return proc, proc.stdout.readline().strip()
+def writer(final: Path) -> tuple[multiprocessing.process.BaseProcess, str]:
+    """A writer process, forked from this one: its own pid, and no second Keras import."""
+    fork = multiprocessing.get_context("fork")
+    names, child_end = fork.Pipe(duplex=False)
+    proc = fork.Process(target=_write_half, args=(final, child_end), daemon=True)
+    proc.start()
+    assert names.poll(60), "the writer named no temporary"
+    return proc, names.recv()
 
 
 def killed_writer(final: Path) -> str:
     """The temporary a writer SIGKILLed mid-write leaves behind."""
     proc, name = writer(final)
     proc.kill()
-    proc.wait()
+    proc.join()
     return name
 
 
@@ -91,7 +98,7 @@ def test_only_stale_temporaries_are_removed(tmp_path: Path) -> None:
             [live_name, ".tmp-other-pod-77-ckpt-0003.keras", "ckpt-0001.keras", ".tmp-1-model.keras"])
     finally:
         live.kill()
-        live.wait()
+        live.join()
 
 
 def kill_session(sid: int) -> None:
