@@ -91,7 +91,8 @@ def run(settings: Settings, command: list[str]) -> dict[str, Any]:
 
     from hvdk8s.serving.process import running
 
-    results: dict[str, Any] = {"env": envinfo.collect(command), "settings": asdict(settings), "models": {}}
+    results: dict[str, Any] = {"env": envinfo.collect(command), "settings": asdict(settings), "models": {},
+                               "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     with tempfile.TemporaryDirectory(prefix="hvdk8s-bench-serving-") as tmp:
         models = _export_models(Path(tmp), settings)
         loads = sum(len(apis) for plan in PLAN.values() for apis in plan.values()) * len(settings.concurrencies)
@@ -177,7 +178,7 @@ def server_cost(base: Path, tmp: Path, settings: Settings) -> dict[str, Any]:
     script = tmp / "predict.lua"
     script.write_text(f'wrk.method = "POST"\nwrk.body = {json.dumps(body)}\n'
                       'wrk.headers["Content-Type"] = "application/json"\n')
-    runs = []
+    runs, load_average = [], envinfo.load_average()
     for workers in settings.workers:
         with running(base, tmp / f"null-workers-{workers}.log", "--workers", str(workers)) as served:
             status_url, predict_url = f"{served.url}/v1/models/null", f"{served.url}/v1/models/null:predict"
@@ -191,7 +192,8 @@ def server_cost(base: Path, tmp: Path, settings: Settings) -> dict[str, Any]:
         runs.append({"workers": workers, "rounds": rounds, "summary": _cost_summary(rounds),
                      "loadtest_predict": {"rps": load["rps"], "latency_ms": load["latency_ms"],
                                           "errors": load["errors"]}})
-    return {"concurrency": settings.wrk_concurrency, "seconds": settings.wrk_s, "runs": runs}
+    return {"concurrency": settings.wrk_concurrency, "seconds": settings.wrk_s, "runs": runs,
+            "load_average": [load_average, envinfo.load_average()]}
 
 
 def _wrk(url: str, pid: int, script: Path | None, concurrency: int, seconds: float) -> dict[str, float]:
@@ -428,7 +430,8 @@ def markdown(results: dict[str, Any], plot_name: str) -> str:
     lines = [
         "# hvdk8s serving benchmark",
         "",
-        f"`{' '.join(env['command'])}` · {env['cpu_count']} CPUs ({env['cpu_model']}) · load average at start "
+        f"`{' '.join(env['command'])}` · {results.get('started', 'date not recorded')} · {_commit(env)} · "
+        f"{env['cpu_count']} CPUs ({env['cpu_model']}) · load average at start "
         f"{env['load_average_start']}, at the end {results.get('load_average_end')} · single-image requests, keep-alive, load generator on the same machine "
         "(it competes with the server for the cores: compare ratios, not absolute rates).",
         "",
@@ -507,7 +510,8 @@ def _cost_markdown(cost: dict[str, Any] | None) -> list[str]:
     return [
         *head,
         f"Concurrency {cost['concurrency']}, {cost['seconds']:g} s per load, status and :predict loads interleaved "
-        f"({len(cost['runs'][0]['rounds'])} rounds, medians shown; ratios taken within each round). Server CPU is "
+        f"({len(cost['runs'][0]['rounds'])} rounds, medians shown; ratios taken within each round); load average "
+        f"{_loads(cost.get('load_average'))}. Server CPU is "
         "the `hvdk8s serve` process tree's (all workers) from /proc, per request answered; cores used is that "
         "CPU over the load's wall time. wrk is a C load generator: its own cost per request is a small fraction "
         "of `hvdk8s loadtest`'s, so its rates show the server's limit more nearly.",
@@ -517,6 +521,20 @@ def _cost_markdown(cost: dict[str, Any] | None) -> list[str]:
         "",
         f"Throughput at concurrency {cost['concurrency']} against cores used: {scaling}.",
     ]
+
+
+def _commit(env: dict[str, Any]) -> str:
+    git = env.get("git") or {}
+    if not git.get("commit"):
+        return "commit unknown"
+    return f"commit {git['commit'][:7]}" + (" (the working tree had uncommitted changes)" if git["dirty"] else "")
+
+
+def _loads(pair: list[list[float]] | None) -> str:
+    """The machine's load averages (1, 5, 15 min) at the section's start and end, as the p99 figures need them."""
+    if not pair:
+        return "not recorded"
+    return " at the start, ".join("/".join(f"{x:g}" for x in loads) for loads in pair) + " at the end"
 
 
 def _by_threads(inproc: dict[str, Any]) -> str:

@@ -43,7 +43,8 @@ def results() -> dict:
     heavy = [load(api, 32, on, rps) for api in ("rest", "grpc") for on, rps in ((True, 150), (False, 60))]
     return {
         "env": {"command": ["hvdk8s", "bench", "--serving"], "cpu_count": 2, "cpu_model": "test",
-                "load_average_start": [1.0, 1.0, 1.0]},
+                "load_average_start": [1.0, 1.0, 1.0], "git": {"commit": "0123456789abcdef", "dirty": False}},
+        "started": "2026-11-26 05:30 UTC",
         "load_average_end": [2.0, 2.0, 2.0],
         "settings": {"concurrencies": [1, 32], "soak_s": 100.0, "soak_sample_s": 10.0},
         "models": {
@@ -54,7 +55,7 @@ def results() -> dict:
             "null": {"description": "null", "inprocess": {"batch1_images_per_s": 2000, "batch32_images_per_s": 20000},
                      "loads": [load("rest", 32, True, 950)]},
         },
-        "server_cost": {"concurrency": 32, "seconds": 5.0, "runs": [cost_run(1, 4000, 100.0, 1000.0, 3.0, 21.0),
+        "server_cost": {"concurrency": 32, "seconds": 5.0, "load_average": [[3.5, 2.0, 1.0], [4.0, 2.25, 1.0]], "runs": [cost_run(1, 4000, 100.0, 1000.0, 3.0, 21.0),
                                                                      cost_run(2, 7000, 110.0, 1000.0, 2.5, 10.0)]},
         # 1,000 requests, one malformed one answered 500 instead of 400; 9 clients' worth of connections for 8
         "soak": {"duration_s": 100.0, "requests": 1000, "ok": 500, "errors_by_status": {"400": 499, "500": 1},
@@ -89,6 +90,8 @@ def test_checks_are_the_issue_targets_as_ratios_of_one_run(tmp_path):
             "| 0.8 | 0.7 | yes |") in text
     assert "| REST status (no model) | on | 32 | 1,000 |" in text
     assert "| 500 | 0 | 1 |" in text and "first 90 MB, min 90, max 103, last 103 MB" in text
+    assert "`hvdk8s bench --serving` · 2026-11-26 05:30 UTC · commit 0123456 · 2 CPUs" in text
+    assert "load average 3.5/2/1 at the start, 4/2.25/1 at the end." in text
     assert "| 1 | wrk: POST :predict | 4,000 | 100 | 0.95 | 3.00 | 21.00 | 7.0 |" in text
     assert "| 2 | hvdk8s loadtest: :predict | 3,500 |  |  | 5.00 | 10.00 | 2.0 |" in text
     assert ("1 worker(s): 4,000 :predict/s on 0.95 cores (4,211 per core); 2 worker(s): 7,000 :predict/s on 1.90 "
