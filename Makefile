@@ -30,9 +30,11 @@ demo: setup
 test: setup lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# ruff (pyflakes, pycodestyle errors, import order; [tool.ruff] in pyproject.toml); make test runs it first
+# ruff (pyflakes, pycodestyle errors, import order; [tool.ruff]) and mypy (scripts/typecheck.py; [tool.mypy]),
+# both configured in pyproject.toml; make test runs them first
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(PY) scripts/typecheck.py
 
 .venv-tf%/.hvdk8s-setup: $(SETUP_INPUTS) scripts/stacks/tf-%.txt
 	HVDK8S_VENV=.venv-tf$* HVDK8S_TF=$* bash scripts/setup.sh
