@@ -160,6 +160,7 @@ class Batcher:
         self._run = run
         self._cv = threading.Condition()
         self._queues: dict[tuple, deque[_Task]] = {}
+        self._waiting: dict[tuple, int] = {}  # examples in each queue, kept as tasks come and go (not summed per request)
         self._pending: dict[asyncio.AbstractEventLoop, list[_Task]] = {}  # submit_async's, until the loop's pass ends
         self._closed = False
         self.batches = 0  # batches run and the requests in them (logged at close: the mean batch size)
@@ -213,12 +214,13 @@ class Batcher:
             raise rest.ServingError("UNAVAILABLE", "the server is shutting down")
         key = (id(task.servable), task.signature, self._shape_key(task.inputs))
         queue = self._queues.setdefault(key, deque())
-        waiting = sum(t.size for t in queue)
+        waiting = self._waiting.get(key, 0)
         if waiting + task.size > self.params.max_enqueued_batches * self.params.max_batch_size:
             raise rest.ServingError(
                 "UNAVAILABLE", "The batch scheduling queue to which this task was submitted is full"
             )
         queue.append(task)
+        self._waiting[key] = waiting + task.size
         return key
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -278,14 +280,16 @@ class Batcher:
                 if not queue:
                     continue
                 due = queue[0].enqueued + timeout
-                full = queue[0].alone or sum(t.size for t in queue) >= self.params.max_batch_size
+                full = queue[0].alone or self._waiting[key] >= self.params.max_batch_size
                 if full or due <= now or self._closed:
                     if ready is None or queue[0].enqueued < self._queues[ready][0].enqueued:
                         ready = key
                 else:
                     wait = due - now if wait is None else min(wait, due - now)
             if ready is not None:
-                return self._take(self._queues[ready])
+                batch = self._take(self._queues[ready])
+                self._waiting[ready] -= sum(t.size for t in batch)
+                return batch
             if self._closed:
                 return None
             self._cv.wait(wait)
