@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_mpijob import EXAMPLES, REPO, launcher
 
 from hvdk8s.benchmarks import chaos_netns, netns
 from hvdk8s.cluster import kube
@@ -34,10 +33,12 @@ from hvdk8s.mpijob import load_spec, render
 
 from controllers import mpi_operator
 from kube_double import KubeDouble
+from test_mpijob import EXAMPLES, REPO, launcher
 
 NAMESPACE, JOB = "team-a", "digits-elastic"
 WORKERS = [f"{JOB}-worker-{i}" for i in range(3)]
 ADDRESS = {name: f"127.0.0.{10 + i}" for i, name in enumerate(WORKERS)}
+EPOCHS = 40  # the elastic example's job, lengthened in the test that replaces a pod mid-training
 TAG = r"\[\d+\]<std(?:out|err)>:"  # horovodrun's prefix of a worker's lines: its process index, not its rank
 
 
@@ -151,7 +152,8 @@ def test_discovery_offers_ready_workers_survives_a_deleted_pod_and_takes_its_rep
 def pods_command(command: list[str], script: Path, checkpoints: Path) -> list[str]:
     """The rendered launcher command as this machine runs it: our Python and script, files in the test's folder.
 
-    Horovod's blacklist cooldown (10-300 s rendered) is cut to 1-2 s so the replacement rejoins within the test.
+    Horovod's blacklist cooldown (10-300 s rendered) is cut to 1-2 s and the job runs ``EPOCHS`` epochs (20
+    rendered), so the replacement rejoins well before the survivor, alone, has finished.
     """
     assert command[:4] == ["horovodrun", "--blacklist-cooldown-range", "10", "300"]
     here = {"python": sys.executable, "/app/examples/train_digits.py": str(REPO / "examples" / "train_digits.py"),
@@ -161,14 +163,15 @@ def pods_command(command: list[str], script: Path, checkpoints: Path) -> list[st
     command[discovery] = " ".join(here.get(word, word) for word in command[discovery].split())
     epochs = command.index("--epochs") + 1
     assert command[epochs] == "20"
+    command[epochs] = str(EPOCHS)
     return [here.get(word, word) for word in command]
 
 
 def test_a_deleted_worker_pods_replacement_joins_the_running_job(tmp_path: Path) -> None:
     """#28 on Kubernetes, with real training: the rendered elastic launcher command runs on a namespace host,
     its workers on namespace hosts (own address, host name and sshd on 2222) that the API's worker pods stand
-    for. worker-1's pod is deleted mid-training and its host killed and cut off; the operator re-creates the
-    pod, a new host with a new address behind the same DNS name, and it joins the running job.
+    for. worker-1's pod is deleted mid-training and every process on its host killed; the operator re-creates
+    the pod, a new host with a new address behind the same DNS name, and it joins the running job.
 
     The replacement's namespace is built with the others but stays dark (no sshd, link down) until its pod
     is created. Pod DNS is the launcher host's /etc/hosts, rewritten as the cluster DNS would answer.
@@ -212,11 +215,11 @@ def test_a_deleted_worker_pods_replacement_joins_the_running_job(tmp_path: Path)
             assert job.stdout is not None
             for line in job.stdout:
                 lines.append(line)
-                if not deleted and re.match(rf"{TAG}Epoch 1/20: 100%", line):
-                    # worker-1's pod is deleted (drain, spot reclaim): its host goes, with everything on it
+                if not deleted and re.match(rf"{TAG}Epoch 1/{EPOCHS}: 100%", line):
+                    # worker-1's pod is deleted (drain, spot reclaim): every process on its host is killed, so
+                    # nothing can run there again (no sshd)
                     api.delete_pod(NAMESPACE, WORKERS[1])
                     hosts.kill_host(worker_1)
-                    hosts.cut_link(worker_1)
                     operator_writes_discover_hosts(cluster, manifest, script)
                     deleted = True
                 elif deleted and not replaced and "elastic: training on 1 ranks" in line:
@@ -231,8 +234,8 @@ def test_a_deleted_worker_pods_replacement_joins_the_running_job(tmp_path: Path)
     out = "".join(lines)
     assert job.returncode == 0 and replaced, out[-4000:]
     starts = re.findall(rf"^{TAG}elastic: training on (\d) ranks from epoch (\d+)", out, re.M)
-    # 2 ranks; 1 after the deletion; 2 again once the replacement (the only host behind worker-1's name that
-    # is up: the old one is dead and cut off) has joined
+    # 2 ranks; 1 after the deletion; 2 again once the replacement (the only host behind worker-1's name with
+    # an sshd: everything on the old one was killed) has joined
     sizes = [int(size) for size, _ in starts]
     assert sizes[:2] == [2, 1] and 2 in sizes[2:], out[-4000:]
     accuracy = float(re.search(r"test accuracy (\d\.\d+)", out).group(1))
