@@ -119,7 +119,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="add a per-phase breakdown of the N=2 step (hvdk8s and the raw loop) and a Horovod timeline")
     p.add_argument("--report-only", type=Path, metavar="RESULTS_JSON", help="re-render the report from a results file")
     p.add_argument("--serving", action="store_true", help="benchmark hvdk8s serve instead (REST/gRPC, batching on/off; "
-                   "writes serving.json/.md/.png; 9 min, 2 with --quick: shorter loads and a 30 s soak)")
+                   "writes serving.json/.md/.png; about 10 min, 2 with --quick: shorter loads and a 30 s soak)")
     p.add_argument("--chaos", type=int, metavar="N", help="run N elastic jobs that each lose a worker at a random "
                    "point instead; report survived / lost steps / time to recover (chaos.md, chaos.png)")
     for flag, (_field, parse, text) in OVERRIDES.items():

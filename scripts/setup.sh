@@ -15,7 +15,7 @@ VENV=${HVDK8S_VENV:-.venv}
 TF_EXTRA=${HVDK8S_TF_EXTRA:-cpu}
 PYTHON=${PYTHON:-python3.11}
 STACK=scripts/stacks/tf-$TF_STACK.txt
-APT_PACKAGES=(libopenmpi-dev openmpi-bin openssh-client openssh-server iproute2 cmake g++ make patch)
+APT_PACKAGES=(libopenmpi-dev openmpi-bin openssh-client openssh-server iproute2 cmake g++ make patch wrk)
 
 log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
