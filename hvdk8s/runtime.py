@@ -62,13 +62,15 @@ def init(
     runs on the GPU, so a cap would only slow the feeding (reasoned, not
     measured: no GPU here). On CPU hosts the thread policy
     ``HVDK8S_THREAD_POLICY`` applies (``hvdk8s.threads.THREAD_POLICIES``).
-    Its default, ``tf``, leaves TensorFlow's pools as they are, as a raw
-    Horovod script runs: splitting the cores (``split``: cores / local_size
-    intra-op, at most 2 inter-op; the default before) ran Horovod's synthetic
-    benchmarks 0.2-0.35x as fast as the raw loop at 2 ranks on 2 cores, every
-    policy with more threads 0.4-1.1x (``hvdk8s bench --knobs threads_*``).
-    ``split`` remains the choice for many ranks on a many-core host, where
-    TensorFlow's defaults would start ``cores`` compute threads in every rank.
+    Its default, ``split-intra``, gives each rank its share of the cores as
+    intra-op threads (cores / local_size) and keeps TensorFlow's inter-op
+    pool: TensorFlow's own pools (``tf``, what a raw Horovod script runs
+    with) start ``cores`` compute threads in every rank, so the ranks of one
+    host oversubscribe its cores. On a quiet 2-core machine at 2 ranks it ran
+    Horovod's synthetic benchmarks 1.08x (ResNet50) and 1.13x (MobileNetV2)
+    as fast as the raw loop, against 0.95x and 1.00x with ``tf``
+    (``hvdk8s bench --knobs threads_*``, benchmarks/reports/threads); at one
+    rank per host it is TensorFlow's default.
     ``threads_per_rank`` (or ``HVDK8S_THREADS_PER_RANK``) overrides the
     policy: that many intra-op threads, at most 2 inter-op.
     Unless ``quiet``, rank 0 prints where the ranks run, so a job that came up

@@ -13,7 +13,7 @@ THREAD_POLICIES: dict[str, str] = {
     "split-intra": "cores / local_size intra-op threads per rank, TensorFlow's default inter-op pool",
     "split+1": "cores / local_size + 1 intra-op threads per rank (oversubscribed by one), at most 2 inter-op",
 }
-DEFAULT_CPU_THREAD_POLICY = "tf"  # why: hvdk8s.runtime.init; measured: benchmarks/reports/threads
+DEFAULT_CPU_THREAD_POLICY = "split-intra"  # why: hvdk8s.runtime.init; measured: benchmarks/reports/threads
 
 
 def thread_pools(policy: str, cores: int, local_size: int, override: int = 0) -> tuple[int | None, int | None]:

@@ -268,8 +268,8 @@ POOLS = ("import hvdk8s, tensorflow as tf; hvdk8s.init(quiet=True); "
 
 
 @pytest.mark.parametrize(("env", "pools"), [
-    ({}, "0 0"),  # the default, tf: TensorFlow's own pools (0 = its default), as a raw Horovod script runs
-    ({"HVDK8S_THREAD_POLICY": "split-intra"}, "CORES 0"),
+    ({}, "CORES 0"),  # the default, split-intra: the rank's share of the cores (1 rank here), TF's inter-op pool
+    ({"HVDK8S_THREAD_POLICY": "tf"}, "0 0"),  # TensorFlow's own pools (0 = its default), as a raw Horovod script runs
     ({"HVDK8S_THREAD_POLICY": "tf", "HVDK8S_THREADS_PER_RANK": "3"}, "3 2"),  # the override wins over the policy
 ])
 def test_init_applies_the_cpu_thread_policy(env: dict[str, str], pools: str) -> None:
