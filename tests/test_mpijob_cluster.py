@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 import yaml
-from test_mpijob import BASE, errors_of, launcher, mpirun_of, run_render, worker_pod
 from test_mpijob_schema import crd_errors, pod_errors, strict_validator, template_errors
 
 from hvdk8s.mpijob import SpecError, check_manifest, load_spec, render, render_trainjob
 from hvdk8s.mpijob.render import launcher_command
 from hvdk8s.mpijob.trainjob import ANCESTOR_LABEL, checked_render_trainjob
+
+from test_mpijob import BASE, errors_of, launcher, mpirun_of, run_render, worker_pod
 
 pytestmark = pytest.mark.unit
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_mpijob import BASE, EXAMPLES, WAIT, errors_of, launcher, mpirun_of
 
 from hvdk8s.launcher.hosts import hostfile_hosts
 from hvdk8s.mpijob import SpecError, load_spec, render, render_trainjob
 from hvdk8s.mpijob.trainjob import checked_render_trainjob
 
 from controllers import kueue, mpi_operator, trainer
+from test_mpijob import BASE, EXAMPLES, WAIT, errors_of, launcher, mpirun_of
 
 pytestmark = pytest.mark.unit
 
