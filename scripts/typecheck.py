@@ -15,9 +15,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def stage(root: Path) -> None:
+def stage(root: Path, package_dirs: dict[str, str]) -> None:
     """Link every ``package-dir`` folder (and the core's modules) under ``root/hvdk8s``."""
-    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     core = root / "hvdk8s"
     core.mkdir()
     for module in (REPO / package_dirs["hvdk8s"]).iterdir():
@@ -29,11 +28,11 @@ def stage(root: Path) -> None:
 
 
 def main() -> int:
+    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     with tempfile.TemporaryDirectory(prefix="hvdk8s-typecheck-") as tmp:
-        stage(Path(tmp))
+        stage(Path(tmp), package_dirs)
         proc = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml"),
                                "-p", "hvdk8s"], cwd=tmp, capture_output=True, text=True)  # fmt: skip
-    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     out = proc.stdout + proc.stderr
     for name, folder in sorted(package_dirs.items(), key=lambda item: -len(item[0])):  # longest import name first
         out = out.replace(name.replace(".", "/") + "/", folder + "/")
