@@ -223,6 +223,16 @@ def _error_returned(call: Callable[[], tuple]) -> tuple | rest.ServingError:
         return err
 
 
+REST_PORT = 8501  # TF Serving's REST port
+GRPC_PORT = 8500  # TF Serving's gRPC port
+
+
+def default_grpc_port(port: int) -> int:
+    """The gRPC port when none is given: TF Serving's, or any free one when the REST port is 0 (so a server
+    started for tests never clashes on 8500)."""
+    return 0 if port == 0 else GRPC_PORT
+
+
 def serve(
     base_path: str | os.PathLike[str] | None = None,
     *,
@@ -230,7 +240,7 @@ def serve(
     model_config_file: str | os.PathLike[str] | None = None,
     config_poll_seconds: float = 0,
     host: str = "127.0.0.1",
-    port: int = 8501,
+    port: int = REST_PORT,
     grpc_port: int | None = None,
     grpc_socket_path: str | None = None,
     grpc_options: Sequence[tuple[str, int | str]] = (),
@@ -277,8 +287,7 @@ def serve(
             raise FileNotFoundError(f"model base path {root}: no such directory")
         configs = [ModelConfig(name or root.resolve().name, root, VersionPolicy("latest", num_versions))]
         where = str(root)
-    if grpc_port is None:
-        grpc_port = 0 if port == 0 else 8500
+    grpc_port = default_grpc_port(port) if grpc_port is None else grpc_port
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # before the first model loads: TensorFlow fixes its thread pools when its runtime starts
     tf.config.threading.set_intra_op_parallelism_threads(tensorflow_threads(batching, intra_op_threads))

@@ -32,6 +32,8 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from hvdk8s.serving import server
+
 STOP_GRACE_S = 30.0
 """How long a stopping worker may take to drain before it is killed."""
 
@@ -46,10 +48,9 @@ def serve(workers: int, **options: Any) -> None:
         raise ValueError(f"--workers {workers}: must be at least 1")
     if options.get("grpc_socket_path"):
         raise ValueError("--grpc_socket_path is one Unix socket, which one process serves: use it with --workers 1")
-    host, port = options.get("host", "127.0.0.1"), options.get("port", 8501)
+    host, port = options.get("host", "127.0.0.1"), options.get("port", server.REST_PORT)
     grpc_port = options.get("grpc_port")
-    if grpc_port is None:
-        grpc_port = 0 if port == 0 else 8500
+    grpc_port = server.default_grpc_port(port) if grpc_port is None else grpc_port
     with reserved(host, port) as rest_port, reserved(host, grpc_port) as rpc_port:
         options = {**options, "port": rest_port, "grpc_port": rpc_port, "reuse_port": True}
         context = multiprocessing.get_context("spawn")
@@ -98,8 +99,6 @@ def reserved(host: str, port: int) -> Iterator[int]:
 
 def _worker(options: dict[str, Any], ready: Connection) -> None:
     """(In a worker process.) One server; its ready line goes to the parent, which prints one for all."""
-    from hvdk8s.serving import server
-
     try:
         server.serve(**options, announce=ready.send)
     except (ValueError, FileNotFoundError) as err:  # as the CLI words a single server's: no traceback
