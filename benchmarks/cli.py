@@ -74,6 +74,8 @@ OVERRIDES: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "--emulated-train-rates": ("emulated_train_rates", _list(str.strip, "--emulated-train-rates"), "link rates to train on (among --emulated-rates)"),
     "--comm-steps": ("emulated_comm_steps", int, "parameter-server rounds per repeat"),
     "--profile-steps": ("profile_steps", int, "steps per timed window of each phase in --profile"),
+    "--profile-workloads": ("profile_workloads", _list(str.strip, "--profile-workloads"),
+                            "comma list of the --workloads that --profile breaks down (default: all of them)"),
     "--knobs": ("knobs", _knobs, "knobs to measure against the defaults, comma list; 'all': every Horovod/Open MPI "
                 f"knob ({','.join(settings_names())}); stack knobs, whose ranks run another virtual environment, only "
                 f"by name ({'; '.join(f'{k}: built by {KNOBS[k].build}' for k in stacks())})"),

@@ -115,6 +115,7 @@ class Settings:
     # per-phase breakdown of one N=2 step (hvdk8s and the raw loop) and a Horovod timeline of it
     profile: bool = False
     profile_steps: int = 20
+    profile_workloads: tuple[str, ...] = ()  # the workloads the profile breaks down, among workloads (empty: all of them)
     # Horovod's synthetic benchmarks (``--workloads horovod-synthetic:<Model>``, see ``synthetic``): launches of each
     # script per model and N, raw loop and hvdk8s alternating which goes first
     synthetic_rounds: int = 3
@@ -130,6 +131,11 @@ class Settings:
     def suite_workloads(self) -> tuple[str, ...]:
         """The workloads the suite's own worker trains (not Horovod's synthetic scripts)."""
         return tuple(w for w in self.workloads if synthetic.model_of(w) is None)
+
+    @property
+    def profiled_workloads(self) -> tuple[str, ...]:
+        """The workloads the profile breaks down: ``profile_workloads``, or every workload where none is named."""
+        return self.profile_workloads or self.workloads
 
     @property
     def synthetic_models(self) -> tuple[str, ...]:
@@ -212,6 +218,9 @@ def validate(s: Settings) -> None:
         raise ValueError(f"workloads: unknown {bad}; expected some of {WORKLOADS} or {synthetic.PREFIX}<Model>")
     for w in s.workloads:
         synthetic.model_of(w)  # a malformed model name fails here
+    bad = [x for x in s.profile_workloads if x not in s.workloads]
+    if bad:
+        raise ValueError(f"profile_workloads: {bad} not among workloads {list(s.workloads)}")
     if s.warmup_steps < 1:
         raise ValueError("warmup_steps: at least 1 (the first step traces the model and is never timed)")
     if not s.ranks or min(s.ranks) < 1 or 1 not in s.ranks:

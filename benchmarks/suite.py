@@ -180,8 +180,8 @@ class Suite:
         knob: knobs.Knob | None = None, profile: bool = False,
     ) -> dict[str, Any]:
         own_threads = bool(knob and knob.thread_policy)
-        # the profile also breaks down Horovod's synthetic models' steps (in the suite's harnesses, at equal threads)
-        workloads = settings.workloads if profile else settings.suite_workloads
+        # the profile may also break down Horovod's synthetic models' steps (in the suite's harnesses, at equal threads)
+        workloads = settings.profiled_workloads if profile else settings.suite_workloads
         job = self._job_file(name, {"settings": settings.to_json(), "workloads": list(workloads), "tta": tta,
                                     "seed": seed, "own_threads": own_threads})
         out = self.jobs / f"{name}.result.json"

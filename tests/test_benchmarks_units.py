@@ -272,6 +272,13 @@ def test_cli_flags_override_the_preset() -> None:
     assert cli.settings_from_args(_bench_args()).preset == "full" and PRESETS["full"].rounds == 3
 
 
+def test_the_profile_breaks_down_every_workload_or_the_ones_named() -> None:
+    workloads = ("--workloads", "cnn,mlp,horovod-synthetic:MobileNetV2", "--profile")
+    assert cli.settings_from_args(_bench_args(*workloads)).profiled_workloads == ("cnn", "mlp", "horovod-synthetic:MobileNetV2")
+    named = cli.settings_from_args(_bench_args(*workloads, "--profile-workloads", "mlp,cnn"))
+    assert named.profiled_workloads == ("mlp", "cnn") and named.workloads == ("cnn", "mlp", "horovod-synthetic:MobileNetV2")
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -281,6 +288,7 @@ def test_cli_flags_override_the_preset() -> None:
         (("--emulated-rates", "1"), "link rate '1'"),
         (("--emulated-rates", "1gbit", "--emulated-train-rates", "10gbit"), "not among emulated_rates"),
         (("--knobs", "cycle_5ms,turbo"), "knobs: unknown"),
+        (("--workloads", "cnn", "--profile-workloads", "cnn,mlp"), r"profile_workloads: \['mlp'\] not among workloads \['cnn'\]"),
         (("--steps", "12"), r"steps=12: hvdk8s_spe runs 5 steps per compiled call"),  # hvdk8s_spe is a default strategy
         (("--strategies", "hvdk8s", "--emulated-train-strategies", "hvdk8s_spe", "--emulated-train-steps", "7"),
          r"emulated_train_steps=7: hvdk8s_spe"),
