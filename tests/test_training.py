@@ -22,21 +22,39 @@ def assert_same_weights(a: list[np.ndarray], b: list[np.ndarray], **tol) -> None
         np.testing.assert_allclose(wa, wb, **tol)
 
 
+# Every case of tests/mpi_scripts/train_equivalence.py, by rank count: one launch each (TensorFlow's and
+# Horovod's start-up once per rank, not once per case).
+TWO_RANKS = {
+    "fit": "--batch 8 --steps 6 --mode fit",
+    "tape": "--batch 8 --steps 6 --mode tape",
+    "fit_spe4": "--batch 8 --steps 6 --mode fit --steps-per-execution 4",
+    "passes2": "--batch 8 --steps 12 --passes 2",  # 2 ranks × batch 8 × 2 passes (averaged): updates of 32 examples
+    "seed_per_rank": "--batch 8 --seed-per-rank",
+}
+ONE_RANK = {"batch16": "--batch 16 --steps 6", "batch32": "--batch 32 --steps 6"}
+
+
+def launch(tmp_path_factory: pytest.TempPathFactory, ranks: int, cases: dict[str, str]) -> Path:
+    out = tmp_path_factory.mktemp(f"equivalence{ranks}")
+    run_ranks(ranks, "train_equivalence.py", str(out), *(f"{name} {flags}" for name, flags in cases.items()))
+    return out
+
+
 @pytest.fixture(scope="module")
-def single_2b(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, list[np.ndarray]]:
-    out = tmp_path_factory.mktemp("single")
-    run_ranks(1, "train_equivalence.py", "--batch", "16", "--steps", "6", "--out", str(out))
-    return load(out, 0)
+def two_ranks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return launch(tmp_path_factory, 2, TWO_RANKS)
 
 
-@pytest.mark.parametrize("mode, steps_per_execution", [("fit", 1), ("tape", 1), ("fit", 4)])
-def test_two_ranks_batch_b_equal_one_process_batch_2b(mode: str, steps_per_execution: int, single_2b,
-                                                      tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return launch(tmp_path_factory, 1, ONE_RANK)
+
+
+@pytest.mark.parametrize("case", ["fit", "tape", "fit_spe4"])
+def test_two_ranks_batch_b_equal_one_process_batch_2b(case: str, two_ranks: Path, one_rank: Path) -> None:
     """Also with Keras running 4 steps per compiled call (6 steps: one call of 4, one of the last 2)."""
-    run_ranks(2, "train_equivalence.py", "--batch", "8", "--steps", "6", "--mode", mode,
-              "--steps-per-execution", str(steps_per_execution), "--out", str(tmp_path))
-    iterations, weights = load(tmp_path, 0)
-    ref_iterations, ref_weights = single_2b
+    iterations, weights = load(two_ranks / case, 0)
+    ref_iterations, ref_weights = load(one_rank / "batch16", 0)
     assert iterations == ref_iterations == 6
     assert_same_weights(weights, ref_weights, rtol=1e-5, atol=1e-5)
     # and the result is not the trivial one: training moved the weights
@@ -57,20 +75,17 @@ def load_initial_weights() -> list[np.ndarray]:
     return model.get_weights()
 
 
-def test_backward_passes_per_step_equals_larger_batch(tmp_path: Path) -> None:
-    # 2 ranks × batch 8 × 2 passes (averaged), 12 batches → 6 updates of 32 examples each
-    run_ranks(2, "train_equivalence.py", "--batch", "8", "--steps", "12", "--passes", "2", "--out", str(tmp_path / "acc"))
-    run_ranks(1, "train_equivalence.py", "--batch", "32", "--steps", "6", "--out", str(tmp_path / "ref"))
-    iterations, weights = load(tmp_path / "acc", 0)
-    ref_iterations, ref_weights = load(tmp_path / "ref", 0)
+def test_backward_passes_per_step_equals_larger_batch(two_ranks: Path, one_rank: Path) -> None:
+    # 12 batches of 2 ranks × 8, 2 passes each → 6 updates of 32 examples, as one process at batch 32
+    iterations, weights = load(two_ranks / "passes2", 0)
+    ref_iterations, ref_weights = load(one_rank / "batch32", 0)
     assert (iterations, ref_iterations) == (12, 6)  # Horovod counts every backward pass in `iterations`
     assert_same_weights(weights, ref_weights, rtol=1e-5, atol=1e-5)
 
 
-def test_ranks_hold_identical_weights_after_fit_from_different_seeds(tmp_path: Path) -> None:
-    run_ranks(2, "train_equivalence.py", "--batch", "8", "--seed-per-rank", "--out", str(tmp_path))
-    _, w0 = load(tmp_path, 0)
-    _, w1 = load(tmp_path, 1)
+def test_ranks_hold_identical_weights_after_fit_from_different_seeds(two_ranks: Path) -> None:
+    _, w0 = load(two_ranks / "seed_per_rank", 0)
+    _, w1 = load(two_ranks / "seed_per_rank", 1)
     for a, b in zip(w0, w1):
         assert np.array_equal(a, b), "ranks diverged"
 

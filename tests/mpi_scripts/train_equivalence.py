@@ -1,11 +1,16 @@
-"""Train a fixed model on fixed data; each rank saves its final weights.
+"""Train a fixed model on fixed data, once per case; each rank saves each case's final weights.
 
 Run with N ranks and per-rank batch B, or 1 rank and batch N×B: with SGD and
-averaged gradients both must end at the same weights.
+averaged gradients both must end at the same weights. One launch runs several
+cases one after another (``OUT 'NAME --batch 8 ...' ...``), each from its own
+seed, model and optimizer, so that a test module pays TensorFlow's and
+Horovod's start-up once per rank count, not once per case.
 """
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 from pathlib import Path
 
 import hvdk8s
@@ -23,33 +28,32 @@ p.add_argument("--passes", type=int, default=1, help="backward_passes_per_step")
 p.add_argument("--mode", choices=["fit", "tape"], default="fit")
 p.add_argument("--steps-per-execution", type=int, default=1, help="Keras compile(steps_per_execution=...)")
 p.add_argument("--seed-per-rank", action="store_true", help="different initial weights on each rank")
-p.add_argument("--out", type=Path, required=True)
-args = p.parse_args()
 
-seed = 7 + (hvdk8s.rank() if args.seed_per_rank else 0)
-keras.utils.set_random_seed(seed)
-(x, y), _ = hvdk8s.data.load_digits(image_size=12)
-global_batch = args.batch * hvdk8s.size()
-n = global_batch * args.steps
-x, y = x[:n], y[:n]
-data = hvdk8s.data.from_arrays(x, y, args.batch, shuffle=False)
 
-model = keras.Sequential([
-    keras.Input((12, 12, 1)),
-    keras.layers.Conv2D(4, 3, activation="tanh", kernel_initializer=keras.initializers.GlorotUniform(seed)),
-    keras.layers.Flatten(),
-    keras.layers.Dense(10, activation="softmax", kernel_initializer=keras.initializers.GlorotUniform(seed + 1)),
-])
-loss_fn = keras.losses.SparseCategoricalCrossentropy()
+def train(args: argparse.Namespace) -> tuple[list[np.ndarray], int]:
+    """The final weights and the optimizer's step count of one case."""
+    seed = 7 + (hvdk8s.rank() if args.seed_per_rank else 0)
+    keras.utils.set_random_seed(seed)
+    (x, y), _ = hvdk8s.data.load_digits(image_size=12)
+    global_batch = args.batch * hvdk8s.size()
+    n = global_batch * args.steps
+    data = hvdk8s.data.from_arrays(x[:n], y[:n], args.batch, shuffle=False)
 
-if args.mode == "fit":
-    opt = hvdk8s.DistributedOptimizer(
-        keras.optimizers.SGD(0.5), backward_passes_per_step=args.passes, average_aggregated_gradients=True
-    )
-    model.compile(optimizer=opt, loss=loss_fn, steps_per_execution=args.steps_per_execution)
-    model.fit(data, epochs=1, callbacks=hvdk8s.default_callbacks(), verbose=0)
-    iterations = int(opt.iterations.numpy())
-else:
+    model = keras.Sequential([
+        keras.Input((12, 12, 1)),
+        keras.layers.Conv2D(4, 3, activation="tanh", kernel_initializer=keras.initializers.GlorotUniform(seed)),
+        keras.layers.Flatten(),
+        keras.layers.Dense(10, activation="softmax", kernel_initializer=keras.initializers.GlorotUniform(seed + 1)),
+    ])
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+
+    if args.mode == "fit":
+        opt = hvdk8s.DistributedOptimizer(
+            keras.optimizers.SGD(0.5), backward_passes_per_step=args.passes, average_aggregated_gradients=True
+        )
+        model.compile(optimizer=opt, loss=loss_fn, steps_per_execution=args.steps_per_execution)
+        model.fit(data, epochs=1, callbacks=hvdk8s.default_callbacks(), verbose=0)
+        return model.get_weights(), int(opt.iterations.numpy())
     opt = keras.optimizers.SGD(0.5)
     opt.build(model.trainable_variables)
     hvdk8s.collectives.broadcast_variables(model.variables)
@@ -63,7 +67,12 @@ else:
 
     for xb, yb in data:
         step(xb, yb)
-    iterations = int(opt.iterations.numpy())
+    return model.get_weights(), int(opt.iterations.numpy())
 
-args.out.mkdir(parents=True, exist_ok=True)
-np.savez(args.out / f"rank{hvdk8s.rank()}.npz", *model.get_weights(), iterations=iterations)
+
+out = Path(sys.argv[1])
+for case in sys.argv[2:]:
+    name, *flags = shlex.split(case)
+    weights, iterations = train(p.parse_args(flags))
+    (out / name).mkdir(parents=True, exist_ok=True)
+    np.savez(out / name / f"rank{hvdk8s.rank()}.npz", *weights, iterations=iterations)
