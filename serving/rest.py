@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import math
 import re
@@ -344,7 +345,8 @@ def _from_instances(instances: Any, specs: Mapping[str, InputSpec]) -> dict[str,
             "instances is a plain list, but expecting list of objects as multiple input tensors "
             f"required as per tensorinfo_map: {', '.join(sorted(specs))}"
         )
-    columns: dict[str, list[np.ndarray]] = {name: [] for name in specs}
+    leaves: dict[str, list[Any]] = {name: [] for name in specs}  # every instance's, in order: one array each
+    shapes: dict[str, list[tuple[int, ...]]] = {name: [] for name in specs}
     for i, item in enumerate(instances):
         if named != _is_named(item):
             raise invalid(f"Expecting {'object' if named else 'value/list'} but got "
@@ -357,16 +359,16 @@ def _from_instances(instances: Any, specs: Mapping[str, InputSpec]) -> dict[str,
             )
         for name, value in values.items():
             try:
-                columns[name].append(to_array(value, specs[name].dtype))
+                shapes[name].append(_fill(value, specs[name].dtype, leaves[name]))
             except ServingError as err:
                 raise invalid(f"Failed to process element: {i} key: {name} of 'instances' list. "
                               f"Error: {err.message}") from None
     arrays = {}
-    for name, items in columns.items():
-        shapes = {a.shape for a in items}
-        if len(shapes) > 1:
-            raise invalid(f"input {name}: instances have different shapes {sorted(shapes)}")
-        arrays[name] = np.stack(items)
+    for name, spec in specs.items():
+        distinct = set(shapes[name])
+        if len(distinct) > 1:
+            raise invalid(f"input {name}: instances have different shapes {sorted(distinct)}")
+        arrays[name] = np.array(leaves[name], dtype=spec.dtype).reshape((len(instances), *distinct.pop()))
     return arrays
 
 
@@ -388,6 +390,17 @@ def _from_inputs(inputs: Any, specs: Mapping[str, InputSpec]) -> dict[str, np.nd
 
 def to_array(value: Any, dtype: np.dtype) -> np.ndarray:
     """A dense array from nested JSON lists, leaves converted to ``dtype`` (object = bytes)."""
+    leaves: list[Any] = []
+    shape = _fill(value, dtype, leaves)
+    return np.array(leaves, dtype=dtype).reshape(shape)
+
+
+def _fill(value: Any, dtype: np.dtype, out: list[Any]) -> tuple[int, ...]:
+    """Append the leaves of nested JSON lists to ``out`` (converted to ``dtype``) and return their shape.
+
+    The shape is read along the first elements, then every list is checked
+    against it, so a ragged tensor fails naming its level.
+    """
     shape: list[int] = []
     probe = value
     while isinstance(probe, list):
@@ -397,9 +410,8 @@ def to_array(value: Any, dtype: np.dtype) -> np.ndarray:
         if not probe:
             break
         probe = probe[0]
-    leaves: list[Any] = []
-    _collect(value, 0, shape, dtype, leaves)
-    return np.array(leaves, dtype=dtype).reshape(shape)
+    _collect(value, 0, shape, np.dtype(dtype), out)
+    return tuple(shape)
 
 
 def _collect(value: Any, level: int, shape: list[int], dtype: np.dtype, out: list[Any]) -> None:
@@ -422,6 +434,9 @@ def _collect(value: Any, level: int, shape: list[int], dtype: np.dtype, out: lis
 
 def b64decode(text: str) -> bytes:
     """Standard base64 as absl::Base64Unescape (TF Serving) reads it: whitespace skipped, padding optional."""
+    if len(text) % 4 == 0:  # the usual, canonical text: decoded as it is (whitespace would fail validation)
+        with contextlib.suppress(binascii.Error):
+            return base64.b64decode(text, validate=True)
     compact = "".join(text.split())
     return base64.b64decode(compact + "=" * (-len(compact) % 4), validate=True)
 
@@ -437,7 +452,7 @@ def leaf_bytes(value: Any) -> bytes:
 
 
 def _leaf(value: Any, dtype: np.dtype) -> Any:
-    kind = np.dtype(dtype).kind
+    kind = dtype.kind
     if kind == "O":
         if isinstance(value, str) or is_b64(value):
             return leaf_bytes(value)
