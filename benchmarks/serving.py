@@ -196,21 +196,24 @@ def server_cost(base: Path, tmp: Path, settings: Settings) -> dict[str, Any]:
             "load_average": [load_average, envinfo.load_average()]}
 
 
-def _wrk(url: str, pid: int, script: Path | None, concurrency: int, seconds: float) -> dict[str, float]:
-    """One wrk load: its requests/s and latencies, and the server process tree's CPU over it."""
+def _wrk(url: str, pid: int, script: Path | None, concurrency: int, seconds: float) -> dict[str, Any]:
+    """One wrk load: its requests/s and latencies, and the server process tree's CPU over it (by thread kind)."""
     import subprocess
 
     before, start = _tree_cpu_s(pid), time.perf_counter()
     out = subprocess.run(["wrk", "-t1", f"-c{concurrency}", f"-d{seconds:g}s", "--latency",
                           *(["-s", str(script)] if script else []), url],
                          capture_output=True, text=True, check=True).stdout
-    wall, used = time.perf_counter() - start, _tree_cpu_s(pid) - before
+    wall, after = time.perf_counter() - start, _tree_cpu_s(pid)
     parsed = parse_wrk(out)
     if parsed["non_2xx"]:
         raise RuntimeError(f"wrk: {parsed['non_2xx']:.0f} of {parsed['requests']:.0f} answers from {url} were not "
                            "2xx: the server cost would be an error path's")
-    done = parsed["requests"]
-    return {**parsed, "rps": done / seconds, "server_cpu_us": used / max(done, 1) * 1e6, "cores_used": used / wall}
+    done = max(parsed["requests"], 1)
+    per_request = {kind: (after[kind] - before[kind]) / done * 1e6 for kind in THREAD_KINDS}
+    used = after["total"] - before["total"]
+    return {**parsed, "rps": parsed["requests"] / seconds, "server_cpu_us": used / done * 1e6,
+            "cores_used": used / wall, "cpu_us_by_thread": per_request}
 
 
 def parse_wrk(text: str) -> dict[str, float]:
@@ -227,15 +230,38 @@ def parse_wrk(text: str) -> dict[str, float]:
             "non_2xx": int(bad.group(1)) if bad else 0}
 
 
-def _tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of ``pid`` and its live descendants (the worker processes)."""
+THREAD_KINDS = ("event loop", "batching and other", "TensorFlow")
+"""Where the server's CPU goes: each process's main thread (uvicorn's event loop: HTTP, JSON, dispatch), its
+other Python threads (the batch threads calling the model, gRPC, polling) and TensorFlow's own threads (``tf_*``:
+the graph's kernels)."""
+
+
+def _tree_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) of ``pid`` and its live descendants (the worker processes), in total and by
+    ``THREAD_KINDS`` (threads that have ended count under "batching and other")."""
     import psutil
 
     root = psutil.Process(pid)
-    return sum(sum(p.cpu_times()[:2]) for p in (root, *root.children(recursive=True)))
+    total = loop = tf = 0.0
+    for proc in (root, *root.children(recursive=True)):
+        total += sum(proc.cpu_times()[:2])
+        for thread in proc.threads():
+            spent = thread.user_time + thread.system_time
+            if thread.id == proc.pid:
+                loop += spent
+            elif _thread_name(proc.pid, thread.id).startswith("tf_"):
+                tf += spent
+    return {"total": total, "event loop": loop, "TensorFlow": tf, "batching and other": total - loop - tf}
 
 
-def _cost_summary(rounds: list[dict[str, dict[str, float]]]) -> dict[str, float]:
+def _thread_name(pid: int, tid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+    except OSError:  # the thread has just ended
+        return ""
+
+
+def _cost_summary(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     """Medians over the rounds (each ratio taken within its round, where status and predict ran side by side)."""
     def median(values: list[float]) -> float:
         return float(np.median(values))
@@ -251,6 +277,8 @@ def _cost_summary(rounds: list[dict[str, dict[str, float]]]) -> dict[str, float]
         "predict_p50_ms": median([r["predict"]["p50_ms"] for r in rounds]),
         "predict_p99_ms": median([r["predict"]["p99_ms"] for r in rounds]),
         "p99_over_p50_predict": median([r["predict"]["p99_ms"] / r["predict"]["p50_ms"] for r in rounds]),
+        **{f"{load}_cpu_us_by_thread": {kind: median([r[load]["cpu_us_by_thread"][kind] for r in rounds])
+                                        for kind in THREAD_KINDS} for load in ("status", "predict")},
     }
 
 
@@ -520,7 +548,32 @@ def _cost_markdown(cost: dict[str, Any] | None) -> list[str]:
                       "p99/p50"], rows),
         "",
         f"Throughput at concurrency {cost['concurrency']} against cores used: {scaling}.",
+        "",
+        "Where the server CPU per request goes (µs, medians over the rounds): each process's main thread is "
+        "uvicorn's event loop (HTTP, JSON, dispatch); the other Python threads are the batch threads calling the "
+        "model (and gRPC and polling, idle here); TensorFlow's own threads run the graph's kernels.",
+        "",
+        report.table(["workers", "load", *THREAD_KINDS, "total"], [
+            [str(run["workers"]), name,
+             *(f"{run['summary'][f'{load}_cpu_us_by_thread'][kind]:.0f}" for kind in THREAD_KINDS),
+             f"{run['summary'][f'{load}_cpu_us']:.0f}"]
+            for run in cost["runs"] for load, name in (("status", "GET status"), ("predict", "POST :predict"))]),
+        *_model_call_share(runs.get(1)),
     ]
+
+
+def _model_call_share(one: dict[str, Any] | None) -> list[str]:
+    """What the model call alone costs beside a whole status request: the floor of the CPU ratio target."""
+    if one is None:
+        return []
+    by_thread, status = one["predict_cpu_us_by_thread"], one["status_cpu_us"]
+    call = by_thread["batching and other"] + by_thread["TensorFlow"]
+    loop = by_thread["event loop"] - one["status_cpu_us_by_thread"]["event loop"]
+    return ["", f"One worker: the model call alone (batch threads and TensorFlow's threads, {call:.0f} µs) costs "
+                f"{call / status:.2f}× a whole status request ({status:.0f} µs); the event loop spends {loop:.0f} µs "
+                "more on a :predict than on a status request (reading the body, JSON and base64, dispatch, the "
+                "answer). A :predict at most 2× a status request would leave the event loop about "
+                f"{max(status - call, 0):.0f} µs for that."]
 
 
 def _commit(env: dict[str, Any]) -> str:

@@ -1,6 +1,9 @@
 """``hvdk8s bench --serving`` report logic (benchmarks/serving.py) on a synthetic result: ratios, Markdown, plot."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from hvdk8s.benchmarks import serving
@@ -30,8 +33,11 @@ def load(api: str, c: int, batching: bool, rps: float, p50: float = 1.0) -> dict
 
 def cost_run(workers: int, rps: float, predict_us: float, status_rps: float, p50: float, p99: float) -> dict:
     """One worker count's wrk rounds: status at 40 µs per request, :predict at ``predict_us`` (two rounds)."""
-    status = {"rps": status_rps, "server_cpu_us": 40.0, "p50_ms": 1.0, "p99_ms": 2.0, "cores_used": 0.9}
-    predict = {"rps": rps, "server_cpu_us": predict_us, "p50_ms": p50, "p99_ms": p99, "cores_used": 0.95 * workers}
+    status = {"rps": status_rps, "server_cpu_us": 40.0, "p50_ms": 1.0, "p99_ms": 2.0, "cores_used": 0.9,
+              "cpu_us_by_thread": {"event loop": 40.0, "batching and other": 0.0, "TensorFlow": 0.0}}
+    predict = {"rps": rps, "server_cpu_us": predict_us, "p50_ms": p50, "p99_ms": p99, "cores_used": 0.95 * workers,
+               "cpu_us_by_thread": {"event loop": predict_us / 2, "batching and other": predict_us / 4,
+                                    "TensorFlow": predict_us / 4}}
     rounds = [{"status": status, "predict": predict}] * 2
     return {"workers": workers, "rounds": rounds, "summary": serving._cost_summary(rounds),
             "loadtest_predict": {"rps": rps / 2, "latency_ms": {"p50": 2 * p50, "p99": 4 * p50}, "errors": 0}}
@@ -96,7 +102,45 @@ def test_checks_are_the_issue_targets_as_ratios_of_one_run(tmp_path):
     assert "| 2 | hvdk8s loadtest: :predict | 3,500 |  |  | 5.00 | 10.00 | 2.0 |" in text
     assert ("1 worker(s): 4,000 :predict/s on 0.95 cores (4,211 per core); 2 worker(s): 7,000 :predict/s on 1.90 "
             "cores (3,684 per core)") in text
+    assert "| 1 | GET status | 40 | 0 | 0 | 40 |" in text
+    assert "| 2 | POST :predict | 55 | 28 | 28 | 110 |" in text  # 27.5 rounds to even
+    assert ("One worker: the model call alone (batch threads and TensorFlow's threads, 50 µs) costs 1.25× a whole "
+            "status request (40 µs); the event loop spends 10 µs more") in text
+    assert "would leave the event loop about 0 µs for that." in text
     assert paths["plot"].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_server_cpu_is_split_into_event_loop_other_python_threads_and_tensorflows_threads(tmp_path):
+    """A real process tree: a main thread, a Python thread, and a thread named as TensorFlow names its own."""
+    script = tmp_path / "spin.py"
+    script.write_text(
+        "import sys, threading, time\n"
+        "spun, alive = threading.Semaphore(0), threading.Event()\n"
+        "def spin(seconds, name=None):\n"
+        "    if name:  # what TensorFlow's threads are called (tsl's thread names)\n"
+        "        open(f'/proc/self/task/{threading.get_native_id()}/comm', 'w').write(name)\n"
+        "    end = time.thread_time() + seconds\n"
+        "    while time.thread_time() < end: pass\n"
+        "    spun.release()\n"
+        "    alive.wait()  # still running when the CPU is read, as a server's threads are\n"
+        "threads = [threading.Thread(target=spin, args=(0.2,)), threading.Thread(target=spin, args=(0.4, 'tf_Compute'))]\n"
+        "for t in threads: t.start()\n"
+        "end = time.thread_time() + 0.6\n"
+        "while time.thread_time() < end: pass\n"
+        "for t in threads: spun.acquire()\n"
+        "print('done', flush=True)\n"
+        "sys.stdin.read()\n"
+        "alive.set()\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "done\n"
+        cpu = serving._tree_cpu_s(proc.pid)
+    finally:
+        proc.communicate("")
+    assert cpu["event loop"] == pytest.approx(0.6, abs=0.1)
+    assert cpu["TensorFlow"] == pytest.approx(0.4, abs=0.1)
+    assert cpu["batching and other"] == pytest.approx(0.2 + (cpu["total"] - 1.2), abs=0.1)  # and the start-up's
+    assert cpu["total"] == pytest.approx(sum(v for k, v in cpu.items() if k != "total"))
 
 
 def test_without_wrk_the_report_says_so_and_has_no_wrk_checks(tmp_path):
