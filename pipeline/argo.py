@@ -13,14 +13,19 @@ Argo templates:
   step after ``deadlines.launcherMinutes`` instead of leaving it waiting
   forever (a suspended MPIJob gets its suspended launcher at once, so queueing
   counts against the next bound). ``wait-*`` then reads the MPIJob until it
-  ends, for at most ``deadlines.trainMinutes``. Argo evaluates
-  ``successCondition``/``failureCondition`` as Kubernetes label selectors over gjson paths of the object
-  (workflow/executor/resource.go: ``labels.Parse`` + ``gjsonLabels``): keys must be
-  plain dotted paths, so a query into ``status.conditions`` by type cannot be
-  written. The MPI Operator mirrors its Succeeded/Failed conditions into
-  ``status.replicaStatuses.Launcher``: ``succeeded`` becomes 1 together with the
-  Succeeded condition, ``failed`` is the launcher Job's failed pods, which exceed
-  ``runPolicy.backoffLimit`` exactly when that Job, and so the MPIJob, has failed.
+  ends, for at most ``deadlines.trainMinutes``, and ``result-*`` reads its outcome.
+  Argo evaluates ``successCondition``/``failureCondition`` as Kubernetes label
+  selectors over gjson paths of the object (workflow/executor/resource.go:
+  ``labels.Parse`` + ``gjsonLabels``; any failure requirement fails the step, all
+  success requirements succeed it): keys must be plain dotted paths, so a query
+  into ``status.conditions`` by type cannot be written, nor "A and not B" as a
+  failure. Hence two reads. The MPI Operator sets ``status.completionTime`` when
+  the launcher Job has succeeded, or failed for good (backoffLimit reached,
+  activeDeadlineSeconds passed), and leaves the status as it is from then on;
+  ``status.replicaStatuses.Launcher.succeeded`` is 1 exactly when the launcher Job
+  succeeded. The launcher Job's ``failed`` count tells nothing: under the
+  launcher's default ``restartPolicy: OnFailure`` Kubernetes counts container
+  restarts against ``backoffLimit`` and ``failed`` ends at 0 or 1.
   Never retried: a training failure is deterministic (bug, OOM) and the job
   already has its own backoffLimit. The MPIJob is named after the run
   (``naming``), so overlapping runs never collide, and is owned by the Workflow
@@ -115,12 +120,13 @@ def at_run(obj: dict[str, Any], workflow_name: str) -> dict[str, Any]:
 # Argo waits for the launcher: the operator writes status.replicaStatuses.Launcher once the launcher Job
 # exists (mpi_job_controller.go updateMPIJobStatus); a bare key is the label selector "exists".
 LAUNCHED = "status.replicaStatuses.Launcher"
-
-
-def train_conditions(candidate: Candidate) -> tuple[str, str]:
-    """(successCondition, failureCondition) of a candidate's MPIJob."""
-    backoff = candidate.job.run_policy.backoff_limit
-    return ("status.replicaStatuses.Launcher.succeeded > 0", f"status.replicaStatuses.Launcher.failed > {backoff}")
+# MPI Operator v0.8.2, pkg/controller/mpi_job_controller.go: updateMPIJobStatus copies the launcher Job's
+# CompletionTime on success and sets Launcher.succeeded = 1 (rewriting replicaStatuses on every sync);
+# updateMPIJobFailedStatus sets CompletionTime (and the Failed condition) once the launcher Job has the
+# Failed condition; syncHandler returns before touching the status once the job isFinished with a
+# CompletionTime. So ENDED is "succeeded or failed for good", and the status read after it is final.
+ENDED = "status.completionTime"
+SUCCEEDED, FAILED = "status.replicaStatuses.Launcher.succeeded = 1", "status.replicaStatuses.Launcher.succeeded != 1"
 
 
 def render(dag: d.Dag) -> dict[str, Any]:
@@ -175,16 +181,20 @@ def _templates(step: d.Step, p: Pipeline, where: d.Layout) -> list[Any]:
 
 
 def _train(name: str, c: Candidate, p: Pipeline, where: d.Layout) -> list[Any]:
-    """Create the MPIJob and wait for its launcher, then for its end: each wait bounded (module docstring)."""
-    success, failure = train_conditions(c)
-    launch, wait = f"launch-{c.name}", f"wait-{c.name}"
+    """Create the MPIJob and wait for its launcher, then for its end (each wait bounded), then read
+    whether it succeeded (module docstring)."""
+    launch, wait, result = f"launch-{c.name}", f"wait-{c.name}", f"result-{c.name}"
+    reference = to_yaml(_reference(c))
     return [
-        Steps(name=name, sub_steps=[Step(name=launch, template=launch), Step(name=wait, template=wait)]),
+        Steps(name=name, sub_steps=[Step(name=s, template=s) for s in (launch, wait, result)]),
         Resource(name=launch, action="create", manifest=to_yaml(train_manifest(c, p, where)),
                  set_owner_reference=True, success_condition=LAUNCHED,
                  active_deadline_seconds=60 * p.deadlines.launcher_minutes),
-        Resource(name=wait, action="get", manifest=to_yaml(_reference(c)), success_condition=success,
-                 failure_condition=failure, active_deadline_seconds=60 * p.deadlines.train_minutes),
+        Resource(name=wait, action="get", manifest=reference, success_condition=ENDED,
+                 active_deadline_seconds=60 * p.deadlines.train_minutes),
+        # one read decides: the status is final once ENDED, and one of the two conditions matches
+        Resource(name=result, action="get", manifest=reference, success_condition=SUCCEEDED,
+                 failure_condition=FAILED),
     ]
 
 

@@ -25,9 +25,7 @@ from hvdk8s.mpijob.files import SpecError
 from hvdk8s.pipeline import argo, build, dag as d, load_pipeline, local, rbac, render_workflow
 from hvdk8s.pipeline.load import from_data
 
-from argo_model import match_conditions
 from conftest import REPO
-from kube_double import failing, succeeding
 
 SCHEMAS = REPO.parent / "shared" / "schemas"
 EXAMPLE = REPO / "pipeline" / "examples" / "digits.yaml"
@@ -223,14 +221,16 @@ def test_workflow_shape(tmp_path):
                                                                                 "digits-pipeline")
     assert spec["volumes"] == [{"name": "shared", "persistentVolumeClaim": {"claimName": "hvdk8s-shared"}}]
     assert by_name["train-cnn"]["steps"] == [[{"name": "launch-cnn", "template": "launch-cnn"}],
-                                             [{"name": "wait-cnn", "template": "wait-cnn"}]]
-    launch, wait = by_name["launch-cnn"], by_name["wait-cnn"]
-    assert "retryStrategy" not in launch and "retryStrategy" not in wait  # deterministic failures: not retried
+                                             [{"name": "wait-cnn", "template": "wait-cnn"}],
+                                             [{"name": "result-cnn", "template": "result-cnn"}]]
+    launch, wait, result = by_name["launch-cnn"], by_name["wait-cnn"], by_name["result-cnn"]
+    assert not {"retryStrategy"} & (launch.keys() | wait.keys() | result.keys())  # deterministic failures: not retried
     assert (launch["activeDeadlineSeconds"], wait["activeDeadlineSeconds"]) == (30 * 60, 720 * 60)
     assert launch["resource"]["action"] == "create" and launch["resource"]["setOwnerReference"] is True
     assert launch["resource"]["successCondition"] == "status.replicaStatuses.Launcher"
-    assert (wait["resource"]["action"], yaml.safe_load(wait["resource"]["manifest"])) == (
-        "get", {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": "{{workflow.name}}-cnn"}})
+    reference = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": "{{workflow.name}}-cnn"}}
+    for step in (wait, result):
+        assert (step["resource"]["action"], yaml.safe_load(step["resource"]["manifest"])) == ("get", reference)
     command = yaml.safe_load(launch["resource"]["manifest"])["spec"]["mpiReplicaSpecs"]["Launcher"]["template"][
         "spec"]["containers"][0]["command"]
     assert command[-2:] == ["--save", "/shared/digits/runs/{{workflow.name}}/candidates/cnn.keras"]
@@ -303,24 +303,6 @@ def test_role_grants_exactly_what_the_steps_do():
         ("", "pods", "get"), ("", "pods", "list"), ("", "pods/log", "get"),
     }
     assert not any("*" in rule["verbs"] or "*" in rule["resources"] for rule in role["rules"])
-
-
-# ------------------------------------------------------------------ Argo's resource conditions
-
-
-def test_mpijob_conditions_fire_on_the_operators_terminal_statuses_only():
-    candidate = load_pipeline(EXAMPLE).candidates[0]
-    success, failure = argo.train_conditions(candidate)
-    # The statuses the MPI Operator writes on the way (as the Kubernetes API double plays them).
-    for steps, ends_in in ((succeeding(["log"]), "success"), (failing("BackoffLimitExceeded", "x"), "failure")):
-        statuses = [{"status": {"replicaStatuses": s.replicas}} for s in steps if s.replicas is not None]
-        verdicts = [match_conditions(st, success, failure) for st in statuses]
-        assert verdicts == [None] * (len(verdicts) - 1) + ["Succeeded" if ends_in == "success" else "Failed"]
-    retrying = dataclasses.replace(candidate.job, run_policy=dataclasses.replace(candidate.job.run_policy,
-                                                                                 backoff_limit=2))
-    _, failure = argo.train_conditions(dataclasses.replace(candidate, job=retrying))
-    one_failed_pod = {"status": {"replicaStatuses": {"Launcher": {"failed": 1, "active": 1}}}}
-    assert match_conditions(one_failed_pod, success, failure) is None  # still retrying: not a failure yet
 
 
 # ------------------------------------------------------------------ the local executor, for real

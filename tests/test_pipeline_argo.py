@@ -2,10 +2,14 @@
 source): every wait bounded, runs named apart and cleaned up by owner, no Istio sidecar in any step.
 
 The MPIJob statuses are the MPI Operator v0.8.2's (github.com/kubeflow/mpi-operator, commit caa3c47,
-``pkg/controller/mpi_job_controller.go``): ``updateMPIJobStatus`` writes the Worker counts from the
-start but the Launcher entry only once the launcher Job exists, which under ``WaitForWorkersReady``
-``syncHandler`` creates only when every worker pod is Ready; the launcher's end sets ``succeeded: 1``,
-or ``failed`` to the launcher Job's failed pods. No Argo controller or cluster runs here.
+``pkg/controller/mpi_job_controller.go``): ``syncHandler`` sets the Created condition first;
+``updateMPIJobStatus`` writes the Worker counts from the start but the Launcher entry only once the
+launcher Job exists, which under ``WaitForWorkersReady`` ``syncHandler`` creates only when every worker
+pod is Ready; the launcher's success sets ``succeeded: 1``, the Succeeded condition and the Job's
+``completionTime``; its failure (the launcher Job's Failed condition: backoffLimit reached or
+activeDeadlineSeconds passed) ``updateMPIJobFailedStatus``: the Failed condition, with the Job's reason,
+and ``completionTime``; ``failed`` is always the launcher Job's failed pod count. Running turns False at
+the end (``filterOutCondition``). No Argo controller or cluster runs here.
 """
 from __future__ import annotations
 
@@ -28,16 +32,36 @@ pytestmark = pytest.mark.unit
 ISTIO = "sidecar.istio.io/inject"
 
 
-def operator(launcher_after: float | None, ends_after: float | None = None, outcome: str = "succeeded",
-             workers: int = 2):
+CREATED = {"type": "Created", "status": "True", "reason": "MPIJobCreated"}
+RUNNING = {"type": "Running", "status": "True", "reason": "MPIJobRunning"}
+SUCCEEDED = {"type": "Succeeded", "status": "True", "reason": "MPIJobSucceeded"}
+COMPLETION_TIME = "2026-01-01T12:00:00Z"
+LAUNCHER_FAILED = "failure condition 'status.replicaStatuses.Launcher.succeeded != 1' evaluated true"
+
+
+def failed(reason: str, launcher_failed: int) -> tuple[dict[str, str], dict[str, int]]:
+    """The Failed condition the operator copies from the launcher Job, and the Launcher entry it writes:
+    ``failed`` is the Job's failed pod count, left out when 0 (``omitempty``)."""
+    return {"type": "Failed", "status": "True", "reason": reason}, {"failed": launcher_failed} if launcher_failed else {}
+
+
+def operator(launcher_after: float | None, ends_after: float | None = None,
+             outcome: tuple[dict[str, str], dict[str, int]] = (SUCCEEDED, {"succeeded": 1}), workers: int = 2,
+             running: dict[str, int] | None = None):
     """The MPIJob's status ``age`` seconds after creation: its launcher created at ``launcher_after``
-    (None: some worker never gets Ready), ending at ``ends_after`` in ``outcome``."""
+    (None: some worker never gets Ready), ending at ``ends_after`` with ``outcome`` (its terminal
+    condition and Launcher entry); ``running``: the Launcher entry until then."""
     def status(obj: dict[str, Any], age: float) -> dict[str, Any]:
-        if obj["kind"] != "MPIJob" or launcher_after is None or age < launcher_after:
-            return {"replicaStatuses": {"Worker": {}}} if obj["kind"] == "MPIJob" else {}
+        if obj["kind"] != "MPIJob":
+            return {}
+        if launcher_after is None or age < launcher_after:
+            return {"conditions": [CREATED], "replicaStatuses": {"Worker": {}}}
         if ends_after is None or age < ends_after:
-            return {"replicaStatuses": {"Launcher": {"active": 1}, "Worker": {"active": workers}}}
-        return {"replicaStatuses": {"Launcher": {outcome: 1}, "Worker": {}}}
+            return {"conditions": [CREATED, RUNNING],
+                    "replicaStatuses": {"Launcher": running or {"active": 1}, "Worker": {"active": workers}}}
+        end, launcher = outcome
+        return {"conditions": [CREATED, {**RUNNING, "status": "False"}, end], "completionTime": COMPLETION_TIME,
+                "replicaStatuses": {"Launcher": launcher, "Worker": {}}}
     return status
 
 
@@ -104,17 +128,47 @@ def test_a_candidate_trains_under_its_runs_name_owned_by_the_workflow():
     ("no launcher", {"launcherMinutes": 5}, Node("Failed", DEADLINE_MESSAGE, 5 * 60)),
     ("training never ends", {"trainMinutes": 60}, Node("Failed", DEADLINE_MESSAGE, 60 + 60 * 60)),
     ("training never ends", {}, Node("Failed", DEADLINE_MESSAGE, 60 + 720 * 60)),
-    ("launcher fails", {}, Node("Failed", "failure condition 'status.replicaStatuses.Launcher.failed > 0' "
-                                          "evaluated true", 600)),
+    ("launcher fails", {}, Node("Failed", LAUNCHER_FAILED, 600)),
 ])
 def test_every_train_wait_ends(tmp_path, scenario, deadlines, expected):
     status = {"no launcher": operator(None), "training never ends": operator(60),
-              "launcher fails": operator(60, 600, "failed")}[scenario]
+              "launcher fails": operator(60, 600, failed("BackoffLimitExceeded", 1))}[scenario]
     data = yaml.safe_load(EXAMPLE.read_text()) | ({"deadlines": deadlines} if deadlines else {})
     run = Run(workflow_of(data, tmp_path), Cluster(status=status))
     assert run.run("train-cnn") == expected
     assert run.exit_handler(expected.finished_at).phase == "Succeeded"
     assert run.cluster.names("MPIJob") == set()  # nothing left running
+
+
+def with_backoff_limit(limit: int) -> dict[str, Any]:
+    """The example's Workflow, its first candidate (cnn) given ``runPolicy.backoffLimit: limit``."""
+    pipeline = load_pipeline(EXAMPLE)
+    first, *others = pipeline.candidates
+    job = dataclasses.replace(first.job, run_policy=dataclasses.replace(first.job.run_policy, backoff_limit=limit))
+    return render_workflow(build(dataclasses.replace(pipeline, candidates=(dataclasses.replace(first, job=job),
+                                                                           *others))))
+
+
+@pytest.mark.parametrize("backoff_limit, outcome", [
+    # restartPolicy OnFailure, the launcher's default: Kubernetes counts container restarts against
+    # backoffLimit, then deletes the one pod: the Job's failed count ends at 0 (kubernetes/kubernetes#95433) or 1
+    (0, failed("BackoffLimitExceeded", 0)),
+    (2, failed("BackoffLimitExceeded", 1)),
+    (2, failed("BackoffLimitExceeded", 0)),
+    # runPolicy.activeDeadlineSeconds passed: the Job controller ends the running pod
+    (0, failed("DeadlineExceeded", 0)),
+    (2, failed("DeadlineExceeded", 1)),
+])
+def test_a_launcher_that_failed_for_good_fails_its_candidate_when_it_ends(backoff_limit, outcome):
+    # restarting in its one pod until then (OnFailure): active, no failed pod
+    run = Run(with_backoff_limit(backoff_limit), Cluster(status=operator(60, 600, outcome)))
+    assert run.run("train-cnn") == Node("Failed", LAUNCHER_FAILED, 600)
+
+
+def test_a_launcher_still_retrying_is_not_a_failure():
+    # restartPolicy Never, backoffLimit 2: a failed pod, a new one running, then success
+    status = operator(60, 900, running={"active": 1, "failed": 1})
+    assert Run(with_backoff_limit(2), Cluster(status=status)).run("train-cnn") == Node("Succeeded", "", 900)
 
 
 def test_a_deleted_mpijob_fails_its_wait():
