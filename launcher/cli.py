@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     elastic.add_argument("--slots", type=int, help="slots of hosts listed without a count")
     elastic.add_argument("--network-interface", metavar="NIC", help="interface for Gloo (lo for one host)")
     elastic.add_argument("--blacklist-cooldown", type=int, nargs=2, metavar=("MIN", "MAX"),
-                         help="let the host of a failed worker back after MIN-MAX seconds (default: never; Horovod "
+                         help="let the host of a failed worker back after its n-th failure, after MIN*2^n plus up to "
+                              "MIN seconds, within [MIN, MAX]; 1 <= MIN <= MAX <= 3600 (default: never; Horovod "
                               "blacklists the whole host)")
     # dest argv: "command" is the top-level parser's dest for the subcommand, which error messages name
     run.add_argument("argv", metavar="command", nargs=argparse.REMAINDER, help="script.py [args] or any command")

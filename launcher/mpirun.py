@@ -36,10 +36,20 @@ def tcp_eager_limit_problem(limit: int) -> str | None:
     return None
 
 
+# Horovod 0.28.1 horovod/runner/elastic/discovery.py (HostState._validate_cooldown_range) raises ValueError for a
+# min below 1 or a max above 3600 seconds, in the elastic driver's discovery thread when it first sees a host:
+# the job would end in a thread's traceback. min <= max is hvdk8s's own rule (Horovod would wait min every time).
+HOROVOD_COOLDOWN_RANGE = (1, 3600)
+
+
 def blacklist_cooldown_problem(cooldown: tuple[int, int]) -> str | None:
     """What is wrong with horovodrun's blacklist cooldown range (seconds), or None."""
     low, high = cooldown
-    return None if 0 < low <= high else f"blacklist cooldown: need 0 < min ({low}) <= max ({high}) seconds"
+    floor, ceiling = HOROVOD_COOLDOWN_RANGE
+    if floor <= low <= high <= ceiling:
+        return None
+    return (f"blacklist cooldown: need {floor} <= min ({low}) <= max ({high}) <= {ceiling} seconds "
+            f"(Horovod refuses a min below {floor} or a max above {ceiling})")
 
 
 def tcp_eager_mca(limit: int) -> dict[str, str]:
@@ -173,7 +183,9 @@ def horovodrun_argv(
     to agree on a network interface unless ``network_interface`` names one,
     so single-host runs need it (``lo``). Horovod blacklists the host of a
     failed worker for good, unless ``blacklist_cooldown`` (min, max seconds)
-    lets it back after a random wait in that range.
+    lets it back: after the host's n-th failure, ``min * 2**n`` plus up to
+    ``min`` more at random, clamped to [min, max] (Horovod 0.28.1
+    ``horovod/runner/elastic/discovery.py``, HostState._set_cooldown_period).
     """
     if not 1 <= min_np <= np <= max_np:
         raise ValueError(f"elastic bounds: need 1 <= min_np ({min_np}) <= np ({np}) <= max_np ({max_np})")

@@ -26,8 +26,10 @@ API_VERSION = "kubeflow.org/v2beta1"
 KIND = "MPIJob"
 LAUNCHER_COMMANDS = ("mpirun", "horovodrun")
 HOSTS_MODULE = ("python", "-m", "hvdk8s.launcher.hosts")
-# Seconds (min, max) Horovod keeps a failed elastic host out: doubled per failure from min, capped at
-# max, so a replacement pod rejoins in 10-20 s and a crash-looping one is retried every 5 minutes.
+# Seconds (min, max) Horovod keeps a failed elastic host out. Horovod 0.28.1 horovod/runner/elastic/discovery.py
+# (HostState._set_cooldown_period) counts the host's failures (never reset), then waits
+# min * 2**count + uniform(0, 1) * min, clamped to [min, max]: a replacement pod rejoins after 20-30 s, then
+# 40-50 s, 80-90 s, 160-170 s, and a crash-looping one is retried every 300 s from the fifth failure.
 BLACKLIST_COOLDOWN = (10, 300)
 SHM_VOLUME = "dshm"
 SHARED_VOLUME = "shared"

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from horovod.runner.elastic.discovery import HostState
 
 from hvdk8s import elastic
 from hvdk8s.launcher import mpirun
+from hvdk8s.mpijob.render import BLACKLIST_COOLDOWN as MPIJOB_COOLDOWN
 
 from collective_errors import GLOO_RESET, MISMATCHED_SHAPES, MPI_FAILED, PROCESS_SET_REMOVED, raised, recorded
 from conftest import HVDK8S, REPO, SCRIPTS, discovery_script, hvdk8s_cli, job_env
@@ -136,8 +138,20 @@ def test_horovodrun_argv_exact_and_bounds_checked() -> None:
         "horovodrun", "-np", "1", "--min-np", "1", "--max-np", "2", "--blacklist-cooldown-range", "2", "4",
         "--host-discovery-script", "d", "t",
     ]  # fmt: skip
-    with pytest.raises(ValueError, match=r"blacklist cooldown: need 0 < min \(5\) <= max \(2\) seconds"):
+    with pytest.raises(ValueError, match=r"blacklist cooldown: need 1 <= min \(5\) <= max \(2\) <= 3600 seconds"):
         mpirun.horovodrun_argv(1, ["t"], min_np=1, max_np=2, discovery_script="d", blacklist_cooldown=(5, 2))
+
+
+@pytest.mark.parametrize("cooldown", [(1, 3600), (10, 300), MPIJOB_COOLDOWN, (0, 5), (10, 3601), (10, 7200), (5, 2)])
+def test_blacklist_cooldown_is_refused_exactly_when_horovod_would(cooldown: tuple[int, int]) -> None:
+    """Horovod checks the range in its driver's discovery thread (a traceback); hvdk8s before starting it."""
+    try:
+        HostState(cooldown)  # Horovod 0.28.1's own check (HostState._validate_cooldown_range)
+        horovod_accepts = True
+    except ValueError:
+        horovod_accepts = False
+    low, high = cooldown
+    assert (mpirun.blacklist_cooldown_problem(cooldown) is None) == (horovod_accepts and low <= high)
 
 
 # What each error is, and what elastic.run must do with it: True resets to the last commit, False fails the job.

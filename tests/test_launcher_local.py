@@ -30,6 +30,15 @@ def test_hosts_with_a_discovery_script_is_refused() -> None:
     assert "-H/--hosts: elastic runs take their hosts from --host-discovery-script" in proc.stderr
 
 
+def test_a_blacklist_cooldown_horovod_refuses_is_a_clear_error() -> None:
+    # Horovod itself would raise in its driver's discovery thread: "Exception in thread", exit code 1
+    proc = hvdk8s_cli("run", "-np", "1", "--min-np", "1", "--max-np", "1", "--host-discovery-script", "/bin/true",
+                      "--blacklist-cooldown", "10", "7200", sys.executable, "-c", "pass", check=False, timeout=30)
+    assert (proc.returncode, proc.stderr) == (2, "hvdk8s run: error: --blacklist-cooldown: blacklist cooldown: need "
+                                                 "1 <= min (10) <= max (7200) <= 3600 seconds (Horovod refuses a min "
+                                                 "below 1 or a max above 3600)\n")
+
+
 def test_transport_settings_reach_open_mpi_and_elastic_runs_refuse_them() -> None:
     probe = ("import os, numpy as np; from mpi4py import MPI; c = MPI.COMM_WORLD; out = np.zeros(4); "
              "c.Allreduce(np.arange(4.0) + c.rank, out); "
