@@ -43,6 +43,7 @@ class Cluster:
 def connect(kubeconfig: str | None = None, context: str | None = None) -> Cluster:
     """A client for the kubeconfig (``--kubeconfig``, else $KUBECONFIG, else ~/.kube/config), or,
     with none of those inside a pod, the in-cluster service account."""
+    import yaml
     from kubernetes import config
     from kubernetes.config.config_exception import ConfigException
 
@@ -63,6 +64,12 @@ def connect(kubeconfig: str | None = None, context: str | None = None) -> Cluste
         api = config.new_client_from_config(config_file=path, context=context, persist_config=False)
     except ConfigException as err:
         raise UserError(f"cannot use kubeconfig {path}: {err}") from None
+    except (yaml.YAMLError, TypeError, AttributeError, KeyError, IndexError, ValueError) as err:
+        # kubernetes (37.0.2) config/kube_config.py reads the file with yaml.safe_load and walks it without checking types
+        # (KubeConfigMerger, KubeConfigLoader): YAML errors, or TypeError & co. for a field of the wrong
+        # type; ValueError covers a file that is not UTF-8 and certificate data that is not base64.
+        reason = " ".join(str(err).split())
+        raise UserError(f"kubeconfig {path} is not a valid kubeconfig: {reason}") from None
     return Cluster(api, (chosen.get("context") or {}).get("namespace") or "default")
 
 

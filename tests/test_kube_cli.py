@@ -266,6 +266,19 @@ def test_no_kubeconfig_anywhere(tmp_path, manifest, capsys, monkeypatch):
     assert f"no cluster configured: no kubeconfig at {tmp_path}/.kube/config" in err
 
 
+@pytest.mark.parametrize("text, reason", [
+    ("apiVersion: v1\nkind: Config\nclusters: 5\ncontexts: []\nusers: []\n", "'int' object is not iterable"),
+    ("apiVersion: v1\nclusters: [\n  - {name: x\n", "while parsing a flow node expected the node content, but "
+                                                    "found '-' in \"{path}\", line 3, column 3"),
+], ids=["wrong-type", "invalid-yaml"])
+def test_a_malformed_kubeconfig_is_named_in_one_line(tmp_path, capsys, text, reason):
+    config = tmp_path / "kc"
+    config.write_text(text)
+    code, _, err = run(capsys, "status", "foo", "--kubeconfig", str(config))
+    assert (code, err) == (2, f"hvdk8s status: error: kubeconfig {config} is not a valid kubeconfig: "
+                              f"{reason.format(path=config)}\n")
+
+
 def test_unknown_context_lists_the_known_ones(api, manifest, capsys):
     _, flags = api()
     code, _, err = run(capsys, "status", "pi", "--context", "prod", *flags)
