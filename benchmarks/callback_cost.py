@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hvdk8s import atomic
+from hvdk8s import atomic, figures
 
 HOOKS = ("on_train_batch_begin", "on_train_batch_end")
 BASELINE = "no callbacks"
@@ -180,10 +180,7 @@ def markdown(result: dict[str, Any], plot_name: str) -> str:
 
 
 def report(result: dict[str, Any], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = figures.pyplot()
 
     out.mkdir(parents=True, exist_ok=True)
     rows = sorted(result["callbacks"].items(), key=lambda kv: kv[1]["added_share"])
@@ -195,8 +192,7 @@ def report(result: dict[str, Any], out: Path) -> None:
     ax.set_xlabel("% of the step without callbacks")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "callbacks.png", dpi=100)
-    plt.close(fig)
+    figures.save_figure(fig, out / "callbacks.png")
     atomic.write_json(out / "callbacks.json", result)
     text = markdown(result, "callbacks.png")
     atomic.write_text(out / "callbacks.md", text)

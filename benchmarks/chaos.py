@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hvdk8s import atomic
+from hvdk8s import atomic, figures
 from hvdk8s.errors import UserError
 
 from . import chaos_netns, envinfo
@@ -292,11 +292,7 @@ def table(outcomes: list[Outcome]) -> str:
 
 
 def plot(outcomes: list[Outcome], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = figures.pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     for kind, marker in zip(dict.fromkeys(o.kind for o in outcomes), "ox+"):
         for point, color in zip(POINTS, ("tab:blue", "tab:orange", "tab:green")):
@@ -310,9 +306,7 @@ def plot(outcomes: list[Outcome], path: Path) -> None:
                  f"{sum(o.lost_steps or 0 for o in outcomes)} committed steps lost")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    with atomic.atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-    plt.close(fig)
+    figures.save_figure(fig, path)
 
 
 def write(outcomes: list[Outcome], baseline_accuracy: float, meta: dict[str, Any], out: Path) -> dict[str, Path]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hvdk8s import atomic
+from hvdk8s import atomic, figures
 
 from .analysis import GRADIENT_TENSOR, busbw_factor
 from .settings import STRATEGY_LABELS
@@ -99,17 +99,8 @@ COLORS = dict(zip(STRATEGY_LABELS, ("tab:blue", "tab:orange", "tab:green", "tab:
 
 
 # --- plots -------------------------------------------------------------------------------------
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_throughput(rows: list[dict[str, Any]], path: Path) -> None:
-    plt = _plt()
+    plt = figures.pyplot()
     workloads = sorted({r["workload"] for r in rows})
     fig, axes = plt.subplots(2, len(workloads), figsize=(5.2 * len(workloads), 7), squeeze=False)
     for col, wl in enumerate(workloads):
@@ -137,12 +128,11 @@ def plot_throughput(rows: list[dict[str, Any]], path: Path) -> None:
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    figures.save_figure(fig, path, dpi=80)
 
 
 def plot_tta(raw_training: list[dict[str, Any]], path: Path) -> None:
-    plt = _plt()
+    plt = figures.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for run in raw_training:
         tta = run["result"].get("time_to_accuracy")
@@ -161,12 +151,11 @@ def plot_tta(raw_training: list[dict[str, Any]], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    figures.save_figure(fig, path, dpi=80)
 
 
 def plot_busbw(ar: dict[str, Any], emu: dict[str, Any], path: Path) -> None:
-    plt = _plt()
+    plt = figures.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     pts = sorted((p["bytes"], p["busbw_bytes_per_s"]) for p in ar["sweep"] if p["fusion"] == "default")
     if pts:  # the fusion-off launches measure only the many-small-tensors case, not the size sweep
@@ -187,12 +176,11 @@ def plot_busbw(ar: dict[str, Any], emu: dict[str, Any], path: Path) -> None:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    figures.save_figure(fig, path, dpi=80)
 
 
 def plot_prediction(model: dict[str, Any], path: Path) -> None:
-    plt = _plt()
+    plt = figures.pyplot()
     preds = [p for p in model["predictions"] if p["variant"] == "ideal transport"]
     models = list(model["models"])
     fig, grid = plt.subplots(2, 2, figsize=(10, 7.5))
@@ -226,14 +214,13 @@ def plot_prediction(model: dict[str, Any], path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, ncol=2 if ax is not axes[len(models)] else 1, loc="lower left")
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    figures.save_figure(fig, path, dpi=80)
 
 
 def plot_timeline(profiles: list[dict[str, Any]], path: Path) -> None:
     """Horovod timeline rows (one per gradient allreduce) of the last two hvdk8s steps, per workload;
     a red line marks each step's last gradient submission."""
-    plt = _plt()
+    plt = figures.pyplot()
     with_tl = [p for p in profiles if p.get("timeline")]
     fig, axes = plt.subplots(len(with_tl), 1, figsize=(10, 1.5 + 2.6 * len(with_tl)), squeeze=False)
     colors = {"NEGOTIATE_ALLREDUCE": "tab:gray", "ALLREDUCE": "tab:blue"}
@@ -259,8 +246,7 @@ def plot_timeline(profiles: list[dict[str, Any]], path: Path) -> None:
                      "red = last gradient of the step submitted", fontsize=9)
         ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    figures.save_figure(fig, path, dpi=80)
 
 
 # --- sections ------------------------------------------------------------------------------------

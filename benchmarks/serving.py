@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdk8s import atomic
+from hvdk8s import atomic, figures
 
 from . import envinfo, report
 
@@ -621,7 +621,7 @@ def _plot_cost(ax: Any, runs: list[dict[str, Any]]) -> None:
 
 def plot(results: dict[str, Any], path: Path) -> None:
     """Images/s by concurrency per model, API and batching, with the in-process rates as lines; the soak's RSS."""
-    plt = report._plt()
+    plt = figures.pyplot()
     models = results["models"]
     cost = results.get("server_cost", {}).get("runs")
     panels = len(models) + 1 + bool(cost)
@@ -656,6 +656,5 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ax.set_title("soak: good + malformed REST")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    figures.save_figure(fig, path, dpi=80)
 

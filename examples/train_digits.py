@@ -13,10 +13,10 @@ Only rank 0 prints, checkpoints, saves and writes metrics.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import hvdk8s
+from hvdk8s import atomic
 from hvdk8s.checkpoint import load_latest
 
 hvdk8s.init()
@@ -101,8 +101,7 @@ def main() -> None:
         if args.save:
             hvdk8s.save_atomic(model, args.save)
         if args.metrics_out:
-            args.metrics_out.parent.mkdir(parents=True, exist_ok=True)
-            args.metrics_out.write_text(json.dumps({"accuracy": accuracy, "loss": loss, "model": args.model}))
+            atomic.write_json(args.metrics_out, {"accuracy": accuracy, "loss": loss, "model": args.model})
 
 
 if __name__ == "__main__":

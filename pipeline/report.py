@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hvdk8s.atomic import atomic_path
+from hvdk8s import figures
 from hvdk8s.pipeline import dag as d
 from hvdk8s.pipeline.local import SUCCEEDED, RunResult
 
@@ -61,10 +61,7 @@ def table(dag: d.Dag, result: RunResult) -> str:
 
 def plot(dag: d.Dag, result: RunResult, path: str | os.PathLike[str]) -> None:
     """Left: held-out accuracy per candidate (failed ones marked); right: the load test's latency percentiles."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = figures.pyplot()
 
     rows = candidate_rows(dag, result)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
@@ -89,8 +86,4 @@ def plot(dag: d.Dag, result: RunResult, path: str | os.PathLike[str]) -> None:
         right.set_title("load test: did not run")
     right.set_ylabel("latency (ms)")
     fig.tight_layout()
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=100)
-    finally:
-        plt.close(fig)
+    figures.save_figure(fig, path)

@@ -23,8 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdk8s import atomic
-from hvdk8s.atomic import atomic_path
+from hvdk8s import atomic, figures
 from hvdk8s.serving.client import predict_url, request_body
 from hvdk8s.serving.savedmodel import IMAGE_INPUT
 
@@ -327,10 +326,7 @@ def write_json(result: LoadResult, path: str | os.PathLike[str]) -> None:
 
 def plot(result: LoadResult, path: str | os.PathLike[str]) -> None:
     """Latency histogram (log-spaced bins) with p50/p90/p99 marked, as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = figures.pyplot()
 
     lat = result.latency_ms()
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -347,8 +343,4 @@ def plot(result: LoadResult, path: str | os.PathLike[str]) -> None:
     ax.set_title(f"{result.api} {result.url}: {result.requests} requests, c={result.concurrency}, "
                  f"{result.rps:.0f} req/s")
     fig.tight_layout()
-    try:
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", dpi=100)
-    finally:
-        plt.close(fig)
+    figures.save_figure(fig, path)
