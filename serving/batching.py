@@ -5,7 +5,12 @@ queue; a batch thread takes up to ``max_batch_size`` examples from it, as
 soon as that many are waiting or the oldest has waited
 ``batch_timeout_micros`` (0: whatever is waiting when a thread is free —
 under load, requests pile up while the threads are busy, so batches form by
-themselves). The inputs are concatenated along the batch dimension, padded
+themselves). A request of more than ``max_batch_size`` examples is refused,
+as TF Serving refuses it; with ``enable_large_batch_splitting`` batches
+hold at most ``max_execution_batch_size`` examples and a request that does
+not fit the batch being filled is split to fill it, the rest going into the
+next ones (TF Serving's ``SplitInputTask``), its answer joined from the
+pieces'. The inputs are concatenated along the batch dimension, padded
 up to the next of ``allowed_batch_sizes`` with copies of the first example
 (and, with ``pad_variable_length_inputs``, other dimensions padded with each
 tensor's first value, as TF Serving does), run once, and the outputs are
@@ -52,25 +57,42 @@ Outcome = Outputs | BaseException
 
 @dataclass(frozen=True)
 class BatchingParameters:
-    """TF Serving's BatchingParameters fields that ``hvdk8s serve`` implements.
+    """TF Serving's BatchingParameters fields that ``hvdk8s serve`` implements, with TF Serving's defaults.
 
-    The defaults are conservative: no added wait (``batch_timeout_micros``
-    0), so a lone request is never delayed and batches form only from
-    requests that arrive while the model is busy.
+    A field left out of TF Serving's file keeps its batch scheduler's default
+    (``SharedBatchScheduler::QueueOptions`` in TensorFlow's
+    ``core/kernels/batching_util/shared_batch_scheduler.h``: input batch size
+    limit 1000, no added wait, 10 enqueued batches, no splitting; one batch
+    thread per core). No added wait (``batch_timeout_micros`` 0) means a lone
+    request is never delayed: batches form from the requests that arrive
+    while the model is busy.
     """
 
-    max_batch_size: int = 32
+    max_batch_size: int = 1000
     batch_timeout_micros: int = 0
     num_batch_threads: int = field(default_factory=lambda: os.cpu_count() or 1)
-    max_enqueued_batches: int = 100
+    max_enqueued_batches: int = 10
     allowed_batch_sizes: tuple[int, ...] = ()
     pad_variable_length_inputs: bool = False
-    enable_large_batch_splitting: bool = True  # a request above max_batch_size runs as its own batch
+    enable_large_batch_splitting: bool = False
+    max_execution_batch_size: int | None = None  # with splitting, the largest batch run (None: max_batch_size)
+
+    @property
+    def batch_limit(self) -> int:
+        """The most examples one batch runs."""
+        if self.enable_large_batch_splitting and self.max_execution_batch_size is not None:
+            return self.max_execution_batch_size
+        return self.max_batch_size
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "num_batch_threads", "max_enqueued_batches"):
             if getattr(self, name) < 1:
                 raise ValueError(f"batching parameter {name}: {getattr(self, name)} must be at least 1")
+        execution = self.max_execution_batch_size
+        if execution is not None and not 1 <= execution <= self.max_batch_size:
+            # session_bundle_config.proto: max_batch_size should be at least max_execution_batch_size
+            raise ValueError(f"batching parameter max_execution_batch_size: {execution} must be between 1 and "
+                             f"max_batch_size ({self.max_batch_size})")
         if self.batch_timeout_micros < 0:
             raise ValueError(f"batching parameter batch_timeout_micros: {self.batch_timeout_micros} is negative")
         sizes = self.allowed_batch_sizes
@@ -84,10 +106,9 @@ def parse_parameters(text: str, source: str = "batching parameters") -> Batching
     """``BatchingParameters`` from TF Serving's text format, e.g. ``max_batch_size { value: 32 }``.
 
     Unknown fields and malformed text are errors naming the line (protobuf's
-    strict parser); fields left out keep this server's defaults.
-    ``thread_pool_name`` and ``max_execution_batch_size`` are accepted and
-    have no effect: one server has one pool, and a request larger than
-    ``max_batch_size`` runs whole as its own batch.
+    strict parser); fields left out keep TF Serving's defaults.
+    ``thread_pool_name`` is accepted and has no effect: one server has one
+    pool.
     """
     from hvdk8s.serving import textproto
 
@@ -200,12 +221,9 @@ class Batcher:
               future: Future | asyncio.Future, loop: asyncio.AbstractEventLoop | None = None) -> _Task:
         sizes = {a.shape[0] if a.ndim else -1 for a in inputs.values()}
         size = sizes.pop() if len(sizes) == 1 else -1
+        if size > self.params.max_batch_size:  # TF Serving's words (shared_batch_scheduler.h), split or not
+            raise rest.invalid(f"Task size {size} is larger than maximum input batch size {self.params.max_batch_size}")
         alone = size < 1  # no common batch dimension, or an empty batch: nothing to merge
-        if size > self.params.max_batch_size:
-            if not self.params.enable_large_batch_splitting:
-                raise rest.invalid(f"Task size {size} is larger than maximum input batch size "
-                                   f"{self.params.max_batch_size}")
-            alone = True
         return _Task(servable, signature, inputs, max(size, 1), alone, future, loop)
 
     def _enqueue(self, task: _Task) -> tuple:
@@ -214,19 +232,23 @@ class Batcher:
             raise rest.ServingError("UNAVAILABLE", "the server is shutting down")
         key = (id(task.servable), task.signature, self._shape_key(task.inputs))
         queue = self._queues.setdefault(key, deque())
-        waiting = self._waiting.get(key, 0)
-        if waiting + task.size > self.params.max_enqueued_batches * self.params.max_batch_size:
+        waiting, limit = self._waiting.get(key, 0), self.params.batch_limit
+        if waiting + task.size > self.params.max_enqueued_batches * limit:
             raise rest.ServingError(
                 "UNAVAILABLE", "The batch scheduling queue to which this task was submitted is full"
             )
-        queue.append(task)
+        room = limit - waiting % limit  # in the batch being filled
+        if self.params.enable_large_batch_splitting and not task.alone and task.size > room:
+            queue.extend(_pieces(task, room, limit))
+        else:
+            queue.append(task)
         self._waiting[key] = waiting + task.size
         return key
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         """Queue what ``submit_async`` collected in one pass of ``loop``.
 
-        Wakes a batch thread for every ``max_batch_size`` examples (or part)
+        Wakes a batch thread for every batch's worth of examples (or part)
         it adds to a queue, and for every request that runs alone.
         """
         tasks = [t for t in self._pending.pop(loop) if not t.future.done()]  # not those cancelled meanwhile
@@ -243,7 +265,7 @@ class Batcher:
                     batches += 1
                 else:
                     examples[key] = examples.get(key, 0) + task.size
-            batches += sum(math.ceil(n / self.params.max_batch_size) for n in examples.values())
+            batches += sum(math.ceil(n / self.params.batch_limit) for n in examples.values())
             if batches:
                 self._cv.notify(batches)
 
@@ -280,7 +302,7 @@ class Batcher:
                 if not queue:
                     continue
                 due = queue[0].enqueued + timeout
-                full = queue[0].alone or self._waiting[key] >= self.params.max_batch_size
+                full = queue[0].alone or self._waiting[key] >= self.params.batch_limit
                 if full or due <= now or self._closed:
                     if ready is None or queue[0].enqueued < self._queues[ready][0].enqueued:
                         ready = key
@@ -299,7 +321,7 @@ class Batcher:
         if batch[0].alone:
             return batch
         total = batch[0].size
-        while queue and not queue[0].alone and total + queue[0].size <= self.params.max_batch_size:
+        while queue and not queue[0].alone and total + queue[0].size <= self.params.batch_limit:
             total += queue[0].size
             batch.append(queue.popleft())
         return batch
@@ -406,6 +428,48 @@ def _settle(future: Future | asyncio.Future, outcome: Outcome) -> None:
     except (asyncio.InvalidStateError, InvalidStateError):
         if not future.cancelled():
             raise
+
+
+def _pieces(task: _Task, room: int, limit: int) -> list[_Task]:
+    """TF Serving's ``SplitInputTask``: ``room`` examples of ``task`` to fill the batch being filled, then pieces
+    of at most ``limit``; each piece settles its share of ``task``'s answer (``_Joined``)."""
+    bounds = [0, *range(room, task.size, limit), task.size]
+    joined = _Joined(task, len(bounds) - 1)
+    return [_Task(task.servable, task.signature, {name: a[lo:hi] for name, a in task.inputs.items()}, hi - lo, False,
+                  joined.piece(i), enqueued=task.enqueued)
+            for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]
+
+
+class _Joined:
+    """A split request's answer: its pieces' outputs joined along the batch dimension, or a piece's error."""
+
+    def __init__(self, task: _Task, count: int):
+        self._task = task
+        self._parts: list[Outcome | None] = [None] * count
+        self._left = count
+        self._lock = threading.Lock()  # pieces may finish on different batch threads
+
+    def piece(self, index: int) -> Future:
+        future: Future = Future()
+        future.add_done_callback(lambda done: self._done(index, done))
+        return future
+
+    def _done(self, index: int, future: Future) -> None:
+        with self._lock:
+            self._parts[index] = future.exception() or future.result()
+            self._left -= 1
+            if self._left:
+                return
+        outcome = next((p for p in self._parts if isinstance(p, BaseException)), None) or _join(self._parts)
+        _finish([(self._task, outcome)])
+
+
+def _join(parts: Sequence[Any]) -> Outcome:
+    """The pieces' outputs concatenated; TF Serving's error (batching_session.cc) for an output with no batch
+    dimension."""
+    if any(np.ndim(v) == 0 for part in parts for v in part.values()):
+        return rest.ServingError("FAILED_PRECONDITION", "Batched output tensor has 0 dimensions")
+    return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 
 def _split(outputs: Mapping[str, np.ndarray], sizes: list[int], rows: int) -> list[Outputs] | None:

@@ -89,7 +89,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--num-versions", type=_positive(int), default=1, help="how many of the newest versions to keep loaded"
     )
     batching = serve.add_argument_group(
-        "server-side batching (TF Serving's flags; on by default: max_batch_size 32, batch_timeout_micros 0)"
+        "server-side batching (TF Serving's flags and BatchingParameters defaults: max_batch_size 1000, "
+        "batch_timeout_micros 0; on by default here)"
     )
     batching.add_argument(
         "--enable_batching", type=_bool, nargs="?", const=True, default=True, metavar="BOOL",

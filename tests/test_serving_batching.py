@@ -63,17 +63,18 @@ def submit_all(batcher: Batcher, arrays: list[np.ndarray]) -> list:
 
 
 def behind_a_busy_thread(batcher: Batcher, model: Model, gate: threading.Event, first: np.ndarray,
-                         arrays: list[np.ndarray]) -> tuple[dict, list]:
+                         arrays: list[np.ndarray], entries: int | None = None) -> tuple[dict, list]:
     """Run ``first`` alone (the model blocks on ``gate``), queue ``arrays`` behind it, then release the model.
 
-    Returns the first request's result and each queued one's result or exception.
+    Returns the first request's result and each queued one's result or exception. ``entries``: the queue
+    entries they make (one each unless split).
     """
     blocker = batcher.submit("servable", "serving_default", {"x": first})  # holds the only batch thread
     wait_until(lambda: model.batches, "the first request to start")  # before the others can join its batch
     results: list = []
     runner = threading.Thread(target=lambda: results.extend(submit_all(batcher, arrays)))
     runner.start()
-    wait_until(lambda: queued(batcher) == len(arrays), "all requests queued behind the busy thread")
+    wait_until(lambda: queued(batcher) == (entries or len(arrays)), "all requests queued behind the busy thread")
     gate.set()
     runner.join(30)
     return blocker.result(30), results
@@ -102,7 +103,7 @@ def test_every_field_of_the_text_format():
     """
     params = parse_parameters(text)
     assert params.allowed_batch_sizes == (2, 4, 8) and params.pad_variable_length_inputs
-    assert not params.enable_large_batch_splitting
+    assert not params.enable_large_batch_splitting and params.max_execution_batch_size == 8
     assert parse_parameters("") == BatchingParameters()  # fields left out keep the defaults
 
 
@@ -116,6 +117,8 @@ def test_every_field_of_the_text_format():
         ("allowed_batch_sizes: 4\nallowed_batch_sizes: 2", "allowed_batch_sizes [4, 2]: must be positive, increasing"),
         ("max_batch_size { value: 8 }\nallowed_batch_sizes: 4", "end with max_batch_size (8)"),
         ("num_batch_threads { value: 0 }", "num_batch_threads: 0 must be at least 1"),
+        ("max_batch_size { value: 4 }\nmax_execution_batch_size { value: 8 }",
+         "max_execution_batch_size: 8 must be between 1 and max_batch_size (4)"),
     ],
 )
 def test_malformed_parameter_files_name_the_line(text, message):
@@ -189,8 +192,7 @@ def test_variable_length_inputs_are_padded_with_the_first_value():
 def test_full_queue_and_oversized_requests_get_tf_serving_errors():
     gate = threading.Event()
     model = Model(gate)
-    params = BatchingParameters(max_batch_size=2, num_batch_threads=1, max_enqueued_batches=1,
-                                enable_large_batch_splitting=False)
+    params = BatchingParameters(max_batch_size=2, num_batch_threads=1, max_enqueued_batches=1)
     batcher = Batcher(params, model)
     try:
         running = batcher.submit("servable", "serving_default", {"x": np.zeros((1, 1))})
@@ -207,11 +209,55 @@ def test_full_queue_and_oversized_requests_get_tf_serving_errors():
     finally:
         gate.set()
         batcher.close()
-    big = Batcher(BatchingParameters(max_batch_size=2), Model())  # default: oversized requests run alone
+    # TF Serving's defaults (its batch scheduler's QueueOptions): requests of up to 1000 examples, split or not
+    for params in (BatchingParameters(), BatchingParameters(enable_large_batch_splitting=True)):
+        default = Batcher(params, Model())
+        try:
+            assert default.submit("servable", "serving_default", {"x": np.ones((1000, 1))}).result(30)["y"].shape == (
+                1000, 1)
+            with pytest.raises(rest.ServingError, match="Task size 1001 is larger than maximum input batch size 1000"):
+                default.submit("servable", "serving_default", {"x": np.ones((1001, 1))})
+        finally:
+            default.close()
+
+
+def test_large_batch_splitting_fills_the_batch_being_filled_then_runs_pieces_of_the_execution_size():
+    gate = threading.Event()
+    model = Model(gate)
+    params = BatchingParameters(max_batch_size=8, num_batch_threads=1, enable_large_batch_splitting=True,
+                                max_execution_batch_size=3)
+    batcher = Batcher(params, model)
+    small, large = np.array([[7.0, 7.5]]), np.arange(10.0).reshape(5, 2)
     try:
-        assert big.submit("servable", "serving_default", {"x": np.ones((5, 1))}).result(30)["y"].shape == (5, 1)
+        _, results = behind_a_busy_thread(batcher, model, gate, np.zeros((1, 2)), [small, large], entries=3)
     finally:
-        big.close()
+        batcher.close()
+    # whichever came first, the five rows were split to fill a batch of three: two batches of three
+    assert model.batches[0] == 1 and sorted(model.batches[1:]) == [3, 3]
+    np.testing.assert_array_equal(results[0]["y"], 2 * small)
+    np.testing.assert_array_equal(results[1]["y"], 2 * large)  # the pieces' answers joined in order
+    np.testing.assert_array_equal(results[1]["total"], large.sum(axis=1))
+
+
+def test_a_split_request_fails_whole_when_one_piece_fails_and_alone_when_outputs_have_no_batch_dimension():
+    params = BatchingParameters(max_batch_size=8, num_batch_threads=1, enable_large_batch_splitting=True,
+                                max_execution_batch_size=2)
+    bad = np.array([[1.0], [2.0], [3.0], [-1.0], [5.0]])  # the second piece of three holds the malformed row
+    batcher = Batcher(params, model := Model())
+    try:
+        with pytest.raises(rest.ServingError, match="malformed input"):
+            batcher.submit("servable", "serving_default", {"x": bad}).result(30)
+        assert model.batches == [2, 2, 2, 1]  # each piece ran; the failed one again on its own
+    finally:
+        batcher.close()
+    batcher = Batcher(params, lambda servable, signature, inputs: {"y": np.float32(inputs["x"].sum())})
+    try:
+        with pytest.raises(rest.ServingError) as err:
+            batcher.submit("servable", "serving_default", {"x": np.ones((3, 1))}).result(30)
+        # TF Serving's error for an output it cannot split or join (batching_session.cc)
+        assert (err.value.code, err.value.message) == ("FAILED_PRECONDITION", "Batched output tensor has 0 dimensions")
+    finally:
+        batcher.close()
 
 
 def test_serve_refuses_a_bad_parameter_file_before_starting(tmp_path, capsys):

@@ -2,8 +2,9 @@
 and batching shared by REST and gRPC, against a real ``hvdk8s serve`` process.
 
 The server batches with a 20 ms timeout, so concurrent requests really share
-batches; every answer is compared with the SavedModel's own signature called
-in this process on that request alone.
+batches, and splits requests into batches of at most 8 images (TF Serving's
+large batch splitting); every answer is compared with the SavedModel's own
+signature called in this process on that request alone.
 """
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(model_dir):
     params = model_dir.parent / "batching.txt"
-    params.write_text("max_batch_size { value: 8 }\nbatch_timeout_micros { value: 20000 }\n")
+    params.write_text("max_batch_size { value: 16 }\nbatch_timeout_micros { value: 20000 }\n"
+                      "enable_large_batch_splitting { value: true }\nmax_execution_batch_size { value: 8 }\n")
     with running(model_dir, model_dir.parent / "stderr.log", "--enable_batching",
                  "--batching_parameters_file", str(params)) as srv:
         yield srv
