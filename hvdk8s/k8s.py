@@ -171,11 +171,13 @@ def labels_errors(path: str, labels: Mapping[str, str], *, values: bool = True) 
 def read_yaml(path: str | os.PathLike[str]) -> Any:
     """One YAML document; a missing file or bad syntax is the user's to fix."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
     except OSError as exc:
         raise UserError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

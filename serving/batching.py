@@ -41,7 +41,6 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -129,10 +128,9 @@ def parse_parameters(text: str, source: str = "batching parameters") -> Batching
 
 
 def read_parameters_file(path: str | os.PathLike[str]) -> BatchingParameters:
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"--batching_parameters_file {file}: no such file")
-    return parse_parameters(file.read_text(), source=str(file))
+    from hvdk8s.serving import textproto
+
+    return parse_parameters(*textproto.read(path, "--batching_parameters_file"))
 
 
 def _message_class() -> type:

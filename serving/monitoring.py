@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
@@ -39,10 +38,9 @@ def parse_config(text: str, source: str) -> PrometheusConfig:
 
 
 def read_config(path: str | os.PathLike[str]) -> PrometheusConfig:
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"--monitoring_config_file {file}: no such file")
-    return parse_config(file.read_text(), f"--monitoring_config_file {file}")
+    from hvdk8s.serving import textproto
+
+    return parse_config(*textproto.read(path, "--monitoring_config_file"))
 
 
 class Metrics:

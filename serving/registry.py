@@ -164,10 +164,9 @@ def _policy(proto: Any) -> VersionPolicy:
 
 
 def read_model_config(path: str | os.PathLike[str]) -> list[ModelConfig]:
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"--model_config_file {file}: no such file")
-    return parse_model_config(file.read_text(), f"--model_config_file {file}")
+    from hvdk8s.serving import textproto
+
+    return parse_model_config(*textproto.read(path, "--model_config_file"))
 
 
 class ConfigWatcher:

@@ -201,6 +201,10 @@ def test_file_errors_name_the_file(tmp_path: Path):
     bad.write_text("name: [unclosed\n")
     with pytest.raises(UserError, match=r"bad\.yaml: not valid YAML"):
         load_spec(bad)
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("name: caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(UserError, match=r"latin1\.yaml: not UTF-8 text \(byte 9\)"):
+        load_spec(latin1)
     typo = tmp_path / "typo.yaml"
     typo.write_text(yaml.safe_dump(BASE | {"worker": 3}))
     with pytest.raises(SpecError) as info:

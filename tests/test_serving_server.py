@@ -129,6 +129,19 @@ def test_serve_refuses_negative_thread_counts(tmp_path, capsys):
     assert "argument --tensorflow_intra_op_parallelism: -1: must be 0 or more" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flag", ["--batching_parameters_file", "--monitoring_config_file", "--model_config_file"])
+def test_serve_refuses_a_config_file_it_cannot_read_naming_the_flag_and_file(tmp_path, capsys, flag):
+    import hvdk8s.cli
+
+    models = [str(tmp_path)] if flag != "--model_config_file" else []
+    binary = tmp_path / "config.txt"
+    binary.write_bytes(b"max_batch_size { value: 8 }\n\xff\xfe")
+    for path, why in ((binary, "not UTF-8 text (byte 28)"), (tmp_path / "missing.txt", "no such file"),
+                      (tmp_path, "is a directory, not a file")):
+        assert hvdk8s.cli.main(["serve", *models, flag, str(path)]) == 2
+        assert f"{flag} {path}: {why}" in capsys.readouterr().err
+
+
 def test_serve_runs_tensorflow_with_the_thread_counts_given(base_path, tmp_path):
     log = tmp_path / "serve.log"
     with running(base_path, log, "--tensorflow_intra_op_parallelism", "3", "--tensorflow_inter_op_parallelism", "2"):
