@@ -240,4 +240,3 @@ def test_every_pod_the_workflow_runs_opts_out_of_istio_sidecars(kserve):
     # so Argo never kills an injected sidecar, and its Role need not allow pods/exec
     role = rbac(pipeline)[1]
     assert not any("pods/exec" in rule["resources"] for rule in role["rules"])
-    assert argo.POD_LABELS == {ISTIO: "false"}
