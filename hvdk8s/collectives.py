@@ -20,7 +20,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
-from horovod.tensorflow.compression import Compression
+from horovod.tensorflow import Compression
 
 from hvdk8s import commtime
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
-from horovod.tensorflow.compression import Compression
+from horovod.tensorflow import Compression
 
 from hvdk8s.optimizer import DistributedOptimizer, is_distributed_class
 

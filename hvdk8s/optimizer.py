@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import keras
 import tensorflow as tf
-from horovod.tensorflow.compression import Compression
+from horovod.tensorflow import Compression
 
 from hvdk8s import collectives, schedule
 from hvdk8s.collectives import Average, GradientReduction, global_process_set, variable_key
