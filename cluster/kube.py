@@ -100,7 +100,7 @@ def create_job(cluster: Cluster, manifest: dict, namespace: str, dry_run: bool =
     and defaults it but stores nothing.
 
     ``fieldValidation=Strict``: the CRDs have no ``additionalProperties: false``, so by default the
-    server prunes a misspelled field and only warns (Warn, the API's default since 1.27); strict makes it
+    server prunes a misspelled field and only warns (its default, fieldValidation=Warn); strict makes it
     refuse the job instead.
     """
     kind = kind_of(manifest)
