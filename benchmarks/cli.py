@@ -142,19 +142,20 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
 
     from . import analysis, report
 
     if args.report_only:
-        if not args.report_only.is_file():
-            raise UserError(f"--report-only {args.report_only}: no such file")
-        results = json.loads(args.report_only.read_text())
+        source = f"--report-only {args.report_only}"
+        results = _read_results(args.report_only, source)
         try:  # summaries always from the raw timings, with today's analysis
             results["derived"] = analysis.derive(results["raw"])
+            paths = report.write(results, args.report_only.parent)
         except ValueError as err:  # the cost model's measured H100 rates are missing
             raise UserError(str(err)) from None
-        paths = report.write(results, args.report_only.parent)
+        except (KeyError, TypeError) as err:
+            raise UserError(f"{source}: not a results file this hvdk8s bench can render ({type(err).__name__}: "
+                            f"{err})") from None
         print(f"hvdk8s bench: wrote {paths['markdown']}")
         return 0
     if args.chaos:
@@ -182,6 +183,23 @@ def run(args: argparse.Namespace) -> int:
     for failure in results["errors"]:
         print(f"hvdk8s bench: error in {failure['job']}: {failure['error'].splitlines()[0]}", file=sys.stderr)
     return 1 if results["errors"] else 0
+
+
+def _read_results(path: Path, source: str) -> dict[str, Any]:
+    """A ``results.json`` for ``--report-only``; a file that is not one is the user's to fix, named."""
+    import json
+
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{source}: no such file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{source}: cannot read: {err}") from None
+    except json.JSONDecodeError as err:
+        raise UserError(f"{source}: not JSON: {err}") from None
+    if not isinstance(results, dict) or "raw" not in results:
+        raise UserError(f"{source}: not an hvdk8s bench results file (no 'raw' timings)")
+    return results
 
 
 def main(argv: Sequence[str] | None = None) -> int:

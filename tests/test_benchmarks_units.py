@@ -586,3 +586,19 @@ def test_headline_puts_emulated_links_and_horovods_scripts_beside_shared_memory_
     assert "| mlp | shared memory, alternating windows | 1.5 (1) | 0.98 [0.96–1] (3) |" in lines
     assert "| mlp | emulated 1gbit links, alternating windows | – | 0.98 [0.96–1] (3) |" in lines
     assert "| horovod-synthetic:ResNet50 | Horovod's scripts, separate launches | – | 0.98 [0.96–1] (3) |" in lines
+
+
+@pytest.mark.parametrize("content, why", [
+    (None, "no such file"),
+    (b"{\"raw\": [1,", "not JSON: Expecting value: line 1 column 12 (char 11)"),
+    (b"\xff\xfe", "cannot read: 'utf-8' codec can't decode byte 0xff in position 0"),
+    (b"{}", "not an hvdk8s bench results file (no 'raw' timings)"),
+    (b"{\"raw\": {}}", "not a results file this hvdk8s bench can render (KeyError: "),
+])
+def test_report_only_refuses_a_file_that_is_not_a_results_file_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                         content: bytes | None, why: str) -> None:
+    results = tmp_path / "results.json"
+    if content is not None:
+        results.write_bytes(content)
+    assert cli.main(["--report-only", str(results)]) == 2
+    assert capsys.readouterr().err.startswith(f"hvdk8s bench: error: --report-only {results}: {why}")
