@@ -22,7 +22,7 @@ from test_pipeline import EXAMPLE, minimal
 
 from hvdk8s.mpijob.files import SpecError
 from hvdk8s.mpijob.validate import check_manifest
-from hvdk8s.pipeline import argo, build, load_pipeline, rbac, render_workflow
+from hvdk8s.pipeline import build, load_pipeline, rbac, render_workflow
 from hvdk8s.pipeline.load import from_data
 
 from argo_model import DEADLINE_MESSAGE, DELETED_MESSAGE, Cluster, Node, Run, match_conditions, parse_selector
