@@ -121,11 +121,12 @@ def _config_mount() -> dict[str, Any]:
 
 
 def _status_probe(opts: ServingOptions, period: int, failures: int) -> dict[str, Any]:
-    # TF Serving opens its ports only after the first version has loaded, and
-    # GET /v1/models/NAME answers 404 once no version is left, so this is the
-    # model's readiness, not just the process's.
+    # The model's readiness, not just the process's: TF Serving opens its ports only once the first version
+    # has loaded, and GET /v1/models/NAME/metadata reads the newest loaded version (get_model_metadata_impl.cc:
+    # GetServableHandle), so it is 404 once none is left. The status endpoint would stay 200: it lists
+    # unloaded versions too, in state END (get_model_status_impl.cc).
     return {
-        "httpGet": {"path": f"/v1/models/{opts.name}", "port": "http"},
+        "httpGet": {"path": f"/v1/models/{opts.name}/metadata", "port": "http"},
         "periodSeconds": period,
         "timeoutSeconds": 5,
         "failureThreshold": failures,

@@ -144,7 +144,7 @@ def test_default_tf_serving_manifests_exactly():
     assert len(annotations.pop("checksum/config")) == 64
     assert annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": "8501",
                            "prometheus.io/path": "/monitoring/prometheus/metrics"}
-    status_probe = {"httpGet": {"path": "/v1/models/digits", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 5}
+    status_probe = {"httpGet": {"path": "/v1/models/digits/metadata", "port": "http"}, "periodSeconds": 10, "timeoutSeconds": 5}
     assert template["spec"] == {
         "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
                             "seccompProfile": {"type": "RuntimeDefault"}},
