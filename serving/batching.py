@@ -325,6 +325,9 @@ class Batcher:
         return batch
 
     def _execute(self, batch: list[_Task]) -> None:
+        batch = [task for task in batch if not task.future.cancelled()]  # callers that gave up (a gRPC deadline)
+        if not batch:
+            return
         self.batches += 1
         self.tasks += len(batch)
         _finish(zip(batch, self._outcomes(batch)))

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import grpc
@@ -148,7 +148,7 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             servable = self.core.servable(*_selects(spec))
             signature = spec.signature_name or rest.DEFAULT_SIGNATURE
             arrays = inputs_from_protos(request.inputs, servable.inputs_of(signature))
-            outputs = self.core.submit(servable, signature, arrays).result()
+            outputs = _within_deadline(self.core.submit(servable, signature, arrays), context)
             wanted = list(request.output_filter) or sorted(outputs)
             unknown = [name for name in wanted if name not in outputs]
             if unknown:
@@ -164,14 +164,14 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         with _status(context, self.core, request.model_spec.name, examples.CLASSIFY):
             response = classification_pb2.ClassificationResponse()
             self._examples(examples.CLASSIFY, request.model_spec, examples.from_input(request.input),
-                           response.model_spec, response.result)
+                           response.model_spec, response.result, context)
             return response
 
     def Regress(self, request: Any, context: grpc.ServicerContext) -> Any:
         with _status(context, self.core, request.model_spec.name, examples.REGRESS):
             response = regression_pb2.RegressionResponse()
             self._examples(examples.REGRESS, request.model_spec, examples.from_input(request.input),
-                           response.model_spec, response.result)
+                           response.model_spec, response.result, context)
             return response
 
     def MultiInference(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -198,15 +198,16 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                 result = response.results.add()
                 api = examples.METHOD_NAMES[task.method_name]
                 target = result.classification_result if api == examples.CLASSIFY else result.regression_result
-                self._examples(api, task.model_spec, serialized, result.model_spec, target)
+                self._examples(api, task.model_spec, serialized, result.model_spec, target, context)
             return response
 
-    def _examples(self, api: str, spec: Any, serialized: list[bytes], out_spec: Any, result: Any) -> None:
+    def _examples(self, api: str, spec: Any, serialized: list[bytes], out_spec: Any, result: Any,
+                  context: grpc.ServicerContext) -> None:
         """Run one classify/regress signature on ``serialized`` and fill ``result`` and ``out_spec``."""
         servable = self.core.servable(*_selects(spec))
         signature = spec.signature_name or rest.DEFAULT_SIGNATURE
-        outputs = self.core.submit(servable, signature, self.core.examples_inputs(api, servable, signature,
-                                                                                 serialized)).result()
+        inputs = self.core.examples_inputs(api, servable, signature, serialized)
+        outputs = _within_deadline(self.core.submit(servable, signature, inputs), context)
         if api == examples.CLASSIFY:
             for classes in examples.classifications(outputs, len(serialized)):
                 entry = result.classifications.add()
@@ -257,6 +258,19 @@ def _fill_spec(model_spec: Any, name: str, version: int, signature: str) -> None
     model_spec.name = name
     model_spec.version.value = version
     model_spec.signature_name = signature
+
+
+def _within_deadline(future: Future, context: grpc.ServicerContext) -> dict[str, np.ndarray]:
+    """The model's outputs, waited for no longer than the client's deadline (none: as long as it takes).
+
+    TF Serving makes the deadline the model run's timeout (``enforce_session_run_timeout``, on by default:
+    prediction_service_impl.cc), so a request the client has given up on does not hold a server thread.
+    """
+    try:
+        return future.result(timeout=context.time_remaining())
+    except TimeoutError:
+        future.cancel()  # not run if it is still queued
+        raise rest.ServingError("DEADLINE_EXCEEDED", "Deadline Exceeded") from None
 
 
 @contextlib.contextmanager

@@ -382,3 +382,21 @@ def test_an_outcome_a_future_refuses_becomes_an_error_instead_of_a_request_that_
         batcher.close()
     assert [type(r) for r in results] == [RuntimeError, RuntimeError]
     assert "StopIteration" in str(results[0]) and "could not be handed back" in str(results[0])
+
+
+def test_a_request_cancelled_while_queued_is_not_run():
+    gate = threading.Event()
+    model = Model(gate)
+    batcher = Batcher(BatchingParameters(max_batch_size=8, num_batch_threads=1), model)
+    try:
+        running = batcher.submit("servable", "serving_default", {"x": np.zeros((1, 1))})
+        wait_until(lambda: model.batches, "the running request to start")
+        given_up = batcher.submit("servable", "serving_default", {"x": np.ones((2, 1))})
+        kept = batcher.submit("servable", "serving_default", {"x": np.ones((3, 1))})
+        assert given_up.cancel()  # what a gRPC handler does when its client's deadline passes
+        gate.set()
+        assert kept.result(30)["y"].shape == (3, 1) and running.result(30)["y"].shape == (1, 1)
+    finally:
+        gate.set()
+        batcher.close()
+    assert model.batches == [1, 3]

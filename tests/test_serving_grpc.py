@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import base64
 import io
-from concurrent.futures import ThreadPoolExecutor
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import SimpleNamespace
 
 import grpc
 import numpy as np
@@ -27,7 +29,7 @@ from tensorflow_serving.apis import (
 )
 
 import hvdk8s.cli
-from hvdk8s.serving import loadtest
+from hvdk8s.serving import grpc_server, loadtest, rest
 from hvdk8s.serving.process import running
 
 from serving_models import export_untrained
@@ -260,3 +262,40 @@ def test_prometheus_metrics_count_rest_and_grpc_requests(model_dir, tmp_path):
     assert ':tensorflow:serving:request_count_total{model_name="digits",status="OK"} 2.0' in text
     assert ':tensorflow:serving:request_count_total{model_name="mnist",status="NOT_FOUND"} 1.0' in text
     assert ':tensorflow:serving:request_latency_count{API="status",entrypoint="GRPC",model_name="digits"} 1.0' in text
+
+
+class _NeverAnswers:
+    """A ServingCore stand-in whose model never answers: the future a request waits on is kept to inspect."""
+
+    metrics = None
+
+    def __init__(self) -> None:
+        self.futures: list[Future] = []
+
+    def servable(self, model, version=None, label=None):
+        return SimpleNamespace(version=1, inputs_of=lambda signature: {"x": rest.InputSpec(np.dtype("float32"), (None,))})
+
+    def submit(self, servable, signature, inputs) -> Future:
+        self.futures.append(future := Future())
+        return future
+
+
+def test_a_predict_past_the_clients_deadline_frees_its_server_thread_and_is_dropped():
+    core = _NeverAnswers()
+    server, port = grpc_server.create_server(core, "127.0.0.1", 0)
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name = "m"
+            request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.ones(2, np.float32)))
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Predict(request, timeout=0.5)
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        deadline = time.monotonic() + 10  # the handler gives up on the model once the deadline has passed
+        while not (core.futures and core.futures[0].cancelled()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert core.futures[0].cancelled()  # so the batcher drops it unless it already runs
+    finally:
+        server.stop(None)
