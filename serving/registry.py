@@ -5,8 +5,15 @@
 ``tensorflow-serving-api`` wheel's own message): a ``model_config_list``
 of models, each with a name, base path, version policy and version labels.
 A new config replaces the set of models as TF Serving's ``ReloadConfig``
-does: models it no longer names are dropped, new ones are loaded, one whose
-base path and policy are unchanged keeps its loaded versions.
+does: models it no longer names are dropped, new ones are loaded, and one
+whose base path is unchanged keeps its loaded versions; a changed version
+policy only changes which versions it wants (the next poll loads the newly
+wanted ones before unloading the others), as TF Serving's storage path
+source aspires a new set of versions under the same model
+(file_system_storage_path_source.cc, ``UpdateConfig``). A changed base path
+starts the model afresh; TF Serving unaspires models by name only
+(``GetDeletedServables``), so there versions of a number already loaded
+stay as loaded from the old path.
 
 A label resolves to its version when a request arrives; the version must be
 loaded then (NOT_FOUND otherwise). TF Serving instead refuses a config whose
@@ -49,6 +56,9 @@ class Models:
         self._lock = threading.Lock()
         self._repositories: dict[str, ModelRepository] = {}
         self._labels: dict[str, dict[str, int]] = {}
+        self.version_changes = 0
+        """Versions loaded or unloaded so far, models dropped by ``configure`` included; only ever grows (the
+        server re-freezes the garbage collector when it has changed)."""
         self.configure(configs)
 
     @classmethod
@@ -69,7 +79,8 @@ class Models:
             return list(self._repositories.values())
 
     def configure(self, configs: Iterable[ModelConfig]) -> None:
-        """Serve exactly ``configs`` from the next poll on (models kept where base path and policy are unchanged)."""
+        """Serve exactly ``configs`` from the next poll on (a model keeps its versions where its base path is
+        unchanged; its new version policy applies from that poll)."""
         configs = list(configs)
         names = [c.name for c in configs]
         duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -80,26 +91,31 @@ class Models:
             repositories: dict[str, ModelRepository] = {}
             for c in configs:
                 old = current.get(c.name)
-                if old is not None and old.base_path == c.base_path and old.policy == c.policy:
+                if old is not None and old.base_path == c.base_path:
+                    old.policy = c.policy
                     repositories[c.name] = old
                 else:
                     repositories[c.name] = ModelRepository(c.base_path, c.name, loader=self._loader, policy=c.policy)
+            dropped = [r for name, r in current.items() if repositories.get(name) is not r]
+            self.version_changes += len(dropped)
             self._repositories = repositories
             self._labels = {c.name: dict(c.labels) for c in configs}
-        for name in sorted(set(current) - set(repositories)):
-            log.info("model %s: no longer in the model config; unloaded", name)
-
-    @property
-    def loads(self) -> int:
-        """Versions loaded so far, all models together (changes when a poll loaded something)."""
-        return sum(r.loads for r in self.repositories())
+        for repository in dropped:
+            if repository.name in repositories:
+                log.info("model %s: base path now %s; its versions from %s unloaded", repository.name,
+                         repositories[repository.name].base_path, repository.base_path)
+            else:
+                log.info("model %s: no longer in the model config; unloaded", repository.name)
 
     def poll(self) -> None:
         for repository in self.repositories():
             try:
-                repository.poll()
+                changes = repository.poll()
             except Exception:  # noqa: BLE001  (one model's scan error must not stop the others')
                 log.exception("model %s: polling %s failed", repository.name, repository.base_path)
+                continue
+            with self._lock:
+                self.version_changes += changes
 
     def get(self, name: str, version: int | None = None, label: str | None = None) -> Servable:
         repository, version = self._resolve(name, version, label)

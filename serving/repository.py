@@ -254,24 +254,26 @@ class ModelRepository:
         self._states: dict[int, _State] = {}
         self._dirs: dict[int, Path] = {}
         self._told_empty = False
-        self.loads = 0  # versions loaded so far (the server re-freezes the garbage collector after each)
 
-    def poll(self) -> None:
-        """Load new versions and unload superseded or deleted ones."""
+    def poll(self) -> int:
+        """Load new versions and unload superseded or deleted ones; how many versions it loaded or unloaded."""
         self._dirs = savedmodel.version_dirs(self.base_path)
         present = sorted(self._dirs)
         self._say_if_empty(present)
         usable = [v for v in present if not self._failed_unchanged(v)]
+        changes = 0
         for version in self.policy.pick(usable):
             if version not in self._servables:
-                self._load(version)
+                changes += self._load(version)
         healthy = [v for v in present if v in self._servables]
         keep = set(self.policy.pick(healthy))
         with self._lock:
             for version in [v for v in self._servables if v not in keep]:
                 del self._servables[version]
                 self._states[version] = _State("END")
+                changes += 1
                 log.info("model %s: unloaded version %d", self.name, version)
+        return changes
 
     def _say_if_empty(self, present: list[int]) -> None:
         """Log once (until a version appears) that there is nothing to serve yet, and where it looks."""
@@ -324,7 +326,8 @@ class ModelRepository:
         state = self._states.get(version)
         return state is not None and state.code != "OK" and state.stamp == self._stamp(version)
 
-    def _load(self, version: int) -> None:
+    def _load(self, version: int) -> bool:
+        """Whether ``version`` loaded (a failure is logged and kept in its status)."""
         stamp = self._stamp(version)
         with self._lock:
             self._states[version] = _State("LOADING")
@@ -334,12 +337,12 @@ class ModelRepository:
             with self._lock:
                 self._states[version] = _State("END", _error_code(err), f"{type(err).__name__}: {err}", stamp)
             log.error("model %s: version %d failed to load: %s", self.name, version, err)
-            return
+            return False
         with self._lock:
             self._servables[version] = servable
             self._states[version] = _State("AVAILABLE")
-        self.loads += 1
         log.info("model %s: serving version %d from %s", self.name, version, servable.path)
+        return True
 
 
 def _error_code(err: Exception) -> str:

@@ -78,23 +78,7 @@ def create_app(
     ``metrics_path``: ``core.metrics`` served there as Prometheus text.
     """
     models = core.models
-    frozen = [-1]  # models.loads when the collector was last frozen
-
-    def freeze_loaded_models() -> None:
-        """Move the loaded models' objects out of the cyclic garbage collector's reach (``gc.freeze``).
-
-        A loaded TensorFlow model is some 355k tracked objects: every full
-        collection walked them all, a ~250 ms stall of every request in
-        flight, 1-2 times every 6 s under load (issue #26). Done again after
-        each newly loaded version: unfreeze, collect (an unloaded version's
-        cycles are freed then), freeze.
-        """
-        if models.loads == frozen[0]:
-            return
-        frozen[0] = models.loads
-        gc.unfreeze()
-        gc.collect()
-        gc.freeze()
+    freeze_loaded_models = ModelFreezer(models)
 
     def tick() -> None:
         import tensorflow as tf
@@ -143,6 +127,31 @@ def create_app(
         return answer
 
     return Starlette(routes=[Route("/{path:path}", endpoint, methods=METHODS)], lifespan=lifespan)
+
+
+class ModelFreezer:
+    """Moves the loaded models' objects out of the cyclic garbage collector's reach (``gc.freeze``).
+
+    A loaded TensorFlow model is some 355k tracked objects: every full
+    collection walked them all, a ~250 ms stall of every request in flight,
+    1-2 times every 6 s under load (issue #26). Called after every poll; when
+    a version was loaded or unloaded since the last call (``Models.version_changes``),
+    it unfreezes, collects (an unloaded version's cycles are freed then) and
+    freezes again.
+    """
+
+    def __init__(self, models: Models):
+        self.models = models
+        self.frozen_at = -1  # models.version_changes when the collector was last frozen
+
+    def __call__(self) -> None:
+        changes = self.models.version_changes
+        if changes == self.frozen_at:
+            return
+        self.frozen_at = changes
+        gc.unfreeze()
+        gc.collect()
+        gc.freeze()
 
 
 def _route(method: str, path: str, headers: Mapping[str, str]) -> rest.Route | None:

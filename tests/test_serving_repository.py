@@ -34,8 +34,8 @@ def write_version(base: Path, version: int, content: str = "ok") -> None:
     os.utime(pb, ns=(version * 10**9 + len(content), version * 10**9 + len(content)))  # distinct stamps
 
 
-def states(repo: ModelRepository) -> dict[int, tuple[str, str]]:
-    return {v: (state, code) for v, state, code, _ in repo.status("digits")}
+def states(repo: ModelRepository, name: str = "digits") -> dict[int, tuple[str, str]]:
+    return {v: (state, code) for v, state, code, _ in repo.status(name)}
 
 
 def test_newest_version_replaces_the_old_one_only_once_it_loads(tmp_path):
@@ -138,3 +138,72 @@ def test_model_config_file_serves_several_models_and_reloads(tmp_path):
     assert models.names == ["b"]
     with pytest.raises(ValueError, match="Error parsing text-format tensorflow.serving.ModelServerConfig"):
         read_model_config(config)
+
+
+class Cyclic:
+    """A model's objects as TensorFlow leaves them: freed by the cyclic collector only."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_freezer_frees_the_versions_unloaded_or_replaced_since_it_last_froze(tmp_path):
+    """A swapped base path or a deleted version left ``loads`` unchanged: the old model stayed pinned in the
+    permanent generation (its memory never freed) and the new one was never frozen."""
+    import gc
+    import weakref
+
+    from hvdk8s.serving.registry import ModelConfig
+    from hvdk8s.serving.server import ModelFreezer
+
+    def loader(version: int, path: Path) -> Servable:
+        return Servable(version, path, {}, {}, {}, loaded=Cyclic())
+
+    for base in ("a", "b"):
+        write_version(tmp_path / base, 1)
+    models = Models([ModelConfig("m", tmp_path / "a")], loader=loader)
+    freeze = ModelFreezer(models)
+    try:
+        models.poll()
+        freeze()
+        first = weakref.ref(models.get("m").loaded)
+        models.configure([ModelConfig("m", tmp_path / "b", VersionPolicy("latest", 2))])  # another base path
+        models.poll()
+        freeze()
+        assert first() is None, "the replaced model is still held"
+        replacement = models.get("m").loaded
+        assert gc.is_tracked(replacement) and all(o is not replacement for o in gc.get_objects()), "not frozen"
+        del replacement
+
+        write_version(tmp_path / "b", 2)
+        models.poll()
+        freeze()
+        newest = weakref.ref(models.get("m").loaded)
+        (tmp_path / "b" / "2" / "saved_model.pb").unlink()
+        (tmp_path / "b" / "2").rmdir()
+        models.poll()  # version 2 deleted: unloaded, nothing loaded
+        freeze()
+        assert newest() is None, "the deleted version is still held"
+    finally:
+        gc.unfreeze()
+
+
+def test_a_changed_version_policy_keeps_the_model_serving_its_loaded_versions(tmp_path):
+    """TF Serving only changes which versions it aspires; the model was rebuilt and answered NOT_FOUND until the
+    next poll, then loaded every version again."""
+    from hvdk8s.serving.registry import ModelConfig
+
+    for version in (1, 2):
+        write_version(tmp_path, version)
+    loader = Loader()
+    models = Models([ModelConfig("m", tmp_path)], loader=loader)
+    models.poll()
+    models.configure([ModelConfig("m", tmp_path, VersionPolicy("latest", 2))])
+    assert models.get("m").version == 2  # before the next poll too
+    models.poll()
+    assert (models.get("m", 1).version, models.get("m").version, loader.calls) == (1, 2, [2, 1])
+
+    models.configure([ModelConfig("m", tmp_path, VersionPolicy("specific", versions=(1,)))])
+    models.poll()
+    assert states(models.repositories()[0], "m") == {1: ("AVAILABLE", "OK"), 2: ("END", "OK")}
+    assert loader.calls == [2, 1]
