@@ -35,9 +35,15 @@ class ServingCore:
         """The version a request addresses (by number, label, or the newest)."""
         return self.models.get(model, version, label)
 
-    def status(self, model: str, version: int | None = None, label: str | None = None) -> dict:
-        """GetModelStatusResponse as JSON (TF Serving's REST answer; gRPC parses it into the message)."""
-        return rest.status_response(self.models.status(model, version, label))
+    def status(self, model: str, version: int | None = None) -> dict:
+        """GetModelStatusResponse as JSON (TF Serving's REST answer; gRPC parses it into the message).
+
+        Takes no version label: TF Serving's ``GetModelStatusWithModelSpec``
+        (model_servers/get_model_status_impl.cc) looks only at the spec's
+        version, so a status request by label, known or not, answers every
+        version of the model.
+        """
+        return rest.status_response(self.models.status(model, version))
 
     def submit(self, servable: Servable, signature: str, inputs: Mapping[str, np.ndarray]) -> Future:
         """The future outputs of one predict call (batched with others when batching is on)."""

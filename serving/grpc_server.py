@@ -245,7 +245,7 @@ class _ModelService(model_service_pb2_grpc.ModelServiceServicer):
     def GetModelStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
         spec = request.model_spec
         with _status(context, self.core, spec.name, "status"):
-            doc = self.core.status(*_selects(spec))
+            doc = self.core.status(spec.name, spec.version.value if spec.HasField("version") else None)
             return json_format.ParseDict(doc, get_model_status_pb2.GetModelStatusResponse())
 
 

@@ -124,8 +124,9 @@ class Models:
             raise rest.ServingError("NOT_FOUND", f"Servable not found for request: {spec}")
         return repository.get(name, version)
 
-    def status(self, name: str, version: int | None = None, label: str | None = None) -> list:
-        repository, version = self._resolve(name, version, label)
+    def status(self, name: str, version: int | None = None) -> list:
+        """Every version's status, or one's; a request's version label is not resolved (see ``ServingCore.status``)."""
+        repository, version = self._resolve(name, version, None)
         if repository is None:
             raise rest.ServingError("NOT_FOUND", f"Could not find any versions of model {name}")
         return repository.status(name, version)

@@ -168,7 +168,7 @@ def _route(method: str, path: str, headers: Mapping[str, str]) -> rest.Route | N
 async def _handle(core: ServingCore, route: rest.Route, body: bytes, timeout: float | None) -> dict:
     """One request's response document (or a ``rest.ServingError``)."""
     if route.kind == "status":
-        return core.status(route.model, route.version, route.label)
+        return core.status(route.model, route.version)  # the label is ignored, as TF Serving ignores it
     if route.kind == "metadata":
         servable = core.servable(route.model, route.version, route.label)
         return rest.metadata_response(route.model, servable.version, servable.signature_defs)

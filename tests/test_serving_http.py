@@ -85,7 +85,8 @@ ROWS = [
     # server_core.cc GetModelVersionForLabel: no labels without a model config file
     ("label-predict", "POST", "/v1/models/digits/labels/stable:predict", GOOD, 400,
      "Unrecognized servable version label: stable"),
-    ("label-status", "GET", "/v1/models/digits/labels/canary", None, 400, "Unrecognized servable version label: canary"),
+    # get_model_status_impl.cc GetModelStatusWithModelSpec reads only the spec's version: every version, by any label
+    ("label-status", "GET", "/v1/models/digits/labels/canary", None, 200, None),
     # http_rest_api_util.cc ParseModelInfo: versions beyond int64
     ("version-beyond-int64", "POST", "/v1/models/digits/versions/99999999999999999999:predict", GOOD, 400,
      "Failed to convert version: 99999999999999999999 to numeric."),

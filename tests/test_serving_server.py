@@ -201,7 +201,10 @@ def test_port_0_gives_grpc_a_free_port_too_and_says_which(base_path):
                 request = get_model_status_pb2.GetModelStatusRequest()
                 request.model_spec.name = "digits"
                 status = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(request, timeout=30)
+                request.model_spec.version_label = "canary"  # ignored, as get_model_status_impl.cc ignores it
+                by_label = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(request, timeout=30)
             assert [v.version for v in status.model_version_status] == [1]
+            assert by_label == status
         finally:
             _stop(proc)
 
