@@ -86,11 +86,12 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from hvdk8s.cluster import client, jobstatus, kube
+    from hvdk8s.cluster import client, jobstatus, kube, watch
 
     cluster = client.connect(args.kubeconfig, args.context)
-    job = kube.get_job(cluster, args.namespace or cluster.namespace, args.name, _kind(args))
-    print("\n".join(jobstatus.summary(job)))
+    namespace, kind = args.namespace or cluster.namespace, _kind(args)
+    job = kube.get_job(cluster, namespace, args.name, kind)
+    print("\n".join(jobstatus.summary(job, watch.launcher_phase(cluster, namespace, args.name, kind))))
     return 0
 
 

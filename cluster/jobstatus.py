@@ -5,8 +5,11 @@ Pure functions over the status dict, so the wording of ``submit --wait`` and
 ``status`` is tested without a server. The MPI Operator keeps one condition
 per type (Created, Running, Restarting, Succeeded, Failed, Suspended) and
 replica counts per role (Launcher, Worker: active/succeeded/failed). Trainer
-has only Suspended, Complete and Failed conditions, and counts per replicated
-job in ``jobsStatus`` (node, launcher); a TrainJob whose launcher is active is Running.
+has only Suspended, Complete and Failed conditions, and counts child Jobs per
+replicated job in ``jobsStatus`` (node, launcher). A child Job is ``active`` while
+"at least 1 pod [is] in a running or pending state" (Trainer v2.3.0,
+pkg/apis/trainer/v1alpha1/trainjob_types.go, JobStatus.active), so an active launcher
+may still be unschedulable: a TrainJob is Running once its launcher pod runs.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ TERMINAL = (*SUCCESS, "Failed")
 PHASE_ORDER = ("Succeeded", "Complete", "Failed", "Suspended", "Restarting", "Running", "Created")
 ROLE_ORDER = ("Launcher", "Worker", "launcher", "node")
 COUNTS = ("active", "succeeded", "failed")
+STARTED = ("Running", "Succeeded", "Failed")  # pod phases once its containers have run
 
 
 @dataclass(frozen=True)
@@ -43,15 +47,23 @@ def conditions(status: Mapping[str, Any] | None) -> list[Condition]:
             for c in (status or {}).get("conditions") or []]
 
 
-def phase(status: Mapping[str, Any] | None) -> str:
-    """Created/Running/Restarting/Suspended/Succeeded/Complete/Failed, or Pending before the controller acts."""
+def phase(status: Mapping[str, Any] | None, launcher_pod: str | None = None) -> str:
+    """Created/Running/Restarting/Suspended/Succeeded/Complete/Failed, or Pending before the controller acts.
+
+    ``launcher_pod``: a TrainJob's launcher pod phase (None: no such pod), which says
+    whether it runs; an MPIJob's Running condition says so itself.
+    """
     true = {c.type for c in conditions(status) if c.status == "True"}
     if found := next((p for p in PHASE_ORDER if p in true), None):
         return found
-    jobs = {j.get("name"): j for j in (status or {}).get("jobsStatus") or []}  # a TrainJob's
-    if jobs:
-        return "Running" if (jobs.get("launcher") or {}).get("active") else "Created"
-    return "Pending"
+    if launcher_pod in STARTED:
+        return "Running"
+    return "Created" if (status or {}).get("jobsStatus") else "Pending"
+
+
+def started(phase_: str) -> bool:
+    """Running or ended: nothing left to explain about why it waits."""
+    return phase_ in ("Running", *TERMINAL)
 
 
 def outcome(status: Mapping[str, Any] | None) -> Condition | None:
@@ -67,12 +79,17 @@ def replica_counts(status: Mapping[str, Any] | None) -> dict[str, dict[str, int]
 
 
 def replica_line(status: Mapping[str, Any] | None) -> str | None:
-    """``replicas: Launcher 1 active; Worker 2 active`` (zero counts left out), None before any."""
+    """``replicas: Launcher 1 active; Worker 2 active`` (pods; zero counts left out), None before any.
+
+    A TrainJob's counts are child Jobs (one per replicated job here, whatever its pod
+    count), so its line says ``child Jobs: launcher 1 active; node 1 active``.
+    """
     counts = replica_counts(status)
     if not counts:
         return None
     parts = [f"{role} " + (", ".join(f"{n} {k}" for k, n in c.items() if n) or "none") for role, c in counts.items()]
-    return "replicas: " + "; ".join(parts)
+    label = "replicas" if (status or {}).get("replicaStatuses") else "child Jobs"
+    return f"{label}: " + "; ".join(parts)
 
 
 def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[str]:
@@ -96,10 +113,14 @@ def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) ->
     return lines
 
 
-def summary(job: Mapping[str, Any]) -> list[str]:
-    """``hvdk8s status``: the job's phase, every condition, replica counts and times."""
+def summary(job: Mapping[str, Any], launcher_pod: str | None = None) -> list[str]:
+    """``hvdk8s status``: the job's phase, every condition, replica counts and times.
+
+    ``launcher_pod``: a TrainJob's launcher pod phase, as for :func:`phase`.
+    """
     meta, status = job.get("metadata", {}), job.get("status") or {}
-    lines = [f"{job.get('kind', 'MPIJob')} {meta.get('namespace', '?')}/{meta.get('name', '?')}: {phase(status)}"]
+    head = f"{job.get('kind', 'MPIJob')} {meta.get('namespace', '?')}/{meta.get('name', '?')}"
+    lines = [f"{head}: {phase(status, launcher_pod)}"]
     if "deletionTimestamp" in meta:
         lines.append(f"  being deleted since {meta['deletionTimestamp']}")
     lines += [f"  {c.line()}" for c in conditions(status)] or [f"  no conditions yet{_seen_by(job)}"]

@@ -106,7 +106,11 @@ class LauncherLogs(threading.Thread):
 
 class Explainer(threading.Thread):
     """Says why a job is not running yet (suspended, not picked up, unschedulable pods),
-    every EXPLAIN_SECONDS until :meth:`stop`; each reason once."""
+    every EXPLAIN_SECONDS until :meth:`stop` or the job runs; each reason once.
+
+    It checks for itself whether a TrainJob runs: Trainer has no Running condition, and
+    its launcher pod may start without the TrainJob's status changing.
+    """
 
     def __init__(self, cluster: Cluster, namespace: str, job: str, printer: Printer, kind: kube.JobKind):
         super().__init__(name=f"explain-{job}", daemon=True)
@@ -134,11 +138,24 @@ class Explainer(threading.Thread):
         if not listed:  # deleted meanwhile: the watch reports that
             return []
         job = listed[0]
+        if jobstatus.started(jobstatus.phase(job.get("status"),
+                                             launcher_phase(self.cluster, self.namespace, self.job, self.kind))):
+            self.stop()
+            return []
         pods = kube.job_pods(self.cluster, self.namespace, self.job, self.kind)
         pending = [p["metadata"]["name"] for p in pods if (p.get("status") or {}).get("phase") == "Pending"]
         events = {name: kube.events_about(self.cluster, self.namespace, name)
                   for name in [self.job, *pending[:EXPLAIN_PODS]]}
         return jobstatus.waiting_reasons(job, pods, events)
+
+
+def launcher_phase(cluster: Cluster, namespace: str, name: str, kind: kube.JobKind) -> str | None:
+    """A TrainJob's launcher pod phase, which its :func:`jobstatus.phase` needs (None: no such pod yet).
+    None for an MPIJob, whose Running condition says it runs."""
+    if kind is not kube.TRAINJOB:
+        return None
+    pod = kube.launcher_pod(cluster, namespace, name, kind)
+    return pod.phase if pod else None
 
 
 def wait_for_job(cluster: Cluster, namespace: str, name: str, follow_logs: bool,
@@ -158,7 +175,7 @@ def wait_for_job(cluster: Cluster, namespace: str, name: str, follow_logs: bool,
     try:
         for job in job_updates(cluster, namespace, name, kind=kind):
             status = job.get("status") or {}
-            if jobstatus.phase(status) in ("Running", *jobstatus.TERMINAL):
+            if jobstatus.started(jobstatus.phase(status)):  # a TrainJob's Running: the Explainer sees it
                 explainer.stop()
             ended = jobstatus.outcome(status)
             if ended and logs:  # the last log lines come before the verdict

@@ -205,6 +205,7 @@ class Step:
     until_log_follower: bool = False
     unschedulable: str | None = None  # create the worker pods Pending, with this FailedScheduling message
     workers: int = 2  # how many worker pods ``unschedulable`` creates
+    launcher_unschedulable: str | None = None  # the launcher pod's FailedScheduling message
     delay: float = 0.05
 
 
@@ -226,16 +227,31 @@ def succeeding(logs: Iterable[str], workers: int = 2, live: bool = False) -> lis
     ]
 
 
-def trainjob_succeeding(logs: Iterable[str], nodes: int = 2) -> list[Step]:
+# Trainer v2.3.0 (pkg/apis/trainer/v1alpha1/trainjob_types.go, JobStatus) counts child Jobs, and
+# "active" is a child Job "with at least 1 pod in a running or pending state": hvdk8s's runtime has
+# one node Job (all nodes its pods) and one launcher Job, which JobSet creates once node is Ready.
+NODES_READY = {"node": {"active": 1, "ready": 1}, "launcher": {"active": 1}}
+
+
+def trainjob_succeeding(logs: Iterable[str]) -> list[Step]:
     """Kubeflow Trainer's path of a TrainJob that trains and finishes: jobsStatus per replicated
-    job (no Running condition: Trainer has none), then Complete (its JobSet's reason and message)."""
+    job (no Running condition: Trainer has none; the launcher pod starting changes no count),
+    then Complete (its JobSet's reason and message)."""
     return [
-        Step(replicas={"node": {"active": nodes}, "launcher": {}}, launcher="Pending", new_launcher=True),
-        Step(replicas={"node": {"active": nodes, "ready": nodes}, "launcher": {"active": 1}}, launcher="Running"),
+        Step(replicas={"node": {"active": 1}}),
+        Step(replicas=NODES_READY, launcher="Pending", new_launcher=True),
+        Step(launcher="Running"),
         *[Step(logs=(line,), delay=0.02) for line in logs],
         Step(condition=("Complete", "True", "AllJobsCompleted", "jobset completed successfully"),
              replicas={"node": {}, "launcher": {"succeeded": 1}}, launcher="Succeeded"),
     ]
+
+
+def trainjob_launcher_unschedulable(message: str) -> list[Step]:
+    """The nodes are Ready, so JobSet creates the launcher Job, whose pod the scheduler cannot
+    place: the launcher Job counts as active, its pod stays Pending."""
+    return [Step(replicas={"node": {"active": 1}}),
+            Step(replicas=NODES_READY, launcher="Pending", new_launcher=True, launcher_unschedulable=message)]
 
 
 def failing(reason: str, message: str, logs: Iterable[str] = (), workers: int = 2) -> list[Step]:
@@ -642,6 +658,8 @@ class KubeDouble:
                     launcher = self._new_launcher(res, job)
                 if step.unschedulable:
                     self._unschedulable_workers(res, job, step)
+                if launcher and step.launcher_unschedulable:
+                    self._unschedulable(launcher, step.launcher_unschedulable)
                 pod = self.pods.get(launcher) if launcher else None
                 if pod and step.launcher:
                     pod.manifest["status"]["phase"] = step.launcher
@@ -676,18 +694,24 @@ class KubeDouble:
 
     def _unschedulable_workers(self, res: Resource, job: dict, step: Step) -> None:
         """The worker pods the operator creates, left Pending by the scheduler (what a full cluster does)."""
-        ns, name, message = job["metadata"]["namespace"], job["metadata"]["name"], step.unschedulable
+        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         for i in range(step.workers):
             pod_name = f"{name}-{res.roles[1]}-{i}" if res is MPIJOBS else f"{name}-{res.roles[1]}-0-{i}"
-            self._pod(res, job, pod_name, res.roles[1], res.roles[1], conditions=[
-                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}])
-            self.kube_events.append({
-                "apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": f"{pod_name}.{next(self._uids)}", "namespace": ns},
-                "involvedObject": {"kind": "Pod", "namespace": ns, "name": pod_name},
-                "reason": "FailedScheduling", "message": message, "type": "Warning", "count": 1,
-                "source": {"component": "default-scheduler"}, "lastTimestamp": _now(),
-            })
+            self._pod(res, job, pod_name, res.roles[1], res.roles[1])
+            self._unschedulable((ns, pod_name), step.unschedulable or "")
+
+    def _unschedulable(self, pod: tuple[str, str], message: str) -> None:
+        """The scheduler gives up on a Pending pod: its PodScheduled condition and FailedScheduling event."""
+        ns, pod_name = pod
+        self.pods[pod].manifest["status"]["conditions"] = [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]
+        self.kube_events.append({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{pod_name}.{next(self._uids)}", "namespace": ns},
+            "involvedObject": {"kind": "Pod", "namespace": ns, "name": pod_name},
+            "reason": "FailedScheduling", "message": message, "type": "Warning", "count": 1,
+            "source": {"component": "default-scheduler"}, "lastTimestamp": _now(),
+        })
 
 
 def _set_status(res: Resource, job: dict, step: Step, ns: str, name: str) -> None:

@@ -20,7 +20,17 @@ from hvdk8s.cluster import jobstatus, kube, kubeerrors, watch
 from hvdk8s.cluster.client import connect
 from hvdk8s.errors import UserError
 
-from kube_double import RUNTIMES, TRAINJOBS, KubeDouble, Step, failing, succeeding, trainjob_succeeding
+from kube_double import (
+    MPIJOBS,
+    RUNTIMES,
+    TRAINJOBS,
+    KubeDouble,
+    Step,
+    failing,
+    succeeding,
+    trainjob_launcher_unschedulable,
+    trainjob_succeeding,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -364,7 +374,7 @@ def test_delete_missing_job(api, capsys):
     assert code == 2 and 'mpijobs.kubeflow.org "nope" not found in namespace "team"' in err
 
 
-def delete_once_explained(double: KubeDouble, last: str) -> None:
+def delete_once_explained(double: KubeDouble, last: str, job: str = "pi", res=MPIJOBS) -> None:
     """Delete the job (ending the wait) once --wait has read the events about ``last``, its last
     object to explain: the first pod listing can take seconds, while the client builds its models."""
     def events_read() -> bool:
@@ -376,7 +386,7 @@ def delete_once_explained(double: KubeDouble, last: str) -> None:
         while not events_read() and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(0.5)  # the explanation is printed, and any repeat would come in this time
-        double.remove(NS, "pi")
+        double.remove(NS, job, res)
 
     threading.Thread(target=delete, daemon=True).start()
 
@@ -451,7 +461,7 @@ def test_trainjob_submit_follow_status_logs_delete(api, job_spec, capsys):
     assert out[0] == "trainjob.trainer.kubeflow.org/digits created in namespace team on runtime hvdk8s-digits"
     said = [line.removeprefix("trainjob/digits: ") for line in out if line.startswith("trainjob/digits: ")]
     assert said[-2:] == ["Complete: jobset completed successfully [AllJobsCompleted]",
-                         "replicas: launcher 1 succeeded; node none"]
+                         "child Jobs: launcher 1 succeeded; node none"]
     assert [line for line in out if line in TRAINING_LOG] == TRAINING_LOG
     # its own TrainingRuntime in the job's namespace, owned by the TrainJob
     runtime, trainjob = double.job(NS, "hvdk8s-digits", RUNTIMES), double.job(NS, "digits", TRAINJOBS)
@@ -481,6 +491,29 @@ def test_trainjob_submit_follow_status_logs_delete(api, job_spec, capsys):
     assert double.job(NS, "hvdk8s-digits", RUNTIMES) == mine
     assert double.job("other", "hvdk8s-digits", RUNTIMES)["metadata"]["ownerReferences"][0]["uid"] == double.job(
         "other", "digits", TRAINJOBS)["metadata"]["uid"]
+
+
+def test_trainjob_with_an_unschedulable_launcher_is_not_running_and_wait_says_why(api, job_spec, capsys, monkeypatch):
+    """Trainer counts the launcher's child Job active while its pod is only Pending (v2.3.0
+    trainjob_types.go, JobStatus.active): the TrainJob runs once that pod does, not before."""
+    monkeypatch.setattr(watch, "EXPLAIN_SECONDS", 0.2)
+    full = "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes are available."
+    double, flags = api(max_watch_seconds=0.3, lifecycle=trainjob_launcher_unschedulable(full))
+    assert run(capsys, "submit", str(job_spec), "--api", "trainjob", *flags)[0] == 0
+    deadline = time.monotonic() + 10
+    while not double.launcher_pods(NS, "digits", TRAINJOBS) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    launcher = double.launcher_pods(NS, "digits", TRAINJOBS)[0]["metadata"]["name"]
+    code, out, _ = run(capsys, "status", "digits", "--api", "trainjob", *flags)
+    assert (code, out) == (0, ["TrainJob team/digits: Created", "  no conditions yet",
+                               "  child Jobs: launcher 1 active; node 1 active"])
+
+    delete_once_explained(double, launcher, "digits", TRAINJOBS)
+    code = watch.wait_for_job(connect(flags[1]), NS, "digits", follow_logs=False, kind=kube.TRAINJOB)
+    out = capsys.readouterr().out.splitlines()
+    assert code == 1
+    assert [line for line in out if "waiting:" in line] == [
+        f"trainjob/digits: waiting: pod {launcher} is unschedulable: {full}"]
 
 
 def test_trainjob_runtime_rights_missing_says_what_to_ask_for(api, job_spec, capsys):

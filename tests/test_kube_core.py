@@ -46,6 +46,15 @@ def test_replica_line_orders_roles_and_leaves_out_zeros():
     assert jobstatus.replica_line(status) == "replicas: Launcher 1 succeeded; Worker 2 active, 1 failed; Horker none"
 
 
+def test_a_trainjob_runs_once_its_launcher_pod_does_and_counts_child_jobs():
+    """Trainer's jobsStatus counts child Jobs, active while a pod is running or pending
+    (v2.3.0 pkg/apis/trainer/v1alpha1/trainjob_types.go, JobStatus.active)."""
+    status = {"jobsStatus": [{"name": "node", "active": 1, "ready": 1}, {"name": "launcher", "active": 1}]}
+    assert [jobstatus.phase(status, pod) for pod in (None, "Pending", "Running")] == ["Created", "Created", "Running"]
+    assert jobstatus.phase({"conditions": [cond("Complete")]} | status, "Succeeded") == "Complete"
+    assert jobstatus.replica_line(status) == "child Jobs: launcher 1 active; node 1 active"
+
+
 def test_transitions_report_what_changed_and_skip_running_turning_off():
     start = {"conditions": [CREATED], "replicaStatuses": {"Launcher": {}, "Worker": {}}}
     running = {"conditions": [CREATED, RUNNING], "replicaStatuses": {"Launcher": {"active": 1},
