@@ -4,7 +4,15 @@ Like TensorFlow Serving's file-system source and its version policies
 (``latest``: every poll loads the newest ``num_versions`` integer folders and
 unloads older ones only once a newer one is available, so a broken new
 version never takes the model offline; ``all``; ``specific``). A version
-that fails to load is retried only when its files change.
+that fails to load is retried as TF Serving retries it: up to 5 more times, a
+minute apart (the defaults of ``--max_num_load_retries`` and
+``--load_retry_interval_micros``, model_servers/server.h), though at the first
+poll after that minute rather than in a load thread that sleeps in between
+(``Retry`` in core/loader_harness.cc). It is also retried, with its retries
+afresh, whenever its files change (the folder, ``saved_model.pb``, or
+anything under ``variables/`` or ``assets/``: a copy still under way); TF
+Serving keeps a version whose retries are spent in error until it is no
+longer aspired (core/aspired_versions_manager.cc).
 """
 from __future__ import annotations
 
@@ -14,6 +22,7 @@ import os
 import re
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,12 +209,19 @@ def signature_defs(path: Path) -> dict[str, Any]:
     }
 
 
+LOAD_RETRIES = 5
+LOAD_RETRY_SECONDS = 60.0
+"""TF Serving's defaults of ``--max_num_load_retries`` and ``--load_retry_interval_micros`` (model_servers/server.h)."""
+
+
 @dataclass
 class _State:
     state: str  # TF Serving's ModelVersionStatus.State names
     code: str = "OK"
     message: str = ""
-    stamp: tuple[int, ...] = ()
+    stamp: tuple[int, ...] = ()  # a failed load's: its files' mtimes then
+    retries: int = 0  # a failed load's: how many retries of the same files failed before it
+    failed_at: float = 0.0  # a failed load's: when (the repository's clock)
 
 
 @dataclass(frozen=True)
@@ -243,12 +259,13 @@ class ModelRepository:
 
     def __init__(
         self, base_path: str | os.PathLike[str], name: str, num_versions: int = 1, loader: Any = load_servable,
-        policy: VersionPolicy | None = None,
+        policy: VersionPolicy | None = None, clock: Callable[[], float] = time.monotonic,
     ):
         self.base_path = Path(base_path)
         self.name = name
         self.policy = policy or VersionPolicy("latest", num_versions)
         self._loader = loader
+        self._clock = clock
         self._lock = threading.Lock()
         self._servables: dict[int, Servable] = {}
         self._states: dict[int, _State] = {}
@@ -260,7 +277,7 @@ class ModelRepository:
         self._dirs = savedmodel.version_dirs(self.base_path)
         present = sorted(self._dirs)
         self._say_if_empty(present)
-        usable = [v for v in present if not self._failed_unchanged(v)]
+        usable = [v for v in present if not self._waiting(v)]
         changes = 0
         for version in self.policy.pick(usable):
             if version not in self._servables:
@@ -319,30 +336,58 @@ class ModelRepository:
         return self._dirs.get(version, self.base_path / str(version))
 
     def _stamp(self, version: int) -> tuple[int, ...]:
+        """The mtimes that change when a version's files do: the folder, saved_model.pb, and the newest under
+        variables/ and assets/ (whose files may still be copying when the version first fails)."""
         folder = self._folder(version)
-        return tuple(p.stat().st_mtime_ns if p.exists() else 0 for p in (folder, folder / "saved_model.pb"))
+        return (_mtime(folder), _mtime(folder / "saved_model.pb"),
+                _newest_mtime(folder / "variables"), _newest_mtime(folder / "assets"))
 
-    def _failed_unchanged(self, version: int) -> bool:
+    def _waiting(self, version: int) -> bool:
+        """Whether a failed version is left alone this poll: its files unchanged, and its retries spent or the
+        next one not yet due."""
         state = self._states.get(version)
-        return state is not None and state.code != "OK" and state.stamp == self._stamp(version)
+        if state is None or state.code == "OK" or state.stamp != self._stamp(version):
+            return False
+        return state.retries >= LOAD_RETRIES or self._clock() - state.failed_at < LOAD_RETRY_SECONDS
 
     def _load(self, version: int) -> bool:
         """Whether ``version`` loaded (a failure is logged and kept in its status)."""
         stamp = self._stamp(version)
         with self._lock:
+            failed = self._states.get(version)
+            retries = failed.retries + 1 if failed and failed.code != "OK" and failed.stamp == stamp else 0
             self._states[version] = _State("LOADING")
         try:
             servable = self._loader(version, self._folder(version))
         except Exception as err:  # noqa: BLE001  (any load failure is reported in the model status)
             with self._lock:
-                self._states[version] = _State("END", _error_code(err), f"{type(err).__name__}: {err}", stamp)
-            log.error("model %s: version %d failed to load: %s", self.name, version, err)
+                self._states[version] = _State("END", _error_code(err), f"{type(err).__name__}: {err}", stamp,
+                                               retries, self._clock())
+            after = (f"retry {retries + 1} of {LOAD_RETRIES} in {LOAD_RETRY_SECONDS:g} s" if retries < LOAD_RETRIES
+                     else "retries spent")
+            log.error("model %s: version %d failed to load (%s, or when its files change): %s",
+                      self.name, version, after, err)
             return False
         with self._lock:
             self._servables[version] = servable
             self._states[version] = _State("AVAILABLE")
         log.info("model %s: serving version %d from %s", self.name, version, servable.path)
         return True
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _newest_mtime(folder: Path) -> int:
+    """The newest mtime of ``folder`` and everything under it (0 if it is missing)."""
+    newest = _mtime(folder)
+    for root, dirs, files in os.walk(folder):
+        newest = max([newest, *(_mtime(Path(root, name)) for name in [*dirs, *files])])
+    return newest
 
 
 def _error_code(err: Exception) -> str:

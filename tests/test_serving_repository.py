@@ -207,3 +207,48 @@ def test_a_changed_version_policy_keeps_the_model_serving_its_loaded_versions(tm
     models.poll()
     assert states(models.repositories()[0], "m") == {1: ("AVAILABLE", "OK"), 2: ("END", "OK")}
     assert loader.calls == [2, 1]
+
+
+@pytest.mark.parametrize("copying", ["variables.index", "variables.data-00000-of-00001"])
+def test_a_failed_version_is_retried_when_its_variables_finish_copying(tmp_path, copying):
+    """Only the folder's and saved_model.pb's mtimes counted: a file of variables/ that appeared (or was still
+    being written) after the first try left the version failed for good."""
+    def loader(version: int, path: Path) -> Servable:
+        if not all((path / "variables" / name).stat().st_size for name in files):
+            raise ValueError("variables: truncated")
+        return Servable(version, path, {}, {}, {}, loaded=None)
+
+    files = ["variables.index", "variables.data-00000-of-00001"]
+    write_version(tmp_path, 1)
+    variables = tmp_path / "1" / "variables"
+    variables.mkdir()
+    for name in files:
+        (variables / name).write_text("x" if name != copying else "")
+        os.utime(variables / name, ns=(0, 0))
+    os.utime(variables, ns=(0, 0))
+    repo = ModelRepository(tmp_path, "digits", loader=loader)
+    repo.poll()
+    assert states(repo) == {1: ("END", "UNKNOWN")}
+
+    (variables / copying).write_text("x")  # the copy finishes: the version folder and saved_model.pb unchanged
+    repo.poll()
+    assert states(repo) == {1: ("AVAILABLE", "OK")}
+
+
+def test_a_failed_version_is_retried_5_times_a_minute_apart_as_in_tf_serving(tmp_path):
+    """--max_num_load_retries 5, --load_retry_interval_micros 60 s (model_servers/server.h), files unchanged."""
+    now = [0.0]
+    loader = Loader()
+    write_version(tmp_path, 1, "broken")
+    repo = ModelRepository(tmp_path, "digits", loader=loader, clock=lambda: now[0])
+    repo.poll()
+    for _ in range(8):
+        repo.poll()  # not yet due
+        now[0] += 59
+        repo.poll()
+        now[0] += 1
+    assert loader.calls == [1] * 6 and states(repo) == {1: ("END", "UNKNOWN")}
+
+    write_version(tmp_path, 1, "fixed")  # its files changed: loaded at once
+    repo.poll()
+    assert loader.calls == [1] * 7 and states(repo) == {1: ("AVAILABLE", "OK")}
