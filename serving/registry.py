@@ -189,8 +189,9 @@ def read_model_config(path: str | os.PathLike[str]) -> list[ModelConfig]:
 class ConfigWatcher:
     """Re-reads the model config file every ``seconds`` (``--model_config_file_poll_wait_seconds``; 0: never).
 
-    A changed file that parses replaces the models; one that does not is
-    logged and the models stay as they are, as in TF Serving.
+    A changed file that parses replaces the models; one that does not, or
+    that cannot be read (missing, not UTF-8), is logged in one line and the
+    models stay as they are, as in TF Serving.
     """
 
     def __init__(self, path: str | os.PathLike[str], models: Models, seconds: float):
@@ -216,8 +217,10 @@ class ConfigWatcher:
         log.info("model config reloaded from %s: %s", self.path, ", ".join(self.models.names))
 
     def _read(self) -> str:
+        from hvdk8s.serving import textproto
+
         try:
-            return self.path.read_text()
-        except OSError as err:
-            log.error("--model_config_file %s: cannot read it: %s", self.path, err.strerror or err)
+            return textproto.read(self.path, "--model_config_file")[0]
+        except (FileNotFoundError, ValueError) as err:  # each names the flag and the file
+            log.error("model config not reloaded, serving the previous one: %s", err)
             return getattr(self, "_text", "")

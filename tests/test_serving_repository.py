@@ -252,3 +252,19 @@ def test_a_failed_version_is_retried_5_times_a_minute_apart_as_in_tf_serving(tmp
     write_version(tmp_path, 1, "fixed")  # its files changed: loaded at once
     repo.poll()
     assert loader.calls == [1] * 7 and states(repo) == {1: ("AVAILABLE", "OK")}
+
+
+def test_a_model_config_that_is_not_utf8_is_logged_in_one_line_and_the_models_stay(tmp_path, caplog):
+    """The UnicodeDecodeError escaped the watcher: a traceback every poll, and that poll's scan skipped."""
+    write_version(tmp_path / "a", 1)
+    config = tmp_path / "models.config"
+    config.write_text(f'model_config_list {{ config {{ name: "a" base_path: "{tmp_path / "a"}" }} }}')
+    models = Models(read_model_config(config), loader=Loader())
+    watcher = ConfigWatcher(config, models, seconds=0.001)
+    config.write_bytes(b'model_config_list { config { name: "\xff" } }')
+    time.sleep(0.01)  # past the watcher's period
+    watcher.check()
+    assert models.names == ["a"]
+    assert [(r.levelname, r.getMessage(), r.exc_info) for r in caplog.records] == [
+        ("ERROR", f"model config not reloaded, serving the previous one: --model_config_file {config}: "
+                  "not UTF-8 text (byte 36)", None)]
