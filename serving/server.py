@@ -10,10 +10,13 @@ picked up without a restart.
 
 Every request body is read to its end before answering, and every failure
 is a JSON ``{"error": ...}``, so a client's keep-alive connection survives
-any request it sends. The listening socket is TCP (``IPPROTO_TCP``) with
-``TCP_NODELAY``: asyncio sets no-delay only on sockets of protocol TCP, and
-without it small responses wait for Nagle's algorithm against the client's
-delayed ACK (~40 ms each).
+any request it sends. Every accepted connection has ``TCP_NODELAY``, or
+small responses wait for Nagle's algorithm against the client's delayed ACK
+(~40 ms each): uvloop, which the server runs on, sets it on each itself
+(``TCPTransport.new``, uvloop/handles/tcp.pyx, 0.23). The listening socket
+sets it too, and is made with protocol ``IPPROTO_TCP``, only as a defence
+for asyncio's own loop, which sets it only on sockets of that protocol
+(``_set_nodelay``, asyncio/base_events.py).
 """
 from __future__ import annotations
 
