@@ -22,6 +22,9 @@ HOROVOD_KERAS = ("horovod.tensorflow.keras", "horovod.keras")
 OPTIMIZERS = frozenset(
     {"SGD", "Adam", "Adadelta", "Adagrad", "Adamax", "Nadam", "RMSprop", "Ftrl", "AdamW", "Lion", "Lamb", "Adafactor"}
 )
+# Where Keras optimizers live (imports resolved): torch.optim.Adam(lr=) and others keep their lr=.
+KERAS_OPTIMIZER_MODULES = ("keras.optimizers.", "tf.keras.optimizers.", "tensorflow.keras.optimizers.",
+                           "tf_keras.optimizers.")
 # Keras 2 positional parameters of the *_generator methods: Keras 3's fit/evaluate/predict order theirs differently.
 GENERATOR_METHODS = {
     "fit_generator": ("fit", ("generator", "steps_per_epoch", "epochs", "verbose", "callbacks", "validation_data",
@@ -223,6 +226,7 @@ class _Scan(cst.CSTVisitor):
         self.options: dict[str, list[tuple[str, cst.BaseExpression]]] = {}  # argparse dest / absl flag: (flag, default)
         self.horovod: set[str] = set()  # names bound to Horovod or hvdk8s modules and functions
         self.modules: set[str] = set()  # names bound by ``import``: np.save or wandb.save saves no Keras model
+        self.imported: dict[str, str] = {}  # name an import binds -> what it names (tf -> tensorflow)
         self.path_calls: list[tuple[cst.Call, cst.BaseExpression, str]] = []  # (call, its path argument, kind)
         self.h5_strings: list[cst.CSTNode] = []  # strings (or f-strings' closing text) ending in .h5 / .hdf5
 
@@ -243,6 +247,8 @@ class _Scan(cst.CSTVisitor):
             bound = alias.asname.name.value if alias.asname else name  # type: ignore[union-attr]
             self.bindings[bound.partition(".")[0]] += 1
             self.modules.add(bound.partition(".")[0])
+            if alias.asname:
+                self.imported[bound] = name
             if alias.asname and name.endswith("keras.backend"):
                 self.backends.add(bound)
             if name.split(".")[0] in ("horovod", "hvdk8s"):
@@ -251,10 +257,14 @@ class _Scan(cst.CSTVisitor):
     def visit_ImportFrom(self, node: cst.ImportFrom) -> None:
         module = dotted(node.module) if node.module else ""
         if isinstance(node.names, cst.ImportStar):
+            if f"{module}.".startswith(KERAS_OPTIMIZER_MODULES) and not node.relative:
+                self.imported |= {name: f"{module}.{name}" for name in OPTIMIZERS}
             return
         for alias in node.names:
             bound = alias.asname.name.value if alias.asname else dotted(alias.name) or ""  # type: ignore[union-attr]
             self.bindings[bound] += 1
+            if module and not node.relative:
+                self.imported[bound] = f"{module}.{dotted(alias.name)}"
             if module and module.endswith("keras") and dotted(alias.name) == "backend":
                 self.backends.add(bound)
             if module and module.split(".")[0] in ("horovod", "hvdk8s"):
@@ -265,8 +275,15 @@ class _Scan(cst.CSTVisitor):
             self._bind(target.target, node.value if len(node.targets) == 1 else None)
         if len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name) and isinstance(node.value, cst.Call):
             call = node.value
-            if _callee(call) in OPTIMIZERS | {"DistributedOptimizer"} or ".optimizers." in (dotted(call.func) or ""):
+            if self.keras_optimizer(call) or _callee(call) == "DistributedOptimizer":
                 self.optimizers.add(node.targets[0].target.value)
+
+    def keras_optimizer(self, call: cst.Call) -> bool:
+        """``call`` makes a Keras optimizer: ``keras.optimizers.Adam(...)``, ``tf.keras.optimizers.legacy.SGD``,
+        or a name imported from one of those modules (not ``torch.optim.Adam``, nor an unknown ``Adam``)."""
+        head, dot, rest = (dotted(call.func) or "").partition(".")
+        name = self.imported.get(head, head) + dot + rest
+        return name.startswith(KERAS_OPTIMIZER_MODULES) and name.rpartition(".")[2] in OPTIMIZERS
 
     # --- names bound, for following a path to its string ------------------------------------------------
     def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
@@ -653,7 +670,7 @@ class _Migrator(cst.CSTTransformer):
             return self._generator_call(original, updated, args)
         if name in ("fit", "evaluate", "predict") and isinstance(updated.func, cst.Attribute):
             args = self._drop_queue_args(original, args)
-        if name in OPTIMIZERS:
+        if self.scan.keras_optimizer(original):
             args = [a.with_changes(keyword=cst.Name("learning_rate")) if _keyword(a) == "lr" else a for a in args]
             if any(_keyword(a) == "decay" for a in args):
                 self._report(original, f"{name}(decay=...): Keras 3 optimizers have no decay; pass "

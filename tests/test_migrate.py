@@ -37,11 +37,25 @@ RULES = [
      "model.compile(experimental_run_tf_function=False, loss='mse')\n",
      "model.compile(loss='mse')\n"),
     ("optimizer lr=",
-     "opt = keras.optimizers.SGD(lr=0.1, momentum=0.9)  # base\nopt2 = Adam(lr=1e-3)\n",
-     "opt = keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)  # base\nopt2 = Adam(learning_rate=1e-3)\n"),
+     "opt = keras.optimizers.SGD(lr=0.1, momentum=0.9)  # base\nopt2 = tf.keras.optimizers.Adam(lr=1e-3)\n",
+     "opt = keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)  # base\n"
+     "opt2 = tf.keras.optimizers.Adam(learning_rate=1e-3)\n"),
+    ("lr= of optimizers imported from Keras",
+     "from keras.optimizers import Adam\nfrom tensorflow.keras.optimizers import SGD as KerasSGD\n"
+     "from tensorflow import keras\nimport tensorflow.keras.optimizers as ko\n"
+     "a = Adam(lr=1e-3)\nb = KerasSGD(lr=0.1)\nc = keras.optimizers.RMSprop(lr=0.1)\nd = ko.Nadam(lr=0.1)\n",
+     "from keras.optimizers import Adam\nfrom tensorflow.keras.optimizers import SGD as KerasSGD\n"
+     "from tensorflow import keras\nimport tensorflow.keras.optimizers as ko\n"
+     "a = Adam(learning_rate=1e-3)\nb = KerasSGD(learning_rate=0.1)\nc = keras.optimizers.RMSprop(learning_rate=0.1)\n"
+     "d = ko.Nadam(learning_rate=0.1)\n"),
     ("lr= of other calls untouched",
      "sched = make_schedule(lr=0.1)\n",
      "sched = make_schedule(lr=0.1)\n"),
+    ("lr= of PyTorch's optimizers (and of an Adam from nowhere known) untouched",
+     "import torch\nfrom torch.optim import SGD\nopt = torch.optim.Adam([w], lr=0.1)\nopt2 = SGD([w], lr=0.1)\n"
+     "opt3 = Adam(lr=0.1)\n",
+     "import torch\nfrom torch.optim import SGD\nopt = torch.optim.Adam([w], lr=0.1)\nopt2 = SGD([w], lr=0.1)\n"
+     "opt3 = Adam(lr=0.1)\n"),
     (".lr of optimizers",
      "print(model.optimizer.lr)\nopt = keras.optimizers.Adam(0.1)\nx = opt.lr\nself.model.optimizer.lr.assign(2)\n",
      "print(model.optimizer.learning_rate)\nopt = keras.optimizers.Adam(0.1)\nx = opt.learning_rate\n"
@@ -319,14 +333,14 @@ def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_cli_prints_a_diff_that_patch_applies_and_leaves_the_file(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
-    script.write_text("import horovod.keras as hvd\nopt = SGD(lr=0.1)\n")
+    script.write_text("import horovod.keras as hvd\nfrom keras.optimizers import SGD\nopt = SGD(lr=0.1)\n")
     proc = _cli("train.py", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert script.read_text() == "import horovod.keras as hvd\nopt = SGD(lr=0.1)\n"
+    assert script.read_text() == "import horovod.keras as hvd\nfrom keras.optimizers import SGD\nopt = SGD(lr=0.1)\n"
     assert proc.stdout.startswith("--- train.py\n+++ train.py\n")
     assert "-import horovod.keras as hvd\n" in proc.stdout and "+import hvdk8s as hvd\n" in proc.stdout
     subprocess.run(["patch", "-p0"], input=proc.stdout, cwd=tmp_path, check=True, capture_output=True, text=True)
-    assert script.read_text() == "import hvdk8s as hvd\nopt = SGD(learning_rate=0.1)\n"
+    assert script.read_text() == "import hvdk8s as hvd\nfrom keras.optimizers import SGD\nopt = SGD(learning_rate=0.1)\n"
 
 
 def test_cli_write_keeps_mode_and_line_endings_and_exits_1_for_manual_items(tmp_path: Path) -> None:
