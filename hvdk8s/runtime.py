@@ -9,7 +9,8 @@ import os
 import socket
 import warnings
 from collections import Counter
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -37,7 +38,10 @@ from horovod.tensorflow import (  # noqa: F401  (re-exported)
     stop_timeline,
 )
 
+from .errors import UserError
 from .threads import DEFAULT_CPU_THREAD_POLICY, thread_pools
+
+T = TypeVar("T")
 
 _devices_set = False
 
@@ -56,7 +60,8 @@ def init(
     sets to register (or ``"dynamic"``).
 
     On GPU hosts each rank sees only the GPU of its local rank (memory growth
-    on), the layout NCCL and the MPI Operator's ``slotsPerWorker`` assume, and
+    on), the layout NCCL and the MPI Operator's ``slotsPerWorker`` assume
+    (more ranks on a host than GPUs is a UserError, see :func:`gpu_of_rank`), and
     TensorFlow keeps its own thread pools: there the host threads launch
     kernels, run the input pipeline and wait on collectives while the math
     runs on the GPU, so a cap would only slow the feeding (reasoned, not
@@ -100,7 +105,7 @@ def init(
 def _set_devices(threads_per_rank: int | None) -> None:
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
-        gpu = gpus[hvd.local_rank() % len(gpus)]
+        gpu = gpu_of_rank(gpus, hvd.local_rank(), hvd.local_size())
         tf.config.experimental.set_memory_growth(gpu, True)
         tf.config.set_visible_devices(gpu, "GPU")
     else:
@@ -110,6 +115,22 @@ def _set_devices(threads_per_rank: int | None) -> None:
         policy = os.environ.get("HVDK8S_THREAD_POLICY", "").strip() or DEFAULT_CPU_THREAD_POLICY
         intra, inter = thread_pools(policy, os.cpu_count() or 1, hvd.local_size(), threads_per_rank or int(env or 0))
         _set_pools(intra, inter)
+
+
+def gpu_of_rank(gpus: Sequence[T], rank_on_host: int, ranks_on_host: int) -> T:
+    """The GPU at this rank's local rank, as Horovod pins them (v0.28.1
+    examples/tensorflow2/tensorflow2_keras_mnist.py: ``gpus[hvd.local_rank()]``).
+
+    More ranks on a host than GPUs is refused, on every rank of that host (so none
+    waits in a collective for ranks that stopped): ranks sharing a GPU would split
+    its memory and time without anyone having asked for it.
+    """
+    if ranks_on_host > len(gpus):
+        raise UserError(
+            f"{ranks_on_host} ranks on this host but {len(gpus)} GPU(s) visible to them: hvdk8s gives each rank its "
+            f"own GPU. Start at most {len(gpus)} rank(s) per host: fewer ranks (hvdk8s run -np, or -H host:slots), "
+            "or slotsPerWorker (hvdk8s render --slots) no larger than the GPUs each worker gets")
+    return gpus[rank_on_host]
 
 
 def _set_pools(intra: int | None, inter: int | None) -> None:

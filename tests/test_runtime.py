@@ -23,3 +23,30 @@ def test_exported_names_stay_functions_after_their_modules_are_imported() -> Non
         importlib.import_module(f"hvdk8s.{module.name}")  # a submodule import binds its name on the package
     changed = {name: getattr(hvdk8s, name) for name, value in first.items() if getattr(hvdk8s, name) is not value}
     assert not changed, f"rebound by a submodule import: {changed}"
+
+
+def test_each_rank_gets_its_own_gpu_and_more_ranks_than_gpus_is_refused(monkeypatch) -> None:
+    """No GPU here: TensorFlow's device list and Horovod's local rank/size are stubbed, the pinning is real."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    from hvdk8s import runtime
+    from hvdk8s.errors import UserError
+
+    pinned: list[tuple[str, object]] = []
+    monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind: ["GPU:0", "GPU:1"] if kind == "GPU" else [])
+    monkeypatch.setattr(tf.config.experimental, "set_memory_growth", lambda gpu, on: pinned.append(("growth", gpu)))
+    monkeypatch.setattr(tf.config, "set_visible_devices", lambda gpu, kind: pinned.append(("visible", gpu)))
+    monkeypatch.setattr(hvd, "local_size", lambda: 2)
+    monkeypatch.setattr(hvd, "local_rank", lambda: 1)
+    runtime._set_devices(None)
+    assert pinned == [("growth", "GPU:1"), ("visible", "GPU:1")]
+
+    pinned.clear()
+    monkeypatch.setattr(hvd, "local_size", lambda: 3)
+    monkeypatch.setattr(hvd, "local_rank", lambda: 0)  # every rank of the host refuses, not only the third
+    with pytest.raises(UserError) as refused:
+        runtime._set_devices(None)
+    assert str(refused.value).startswith("3 ranks on this host but 2 GPU(s) visible to them: hvdk8s gives each rank "
+                                         "its own GPU. Start at most 2 rank(s) per host: fewer ranks (hvdk8s run -np")
+    assert "slotsPerWorker" in str(refused.value) and pinned == []
