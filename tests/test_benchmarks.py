@@ -1,11 +1,12 @@
 """End to end: a tiny ``--quick`` benchmark run with real processes, then its report checked.
 
-One run (module fixture, about two minutes on 2 cores): every strategy kind
-that needs its own launcher (single process, mpirun ranks, a TF_CONFIG
-parameter-server cluster), hvdk8s with the raw loop's windows alternating in
-the same ranks, the per-phase profile with a Horovod timeline, the allreduce
-microbenchmark with fusion on and off, and, where network namespaces can be
-made, the emulated 1 Gbit/s cluster. The checks: the report has its sections
+One run (module fixture, 19 jobs, about three minutes on 2 quiet cores): every
+strategy kind that needs its own launcher (single process, mpirun ranks, a
+TF_CONFIG parameter-server cluster), hvdk8s with the raw loop's windows
+alternating in the same ranks, both of Horovod's synthetic scripts (raw loop and
+hvdk8s port) at N=1 and N=2, the per-phase profile with a Horovod timeline, the
+allreduce microbenchmark with fusion on and off, and, where network namespaces
+can be made, the emulated 1 Gbit/s cluster. The checks: the report has its sections
 and readable plots, every summary in results.json recomputes from the raw
 timings, every number in a Markdown table is a value of results.json, and
 nothing is left behind.
