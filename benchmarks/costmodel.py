@@ -21,7 +21,6 @@ or marked as an assumption, and the published figures are kept apart.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -79,11 +78,7 @@ def gpus(h100_rates: Path = H100_RATES_PATH) -> dict[str, dict[str, Any]]:
 
 
 BACKWARD_SHARE = 2 / 3  # ASSUMED: backward = 2 x forward, spread over layers by their multiply-adds
-# Horovod v0.28.1's defaults (horovod/common/operations.cc, BackgroundThreadLoop): tensors are fused up to
-# SetTensorFusionThresholdBytes(128 * 1024 * 1024) (HOROVOD_FUSION_THRESHOLD), and RunLoopOnce starts a cycle
-# at most every SetCycleTimeMs(1) (HOROVOD_CYCLE_TIME); a gradient submitted during a cycle is reduced from the next.
-FUSION_BYTES = 128 * 2**20
-CYCLE_S = 1e-3
+BUCKET_BYTES = 25 * 2**20  # gradient bucket size of the overlap model (PyTorch DDP's default bucket_cap_mb=25)
 LAYERS: dict[str, list[list[int]]] = json.loads((Path(__file__).with_name("model_layers.json")).read_text())["models"]
 
 PS_RATIO = 4  # workers per parameter server in the predictions (ASSUMED)
@@ -96,7 +91,7 @@ def assumptions(gpu_rates: dict[str, dict[str, Any]]) -> list[str]:
         "Parameter counts: ResNet-50 25.6M, ResNet-101 44.5M, VGG-16 138M (torchvision model documentation; VGG-16 also Simonyan & Zisserman 2015, Table 2); fp32 gradients, 4 bytes each. Per-layer sizes and multiply-adds: benchmarks/model_layers.json (from keras.applications' definitions).",
         f"H100 compute per step = batch / MEASURED single-H100 training rate (shared/measurements/h100_training_rates.json, {gpu_rates['H100']['source']}: {h100}; PyTorch eager, bf16 autocast). TensorFlow's rate on the same GPU may differ.",
         "P100 compute (the published figures' GPUs, no measurement here): ASSUMED 220 images/s for ResNet-50 at batch 64, other models scaled by forward multiply-adds (ResNet-50 3.8 G, ResNet-101 7.6 G, VGG-16 15.3 G; He et al. 2016).",
-        f"Two schedules: 'no overlap' = compute, then one allreduce of all gradients; 'overlapped' = Horovod's own schedule (v0.28.1 defaults, horovod/common/operations.cc): every {CYCLE_S * 1e3:g} ms cycle fuses the gradients backprop has produced since the last one, in reverse layer order, into allreduces of at most {FUSION_BYTES >> 20} MiB (a larger layer alone), reduced one after another on the ring (backward = {BACKWARD_SHARE:.0%} of the step, ASSUMED, spread over layers by multiply-adds; negotiation itself costs nothing here); the step ends when both compute and the last allreduce are done. A backward pass that lasts many cycles yields about one allreduce per layer, each paying the flat ring's 2(N-1) alpha: at hundreds of GPUs that latency, not bandwidth, bounds the overlapped column (NCCL's tree algorithm, with latency growing as log N, is not modelled), so there it is a pessimistic bound.",
+        f"Two schedules: 'no overlap' = compute, then one allreduce of all gradients; 'overlapped' = gradients leave in {BUCKET_BYTES >> 20} MiB buckets in reverse layer order as backprop produces them (backward = {BACKWARD_SHARE:.0%} of the step, ASSUMED, spread over layers by multiply-adds), buckets reduced one after another on the ring; the step ends when both compute and the last bucket are done.",
         f"Parameter servers: one server per {PS_RATIO} workers (ASSUMED ratio), variables split evenly.",
         "Transport 'ideal': full line rate per direction, the network's ASSUMED alpha (below), c = 0 - roughly NCCL over RDMA, the stack of the published figures. No prediction uses the alpha and c fitted on this machine: fitted on two oversubscribed cores they are CPU scheduling, not a network's latency (they made overlapped communication slower than none).",
     ]
@@ -211,38 +206,32 @@ def compute_seconds(model: str, rates: dict[str, list[float]]) -> float:
     return batch / (rate * MODELS["ResNet-50"]["gflops"] / MODELS[model]["gflops"])
 
 
-def fused_allreduces(model: str, t_forward: float, t_backward: float, fusion_bytes: int = FUSION_BYTES,
-                     cycle_s: float = CYCLE_S) -> list[tuple[float, float]]:
-    """(cycle start, bytes) of each fused allreduce Horovod runs in one step, in order.
+def buckets(model: str, bucket_bytes: int = BUCKET_BYTES) -> list[tuple[float, float]]:
+    """(bytes, fraction of the backward pass done when the bucket's last gradient exists), in sending order.
 
-    Backprop visits layers last to first, a layer's gradient ready once its share of the
-    backward multiply-adds is done; the first cycle at or after that takes it, with every
-    other gradient ready by then, fused in order up to ``fusion_bytes`` (Controller::FuseResponses).
+    Backprop visits layers last to first; a bucket closes once it holds ``bucket_bytes``.
     """
     layers = LAYERS[model][::-1]
     total_macs = sum(m for _, m in layers)
-    done, ready = 0.0, []
+    out, size, done = [], 0.0, 0.0
     for params, macs in layers:
         done += macs / total_macs
-        if params:
-            ready.append((t_forward + done * t_backward, params * 4.0))
-    out: list[tuple[float, float]] = []
-    for when, nbytes in ready:
-        start = math.ceil(when / cycle_s - 1e-9) * cycle_s if cycle_s else when  # 1e-9: rounding at a cycle's start
-        if out and out[-1][0] == start and out[-1][1] + nbytes <= fusion_bytes:
-            out[-1] = (start, out[-1][1] + nbytes)
-        else:
-            out.append((start, nbytes))
+        size += params * 4
+        if size >= bucket_bytes:
+            out.append((size, done))
+            size = 0.0
+    if size:
+        out.append((size, 1.0))
     return out
 
 
 def overlapped_step(t_compute: float, model: str, comm: Any) -> float:
-    """Step time when Horovod reduces gradients as backprop produces them (:func:`fused_allreduces`);
-    ``comm(bytes)`` is one fused allreduce."""
+    """Step time when buckets are reduced as backprop produces them; ``comm(bytes)`` is one bucket's allreduce."""
     t_forward = t_compute * (1 - BACKWARD_SHARE)
-    free = 0.0  # when the ring finishes the previous allreduce
-    for start, nbytes in fused_allreduces(model, t_forward, t_compute * BACKWARD_SHARE):
-        free = max(free, start) + comm(nbytes)
+    free = 0.0  # when the ring finishes the previous bucket
+    for nbytes, done in buckets(model):
+        ready = t_forward + done * t_compute * BACKWARD_SHARE
+        free = max(free, ready) + comm(nbytes)
     return max(t_compute, free)
 
 
