@@ -142,15 +142,19 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    import json
+
+    from hvdk8s import atomic
 
     from . import analysis, report
 
     if args.report_only:
         source = f"--report-only {args.report_only}"
         results = _read_results(args.report_only, source)
-        try:  # summaries always from the raw timings, with today's analysis
-            results["derived"] = analysis.derive(results["raw"])
+        try:  # summaries always from the raw timings, with today's analysis, kept in the results file too
+            results["derived"] = json.loads(json.dumps(analysis.derive(results["raw"]), default=float))
             paths = report.write(results, args.report_only.parent)
+            atomic.write_json(args.report_only, results)
         except ValueError as err:  # the cost model's measured H100 rates are missing
             raise UserError(str(err)) from None
         except (KeyError, TypeError) as err:

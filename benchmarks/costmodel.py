@@ -78,7 +78,7 @@ def gpus(h100_rates: Path = H100_RATES_PATH) -> dict[str, dict[str, Any]]:
 
 
 BACKWARD_SHARE = 2 / 3  # ASSUMED: backward = 2 x forward, spread over layers by their multiply-adds
-BUCKET_BYTES = 25 * 2**20  # gradient bucket size of the overlap model (PyTorch DDP's default bucket_cap_mb=25)
+BUCKET_BYTES = 25 * 2**20  # ASSUMED gradient bucket size of the overlap model (PyTorch DDP's default bucket_cap_mb=25)
 LAYERS: dict[str, list[list[int]]] = json.loads((Path(__file__).with_name("model_layers.json")).read_text())["models"]
 
 PS_RATIO = 4  # workers per parameter server in the predictions (ASSUMED)
@@ -91,7 +91,7 @@ def assumptions(gpu_rates: dict[str, dict[str, Any]]) -> list[str]:
         "Parameter counts: ResNet-50 25.6M, ResNet-101 44.5M, VGG-16 138M (torchvision model documentation; VGG-16 also Simonyan & Zisserman 2015, Table 2); fp32 gradients, 4 bytes each. Per-layer sizes and multiply-adds: benchmarks/model_layers.json (from keras.applications' definitions).",
         f"H100 compute per step = batch / MEASURED single-H100 training rate (shared/measurements/h100_training_rates.json, {gpu_rates['H100']['source']}: {h100}; PyTorch eager, bf16 autocast). TensorFlow's rate on the same GPU may differ.",
         "P100 compute (the published figures' GPUs, no measurement here): ASSUMED 220 images/s for ResNet-50 at batch 64, other models scaled by forward multiply-adds (ResNet-50 3.8 G, ResNet-101 7.6 G, VGG-16 15.3 G; He et al. 2016).",
-        f"Two schedules: 'no overlap' = compute, then one allreduce of all gradients; 'overlapped' = gradients leave in {BUCKET_BYTES >> 20} MiB buckets in reverse layer order as backprop produces them (backward = {BACKWARD_SHARE:.0%} of the step, ASSUMED, spread over layers by multiply-adds), buckets reduced one after another on the ring; the step ends when both compute and the last bucket are done.",
+        f"Two schedules: 'no overlap' = compute, then one allreduce of all gradients; 'overlapped' = gradients leave in {BUCKET_BYTES >> 20} MiB buckets in reverse layer order as backprop produces them (backward = {BACKWARD_SHARE:.0%} of the step, ASSUMED, spread over layers by multiply-adds), buckets reduced one after another on the ring; the step ends when both compute and the last bucket are done. The bucket size is ASSUMED (PyTorch DDP's default): Horovod fuses what is ready in each 1 ms cycle into allreduces of up to 128 MiB (v0.28.1 defaults), which sends smaller, more frequent allreduces while backprop runs; on a flat ring each pays 2(N-1) alpha, which at hundreds of GPUs NCCL's tree algorithm (not modelled) avoids.",
         f"Parameter servers: one server per {PS_RATIO} workers (ASSUMED ratio), variables split evenly.",
         "Transport 'ideal': full line rate per direction, the network's ASSUMED alpha (below), c = 0 - roughly NCCL over RDMA, the stack of the published figures. No prediction uses the alpha and c fitted on this machine: fitted on two oversubscribed cores they are CPU scheduling, not a network's latency (they made overlapped communication slower than none).",
     ]

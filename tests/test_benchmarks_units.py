@@ -602,3 +602,12 @@ def test_report_only_refuses_a_file_that_is_not_a_results_file_naming_it(tmp_pat
         results.write_bytes(content)
     assert cli.main(["--report-only", str(results)]) == 2
     assert capsys.readouterr().err.startswith(f"hvdk8s bench: error: --report-only {results}: {why}")
+
+
+def test_report_only_rewrites_the_report_and_the_results_files_derived_summaries(tmp_path: Path) -> None:
+    committed = json.loads((Path(__file__).parents[1] / "benchmarks/reports/example/results.json").read_text())
+    stale = {**committed, "derived": {"stale": True}}
+    (path := tmp_path / "results.json").write_text(json.dumps(stale))
+    assert cli.main(["--report-only", str(path)]) == 0
+    assert json.loads(path.read_text())["derived"] == committed["derived"]
+    assert (tmp_path / "report.md").read_text() == report.render(committed)
