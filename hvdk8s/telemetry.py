@@ -50,7 +50,9 @@ def pinned_device(cuda_visible_devices: str | None, count: int, local_rank: int)
     Mirrors ``hvdk8s.init()``: TensorFlow sees the GPUs listed in
     ``CUDA_VISIBLE_DEVICES`` (all when unset; the list ends at ``-1`` or an
     index out of range, as CUDA does) and each rank takes number
-    ``local_rank % visible``.
+    ``local_rank``. ``init()`` refuses more ranks on a host than GPUs; a
+    process that did not call it and has a local rank beyond them is
+    reported on ``local_rank % visible``.
     """
     if cuda_visible_devices is None:
         visible = [str(i) for i in range(count)]

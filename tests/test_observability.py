@@ -84,7 +84,7 @@ def test_rank_labels() -> None:
 
 @pytest.mark.parametrize("cvd,count,local_rank,expected", [
     (None, 4, 1, "1"),
-    (None, 2, 3, "1"),            # more ranks than GPUs: wrap, as hvdk8s.init() pins
+    (None, 2, 3, "1"),            # more ranks than GPUs (refused by hvdk8s.init()): wrap
     ("2,3", 4, 1, "3"),
     ("GPU-aa,GPU-bb", 2, 0, "GPU-aa"),
     ("1,7,0", 2, 1, "1"),         # CUDA stops at the first invalid index: only "1" is visible
