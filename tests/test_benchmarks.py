@@ -25,6 +25,8 @@ import pytest
 
 from hvdk8s.benchmarks import analysis, netns, report
 
+from conftest import job_env
+
 REPO = Path(__file__).resolve().parents[1]
 SYNTHETIC = "horovod-synthetic:MobileNetV3Small"
 TINY = [
@@ -44,9 +46,12 @@ TOKEN = re.compile(r"(?<![\w.\-])[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?(?:%|KiB|M
 def bench(tmp_path_factory: pytest.TempPathFactory, name: str, args: list[str], timeout: float) -> dict[str, Any]:
     """One real ``python -m benchmarks`` run into a fresh folder: its process, folder and results.json."""
     out = tmp_path_factory.mktemp(name)
+    # env: os.environ as Python holds it. An in-process hvd.init() earlier in this pytest process leaves Open MPI's
+    # singleton variables in the C environment; a child inheriting that passes them to mpirun, which then exits 1
+    # without a word (seen under pytest-xdist, where this module can run after such tests).
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks", *args, "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-        timeout=timeout,
+        timeout=timeout, env=job_env(),
     )  # fmt: skip
     return {"out": out, "proc": done, "results": json.loads((out / "results.json").read_text())}
 
