@@ -14,11 +14,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
+from hvdk8s import files
 from hvdk8s.errors import UserError
 
 # \Z, not $: $ also matches before a final newline (YAML block scalars end in one).
@@ -171,13 +171,9 @@ def labels_errors(path: str, labels: Mapping[str, str], *, values: bool = True) 
 def read_yaml(path: str | os.PathLike[str]) -> Any:
     """One YAML document; a missing file or bad syntax is the user's to fix."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot read: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+        text = files.read_text(path, str(path))
+    except (FileNotFoundError, ValueError) as exc:
+        raise UserError(str(exc)) from None
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import TypeVar
 
 from google.protobuf import text_format
 from google.protobuf.message import Message
+
+from hvdk8s import files
 
 M = TypeVar("M", bound=Message)
 
@@ -23,20 +24,7 @@ def parse(text: str, message: M, source: str, what: str | None = None) -> M:
 
 
 def read(path: str | os.PathLike[str], flag: str) -> tuple[str, str]:
-    """The text of the file a flag names, and the source its errors name (``--flag PATH``).
-
-    A missing file is ``FileNotFoundError``; one that cannot be read or is
-    not UTF-8 text (protobuf's text format is) a ``ValueError``: each says
-    which flag and file.
-    """
+    """The text of the file a flag names, and the source its errors name (``--flag PATH``); a file that is
+    missing, unreadable or not UTF-8 text (protobuf's text format is) raises as ``hvdk8s.files.read_text``."""
     source = f"{flag} {path}"
-    try:
-        return Path(path).read_text(encoding="utf-8"), source
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{source}: no such file") from None
-    except IsADirectoryError:
-        raise ValueError(f"{source}: is a directory, not a file") from None
-    except OSError as err:
-        raise ValueError(f"{source}: cannot read: {err.strerror}") from None
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{source}: not UTF-8 text (byte {err.start})") from None
+    return files.read_text(path, source), source
