@@ -193,14 +193,14 @@ def _read_results(path: Path, source: str) -> dict[str, Any]:
     """A ``results.json`` for ``--report-only``; a file that is not one is the user's to fix, named."""
     import json
 
+    from hvdk8s import files
+
     try:
-        results = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{source}: no such file") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise UserError(f"{source}: cannot read: {err}") from None
-    except json.JSONDecodeError as err:
+        results = json.loads(files.read_text(path, source))
+    except json.JSONDecodeError as err:  # before ValueError, its base
         raise UserError(f"{source}: not JSON: {err}") from None
+    except (FileNotFoundError, ValueError) as err:  # missing, unreadable, not UTF-8: files names which
+        raise UserError(str(err)) from None
     if not isinstance(results, dict) or "raw" not in results:
         raise UserError(f"{source}: not an hvdk8s bench results file (no 'raw' timings)")
     return results

@@ -591,7 +591,7 @@ def test_headline_puts_emulated_links_and_horovods_scripts_beside_shared_memory_
 @pytest.mark.parametrize("content, why", [
     (None, "no such file"),
     (b"{\"raw\": [1,", "not JSON: Expecting value: line 1 column 12 (char 11)"),
-    (b"\xff\xfe", "cannot read: 'utf-8' codec can't decode byte 0xff in position 0"),
+    (b"\xff\xfe", "not UTF-8 text (byte 0)"),
     (b"{}", "not an hvdk8s bench results file (no 'raw' timings)"),
     (b"{\"raw\": {}}", "not a results file this hvdk8s bench can render (KeyError: "),
 ])
