@@ -126,7 +126,8 @@ class Explainer(threading.Thread):
             try:
                 lines = self.reasons()
             except UserError as err:
-                self.printer.error(f"hvdk8s: cannot tell why the job waits: {err}")
+                if not self._stopped.is_set():  # once the wait has ended, its answer stands alone
+                    self.printer.error(f"hvdk8s: cannot tell why the job waits: {err}")
                 return
             for line in lines:
                 if line not in said and not self._stopped.is_set():

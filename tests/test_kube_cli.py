@@ -415,6 +415,26 @@ def test_wait_explains_unschedulable_pods_from_their_events(api, manifest, capsy
         f"waiting: pod pi-worker-1 is unschedulable: {full}"]  # each said once, not every poll
 
 
+def test_an_explainer_stopped_while_its_request_fails_says_nothing(capsys, monkeypatch):
+    """The API failing under a running explainer is said; after the wait has ended (stop) it is not: a request
+    in flight then would otherwise print into whatever runs next."""
+    monkeypatch.setattr(watch, "EXPLAIN_SECONDS", 0.01)
+    for stop_first in (False, True):
+        explainer = watch.Explainer(None, NS, "pi", watch.Printer("pi"), kube.MPIJOB)
+
+        def reasons(explainer=explainer, stop_first=stop_first) -> list[str]:
+            if stop_first:
+                explainer.stop()
+            raise UserError("cannot reach the Kubernetes API server")
+
+        explainer.reasons = reasons
+        explainer.start()
+        explainer.join(5)
+        assert not explainer.is_alive()
+        expected = "" if stop_first else "hvdk8s: cannot tell why the job waits: cannot reach the Kubernetes API server\n"
+        assert capsys.readouterr().err == expected
+
+
 def test_wait_explains_a_suspended_queued_job_and_an_operator_refusal():
     job = {"metadata": {"name": "pi", "namespace": NS, "labels": {"kueue.x-k8s.io/queue-name": "gpus"}},
            "spec": {"runPolicy": {"suspend": True}}}
