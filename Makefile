@@ -28,7 +28,7 @@ demo: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
 
 test: setup lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 # ruff (pyflakes, pycodestyle errors, import order; [tool.ruff]) and mypy (scripts/typecheck.py; [tool.mypy]),
 # both configured in pyproject.toml; make test runs them first

@@ -41,3 +41,16 @@ def discovery_script(tmp_path: Path, hosts: str) -> tuple[Path, Path]:
     script.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
     script.chmod(0o755)
     return hosts_file, script
+
+
+# Modules that build network namespaces (the benchmarks' emulated cluster, chaos and multi-host hosts), mount over
+# /root/.ssh or assert that no namespace is left behind: under pytest-xdist they share one worker, one after another.
+NETNS_MODULES = {"test_benchmarks", "test_chaos", "test_mpijob_elastic", "test_multihost"}
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """One xdist group per module, so that a worker builds a module's fixtures (often a whole MPI job) only once;
+    one group for all of NETNS_MODULES. Marked as each test is collected, before pytest-xdist's worker reads the
+    groups (its ``pytest_collection_modifyitems``). Without ``-n`` the marks change nothing."""
+    module = item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+    item.add_marker(pytest.mark.xdist_group("netns" if module in NETNS_MODULES else module))
