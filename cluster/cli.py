@@ -68,11 +68,15 @@ def _submit(args: argparse.Namespace) -> int:
     cluster = client.connect(args.kubeconfig, args.context)
     namespace = client.resolve_namespace(args.namespace, manifest.get("metadata", {}).get("namespace"),
                                       cluster.namespace)
-    for runtime in runtimes:
-        kube.apply_runtime(cluster, runtime, namespace, dry_run=dry_run)
-    job = kube.create_job(cluster, manifest, namespace, dry_run=dry_run)
-    for runtime in runtimes if not dry_run else ():
-        kube.own_runtime(cluster, runtime, job)
+    if dry_run:
+        for runtime in runtimes:
+            kube.apply_runtime(cluster, runtime, namespace, dry_run=True)
+        job = kube.create_job(cluster, manifest, namespace, dry_run=True)
+    elif runtimes:
+        (runtime,) = runtimes
+        job = kube.submit_trainjob(cluster, runtime, manifest, namespace)
+    else:
+        job = kube.create_job(cluster, manifest, namespace)
     name, resource = job["metadata"]["name"], f"{kind.kind.lower()}.{kind.group}"
     if dry_run:
         print(f"# {resource}/{name} accepted by the API server (dry run: nothing was created)")

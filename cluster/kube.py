@@ -18,7 +18,7 @@ import urllib3
 from kubernetes import client, watch
 
 from hvdk8s.cluster.client import Cluster
-from hvdk8s.cluster.kubeerrors import Action, api_error_message, unreachable_message
+from hvdk8s.cluster.kubeerrors import Action, api_error_message, name_taken_message, parse_status, unreachable_message
 from hvdk8s.errors import UserError
 
 
@@ -112,8 +112,25 @@ def create_job(cluster: Cluster, manifest: dict, namespace: str, dry_run: bool =
             field_validation="Strict", _request_timeout=REQUEST_TIMEOUT))
 
 
-def apply_runtime(cluster: Cluster, runtime: dict, namespace: str, dry_run: bool = False) -> dict:
-    """Create the job's TrainingRuntime in its namespace, or replace one a resubmission finds there."""
+def refuse_taken_name(cluster: Cluster, manifest: dict, namespace: str) -> None:
+    """Refuse a job name already in use, as the create's 409 would, before anything of the job is written:
+    a TrainJob's runtime ``hvdk8s-<name>`` must not be rewritten under a job that still runs on it."""
+    kind, name = kind_of(manifest), manifest["metadata"]["name"]
+    with _job_call(cluster, kind, "get", namespace, name):
+        try:
+            cluster.custom.get_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural, name,
+                                                        _request_timeout=REQUEST_TIMEOUT)
+        except client.ApiException as err:
+            if err.status == 404 and parse_status(err.body):  # a plain 404 page: the CRD is not installed
+                return
+            raise
+    raise UserError(name_taken_message(Action("create", kind.resource, namespace, name)))
+
+
+def apply_runtime(cluster: Cluster, runtime: dict, namespace: str, dry_run: bool = False) -> tuple[dict, dict | None]:
+    """Create the job's TrainingRuntime in its namespace, or replace one an earlier job of that name left there
+    (call :func:`refuse_taken_name` first: a live job's runtime must stay as it is). Returns the runtime as the
+    server stored it (dry run: would store it) and the one it replaced, None when it created it."""
     group, version = runtime["apiVersion"].split("/")
     name = runtime["metadata"]["name"]
     dry = "All" if dry_run else None
@@ -123,7 +140,7 @@ def apply_runtime(cluster: Cluster, runtime: dict, namespace: str, dry_run: bool
         try:
             return _json(cluster.custom.create_namespaced_custom_object(group, version, namespace, RUNTIMES, body,
                                                                         dry_run=dry, field_validation="Strict",
-                                                                        _request_timeout=REQUEST_TIMEOUT))
+                                                                        _request_timeout=REQUEST_TIMEOUT)), None
         except client.ApiException as err:
             if err.status != 409:
                 raise
@@ -132,7 +149,35 @@ def apply_runtime(cluster: Cluster, runtime: dict, namespace: str, dry_run: bool
         body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
         return _json(cluster.custom.replace_namespaced_custom_object(group, version, namespace, RUNTIMES, name,
                                                                      body, dry_run=dry, field_validation="Strict",
-                                                                     _request_timeout=REQUEST_TIMEOUT))
+                                                                     _request_timeout=REQUEST_TIMEOUT)), current
+
+
+def delete_runtime(cluster: Cluster, runtime: dict, namespace: str) -> None:
+    group, version = runtime["apiVersion"].split("/")
+    name = runtime["metadata"]["name"]
+    with translate(cluster, Action("delete", f"{RUNTIMES}.{group}", namespace, name)):
+        cluster.custom.delete_namespaced_custom_object(group, version, namespace, RUNTIMES, name,
+                                                       _request_timeout=REQUEST_TIMEOUT)
+
+
+def submit_trainjob(cluster: Cluster, runtime: dict, job: dict, namespace: str) -> dict:
+    """Create a TrainJob on its own runtime, in the only order that leaves nothing wrong behind: refuse a taken
+    name, create (or replace a left-over) runtime, create the job (Trainer's webhook needs the runtime stored),
+    make the job the runtime's owner. A runtime this call created goes again when the job create fails."""
+    refuse_taken_name(cluster, job, namespace)
+    _, replaced = apply_runtime(cluster, runtime, namespace)
+    try:
+        created = create_job(cluster, job, namespace)
+    except UserError as refused:
+        if replaced is None:
+            try:
+                delete_runtime(cluster, runtime, namespace)
+            except UserError as err:
+                raise UserError(f"{refused}\nand the TrainingRuntime {runtime['metadata']['name']} created for it "
+                                f"is left behind: {err}") from None
+        raise
+    own_runtime(cluster, runtime, created)
+    return created
 
 
 def own_runtime(cluster: Cluster, runtime: dict, job: dict) -> dict:

@@ -26,7 +26,7 @@ KINDS = {MPIJOBS: ("MPIJob", "kubeflow.org/v2beta1"), TRAINJOBS: ("TrainJob", "t
 # Kubeflow's kubeflow-edit role (Trainer v2.3.0 manifests/overlays/kubeflow-platform/kubeflow-trainer-roles.yaml)
 # lets profile users create TrainJobs but only read TrainingRuntimes.
 RUNTIME_RIGHTS = ("each hvdk8s TrainJob brings its own TrainingRuntime, which Kubeflow's kubeflow-edit role does not "
-                  "let profile users create: ask an admin to grant create, get and update on "
+                  "let profile users create: ask an admin to grant create, get, update and delete on "
                   f"{RUNTIMES} in this namespace")
 ARTICLE = {"MPIJob": "an"}
 
@@ -66,10 +66,7 @@ def api_error_message(code: int, body: str | bytes | None, action: Action) -> st
         return f'{action.resource} "{action.name}" not found in namespace "{action.namespace}"' + (
             f' (list them: kubectl get {plural} -n {action.namespace})' if action.resource in KINDS else "")
     if code == 409 and status.get("reason") == "AlreadyExists":
-        api = "" if action.resource == MPIJOBS else " --api trainjob"
-        return (f'{ARTICLE.get(kind, "a")} {kind} named "{action.name}" already exists in namespace '
-                f'"{action.namespace}": delete it first (hvdk8s delete {action.name}{api} -n {action.namespace}) '
-                "or change metadata.name")
+        return name_taken_message(action)
     if code == 403:
         ask = RUNTIME_RIGHTS if action.resource == RUNTIMES else "ask a cluster admin for a Role and RoleBinding that grant it"
         return (f"forbidden by RBAC: you may not {action}. The API server said: {said}. "
@@ -84,6 +81,15 @@ def api_error_message(code: int, body: str | bytes | None, action: Action) -> st
                 f"{api_version} {kind}s)")
     return f"could not {action}: the API server answered {code} {status.get('reason', '')}: {said}".replace(
         "  ", " ")
+
+
+def name_taken_message(action: Action) -> str:
+    """The job's name is in use (the server's 409 AlreadyExists, or found before creating anything)."""
+    kind = KINDS.get(action.resource, ("object", ""))[0]
+    api = "" if action.resource == MPIJOBS else " --api trainjob"
+    return (f'{ARTICLE.get(kind, "a")} {kind} named "{action.name}" already exists in namespace '
+            f'"{action.namespace}": delete it first (hvdk8s delete {action.name}{api} -n {action.namespace}) '
+            "or change metadata.name")
 
 
 def invalid_message(status: dict, action: Action) -> str:

@@ -524,7 +524,7 @@ class KubeDouble:
                 self._record("MODIFIED", job)
                 self._spawn(self._finish_delete, res, ns, name)
                 return _json(job)
-            self._remove(res, ns, name)
+            self._remove(res, ns, name, orphan=policy == "Orphan")
         return _json({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                       "details": {"name": name, "group": res.group, "kind": res.plural,
                                   "uid": job["metadata"]["uid"]}})
@@ -542,14 +542,21 @@ class KubeDouble:
             self._record("MODIFIED", body)
             return _json(copy.deepcopy(body))
 
-    def _remove(self, res: Resource, ns: str, name: str) -> None:
+    def _remove(self, res: Resource, ns: str, name: str, orphan: bool = False) -> None:
+        """The object goes; the garbage collector deletes what it owned (pods with it), or with ``orphan``
+        (``kubectl delete --cascade=orphan``) only takes the owner out of their ownerReferences."""
         job = self.jobs.pop((res.plural, ns, name))
         uid = job["metadata"]["uid"]
-        for key in [k for k, obj in self.jobs.items()  # the garbage collector: objects this one owned
+        for key in [k for k, obj in self.jobs.items()
                     if k[1] == ns and any(o.get("uid") == uid for o in obj["metadata"].get("ownerReferences", []))]:
-            self._record("DELETED", self.jobs.pop(key))
-        for key in [k for k, p in self.pods.items()
-                    if k[0] == ns and p.manifest["metadata"]["labels"].get(res.job_label) == name]:
+            if orphan:
+                owned = self.jobs[key]["metadata"]
+                owned["ownerReferences"] = [o for o in owned["ownerReferences"] if o.get("uid") != uid]
+                self._record("MODIFIED", self.jobs[key])
+            else:
+                self._record("DELETED", self.jobs.pop(key))
+        for key in [k for k, p in self.pods.items() if not orphan
+                    and k[0] == ns and p.manifest["metadata"]["labels"].get(res.job_label) == name]:
             del self.pods[key]
         self._record("DELETED", job)
 

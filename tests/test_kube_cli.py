@@ -513,6 +513,39 @@ def test_trainjob_submit_follow_status_logs_delete(api, job_spec, capsys):
         "other", "digits", TRAINJOBS)["metadata"]["uid"]
 
 
+def test_trainjob_name_taken_leaves_the_running_jobs_runtime_alone(api, job_spec, capsys):
+    """Finding 1 of the review: the runtime of a job still running under that name stays as it is, owned by it."""
+    double, flags = api()
+    assert run(capsys, "submit", str(job_spec), "--api", "trainjob", *flags)[0] == 0
+    first = double.job(NS, "hvdk8s-digits", RUNTIMES)
+    job_spec.write_text(yaml.safe_dump(yaml.safe_load(job_spec.read_text()) | {"workers": 3}))
+    code, _, err = run(capsys, "submit", str(job_spec), "--api", "trainjob", *flags)
+    assert code == 2
+    assert err == ('hvdk8s submit: error: a TrainJob named "digits" already exists in namespace "team": delete it '
+                   "first (hvdk8s delete digits --api trainjob -n team) or change metadata.name\n")
+    assert double.job(NS, "hvdk8s-digits", RUNTIMES) == first
+    assert first["metadata"]["ownerReferences"][0]["uid"] == double.job(NS, "digits", TRAINJOBS)["metadata"]["uid"]
+
+
+def test_trainjob_refused_leaves_no_runtime_and_a_left_over_one_is_taken_over(api, job_spec, capsys):
+    double, flags = api(forbidden=[("create", "trainjobs")])
+    code, _, err = run(capsys, "submit", str(job_spec), "--api", "trainjob", *flags)
+    assert code == 2 and 'you may not create trainjobs.trainer.kubeflow.org "digits"' in err
+    assert double.jobs == {}  # the runtime it had created first is deleted again
+
+    # a job deleted with --cascade=orphan leaves its runtime, unowned: a resubmission replaces and owns it
+    double.forbidden.clear()
+    assert run(capsys, "submit", str(job_spec), "--api", "trainjob", *flags)[0] == 0
+    connect(flags[1]).custom.delete_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", NS, "trainjobs", "digits", propagation_policy="Orphan")
+    assert double.job(NS, "hvdk8s-digits", RUNTIMES)["metadata"].get("ownerReferences") == []
+    job_spec.write_text(yaml.safe_dump(yaml.safe_load(job_spec.read_text()) | {"workers": 3}))
+    assert run(capsys, "submit", str(job_spec), "--api", "trainjob", *flags)[0] == 0
+    runtime = double.job(NS, "hvdk8s-digits", RUNTIMES)
+    assert runtime["spec"]["mlPolicy"]["numNodes"] == 3
+    assert runtime["metadata"]["ownerReferences"][0]["uid"] == double.job(NS, "digits", TRAINJOBS)["metadata"]["uid"]
+
+
 def test_trainjob_with_an_unschedulable_launcher_is_not_running_and_wait_says_why(api, job_spec, capsys, monkeypatch):
     """Trainer counts the launcher's child Job active while its pod is only Pending (v2.3.0
     trainjob_types.go, JobStatus.active): the TrainJob runs once that pod does, not before."""
@@ -541,7 +574,7 @@ def test_trainjob_runtime_rights_missing_says_what_to_ask_for(api, job_spec, cap
     _, flags = api(forbidden=[("create", "trainingruntimes")])
     code, _, err = run(capsys, "submit", str(job_spec), "--api", "trainjob", *flags)
     assert code == 2 and 'you may not create trainingruntimes.trainer.kubeflow.org "hvdk8s-digits" in namespace "team"' in err
-    assert "ask an admin to grant create, get and update on trainingruntimes.trainer.kubeflow.org" in err
+    assert "ask an admin to grant create, get, update and delete on trainingruntimes.trainer.kubeflow.org" in err
 
 
 def test_trainjob_without_trainer_installed_says_how_to_install_it(api, job_spec, capsys):
