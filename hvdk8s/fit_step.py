@@ -1,6 +1,6 @@
 """The call ``model.fit`` makes per step, without Keras's wrapper around ``train_step``.
 
-Keras 3's ``make_train_function`` (TensorFlow backend, 3.8) compiles
+Keras 3's ``make_train_function`` (TensorFlow backend, 3.8 to 3.15) compiles
 ``train_step`` inside a second ``tf.function`` that returns its logs as a
 ``tf.experimental.Optional``, and reads that with two eager ops
 (``has_value``, ``get_value``) after every call. The ``Optional`` exists for
@@ -16,10 +16,13 @@ with either function in interleaved rounds: the wrapper costs ~0.3 ms of a
 (through the model's distribution strategy, as Keras calls it), installed as
 the model's public ``train_function``, the function ``fit`` calls with the
 epoch's iterator (``make_train_function`` returns an installed one as long as
-the model is not recompiled). Anything else it is given (``train_on_batch``
-passes a generator) goes to Keras's own function. It is installed only where
-it computes what Keras's does: compiled (not ``run_eagerly``), no XLA, one
-step per call, one replica in sync.
+the model is not recompiled). As Keras 3.15's does (``_autoconvert_optionals``),
+it turns the empty ``tf.experimental.Optional`` that Keras's generator and
+PyDataset adapters put where a batch holds ``None`` back into ``None`` before
+``train_step`` sees it (Keras 3.8's adapters put none there: a no-op). Anything
+else it is given (``train_on_batch`` passes a generator) goes to Keras's own
+function. It is installed only where it computes what Keras's does: compiled
+(not ``run_eagerly``), no XLA, one step per call, one replica in sync.
 """
 from __future__ import annotations
 
@@ -35,6 +38,11 @@ from hvdk8s.optimizer import distribute_loss_scale, reduces_gradients
 _ITERATORS = (tf.data.Iterator, tf.distribute.DistributedIterator)
 
 
+def _none_for_optionals(batch: Any) -> Any:
+    """``batch`` with each ``tf.experimental.Optional`` (Keras's placeholder for a ``None`` in it) made ``None``."""
+    return keras.tree.map_structure(lambda item: None if isinstance(item, tf.experimental.Optional) else item, batch)
+
+
 class LeanTrainFunction:
     """``fit``'s per-step call: one compiled ``train_step`` on the iterator's next batch."""
 
@@ -44,7 +52,7 @@ class LeanTrainFunction:
 
         @tf.autograph.experimental.do_not_convert
         def one_step(iterator: Any) -> Any:
-            return strategy.run(model.train_step, args=(next(iterator),))
+            return strategy.run(model.train_step, args=(_none_for_optionals(next(iterator)),))
 
         self.step = tf.function(one_step, reduce_retracing=True)
 

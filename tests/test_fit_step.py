@@ -170,3 +170,24 @@ def test_a_distributed_model_gets_horovods_step_without_the_broadcast_callback(h
         history = model.fit(data(), epochs=1, verbose=0, callbacks=callbacks)
     assert model.jit_compile is False and isinstance(model.train_function, LeanTrainFunction)
     assert np.isfinite(history.history["loss"]).all() and int(model.optimizer.iterations.numpy()) == 6
+
+
+def test_lean_call_takes_batches_holding_none(hvd) -> None:
+    """A generator yielding ``(x, y, None)``: Keras's adapters put a ``tf.experimental.Optional`` where the batch
+    holds ``None``, and the lean call hands ``train_step`` the ``None`` back, as Keras's own function does."""
+    from hvdk8s.fit_step import LeanTrainFunction
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((8, 8, 8, 1), dtype=np.float32), rng.integers(0, 10, size=8)
+
+    def batches():
+        while True:
+            yield x, y, None
+
+    model = compiled(hvd)
+    before = weights(model)
+    history = model.fit(batches(), steps_per_epoch=3, epochs=1, verbose=0, shuffle=False,
+                        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert isinstance(model.train_function, LeanTrainFunction)
+    assert int(model.optimizer.iterations.numpy()) == 3 and np.isfinite(history.history["loss"]).all()
+    assert any(not np.array_equal(a, b) for a, b in zip(before, weights(model)))
