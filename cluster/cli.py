@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import copy
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the client is imported lazily, by the commands that connect
+    from hvdk8s.cluster.client import Cluster
 
 
 def cluster_flags(parser: argparse.ArgumentParser) -> None:
@@ -54,8 +59,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    import yaml
-
     from hvdk8s import mpijob
     from hvdk8s.cluster import client, kube, watch
     from hvdk8s.errors import UserError
@@ -69,24 +72,45 @@ def _submit(args: argparse.Namespace) -> int:
     namespace = client.resolve_namespace(args.namespace, manifest.get("metadata", {}).get("namespace"),
                                       cluster.namespace)
     if dry_run:
-        for runtime in runtimes:
-            kube.apply_runtime(cluster, runtime, namespace, dry_run=True)
-        job = kube.create_job(cluster, manifest, namespace, dry_run=True)
-    elif runtimes:
+        return _dry_run(cluster, runtimes, manifest, namespace)
+    if runtimes:
         (runtime,) = runtimes
         job = kube.submit_trainjob(cluster, runtime, manifest, namespace)
     else:
         job = kube.create_job(cluster, manifest, namespace)
     name, resource = job["metadata"]["name"], f"{kind.kind.lower()}.{kind.group}"
-    if dry_run:
-        print(f"# {resource}/{name} accepted by the API server (dry run: nothing was created)")
-        print(yaml.safe_dump(job, sort_keys=False), end="")
-        return 0
     on = "".join(f" on runtime {r['metadata']['name']}" for r in runtimes)
     print(f"{resource}/{name} created in namespace {namespace}{on}", flush=True)
     if not (args.wait or args.follow):
         return 0
     return watch.wait_for_job(cluster, namespace, name, follow_logs=args.follow, kind=kind)
+
+
+def _dry_run(cluster: Cluster, runtimes: list[dict], manifest: dict, namespace: str) -> int:
+    """Print what the API server accepted, creating nothing; a TrainJob it cannot check yet (see
+    ``kube.dry_run_trainjob``) is printed as it would be sent, saying so."""
+    import yaml
+
+    from hvdk8s.cluster import kube
+
+    if runtimes:
+        (runtime,) = runtimes
+        accepted, job = kube.dry_run_trainjob(cluster, runtime, manifest, namespace)
+        sent = copy.deepcopy(manifest)
+        sent["metadata"]["namespace"] = namespace
+        documents = [(accepted, True), (job or sent, job is not None)]
+    else:
+        documents = [(kube.create_job(cluster, manifest, namespace, dry_run=True), True)]
+    for i, (obj, checked) in enumerate(documents):
+        what = f"{obj['kind'].lower()}.{obj['apiVersion'].split('/')[0]}/{obj['metadata']['name']}"
+        said = "accepted by the API server" if checked else (
+            f"not checked by the API server: Kubeflow Trainer's webhook validates a TrainJob against its "
+            f"TrainingRuntime as stored, and {runtimes[0]['metadata']['name']} is not stored as rendered until submit")
+        if i:
+            print("---")
+        print(f"# {what} {said} (dry run: nothing was created)")
+        print(yaml.safe_dump(obj, sort_keys=False), end="")
+    return 0
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -180,6 +180,19 @@ def submit_trainjob(cluster: Cluster, runtime: dict, job: dict, namespace: str) 
     return created
 
 
+def dry_run_trainjob(cluster: Cluster, runtime: dict, job: dict, namespace: str) -> tuple[dict, dict | None]:
+    """The runtime and the TrainJob as the API server would store them (dry run); the TrainJob None when the
+    server cannot check it. Trainer v2.3.0's TrainJob webhook (pkg/webhooks/trainjob_webhook.go, called for dry
+    runs too) validates a TrainJob against its runtime as stored (pkg/runtime/core/trainingruntime.go
+    ValidateObjects) and refuses it while there is none, so its answer is only true of this job when a stored
+    runtime of that name has the spec just rendered."""
+    refuse_taken_name(cluster, job, namespace)
+    accepted, stored = apply_runtime(cluster, runtime, namespace, dry_run=True)
+    if stored is None or stored["spec"] != accepted["spec"]:
+        return accepted, None
+    return accepted, create_job(cluster, job, namespace, dry_run=True)
+
+
 def own_runtime(cluster: Cluster, runtime: dict, job: dict) -> dict:
     """Make the created TrainJob the owner of its runtime: the garbage collector then deletes the
     runtime with the job (``hvdk8s delete`` or ``kubectl delete``), leaving nothing behind."""

@@ -7,7 +7,8 @@ the way a real API server does for: create (with ``dryRun=All``), get, list
 server-side timeouts, ``410 Gone``) and delete (Foreground/Background) of
 ``kubeflow.org/v2beta1`` MPIJobs and ``trainer.kubeflow.org/v1alpha1`` TrainJobs,
 create/get/replace of (namespaced) TrainingRuntimes, deleted with their owner as the garbage
-collector does; listing pods by label selector; reading a
+collector does (or orphaned), and Kubeflow Trainer's TrainJob webhook refusing a TrainJob whose
+runtime is not stored; listing pods by label selector; reading a
 pod's log, following it as lines arrive. Create bodies are pruned, defaulted
 and validated against the REAL CRD schema (``shared/schemas``); invalid ones
 get ``422 Invalid`` with per-field causes like the API server's.
@@ -491,6 +492,8 @@ class KubeDouble:
         body = self._admit(request, res, ns)
         name = body["metadata"]["name"]
         with self._cond:
+            if res is TRAINJOBS:
+                self._trainjob_webhook(body, ns)
             if (res.plural, ns, name) in self.jobs:
                 raise ApiError(409, "AlreadyExists", f'{res.plural}.{res.group} "{name}" already exists',
                                {"name": name, "group": res.group, "kind": res.plural})
@@ -529,6 +532,25 @@ class KubeDouble:
                       "details": {"name": name, "group": res.group, "kind": res.plural,
                                   "uid": job["metadata"]["uid"]}})
 
+    def _trainjob_webhook(self, job: dict, ns: str) -> None:
+        """Kubeflow Trainer v2.3.0's validating webhook on TrainJob create (pkg/webhooks/trainjob_webhook.go
+        ValidateCreate -> pkg/runtime/core/trainingruntime.go ValidateObjects), its first check only (not
+        its plugins' custom validations): it Gets the referenced runtime and refuses a TrainJob whose runtime
+        is not stored. It is registered with sideEffects: None (manifests/base/webhook/manifests.yaml), so
+        the API server calls it for dryRun=All creates as well. The denial is controller-runtime v0.24's
+        admission.Denied (403 Forbidden), its message prefixed by the API server (k8s.io/apiserver
+        webhook/errors ToStatusErr); Go prints the runtimeRef value with %#v (pointers as addresses)."""
+        ref = job["spec"]["runtimeRef"]
+        kind = ref.get("kind", "ClusterTrainingRuntime")
+        plural = f"{kind.lower()}s"
+        key = (plural, ns if kind == "TrainingRuntime" else "", ref["name"])
+        if key in self.jobs:
+            return
+        value = f'v1alpha1.RuntimeRef{{Name:"{ref["name"]}", APIGroup:(*string)(0xc0004b2a40), Kind:(*string)(0xc0004b2a50)}}'
+        raise ApiError(403, "Forbidden", 'admission webhook "validator.trainjob.trainer.kubeflow.org" denied the '
+                       f'request: spec.runtimeRef: Invalid value: {value}: {plural}.{TRAINJOBS.group} "{ref["name"]}" '
+                       "not found: specified trainingRuntime must be created before the TrainJob is created")
+
     def _replace(self, request: Request, res: Resource, ns: str, old: dict) -> Response:
         body = self._admit(request, res, ns)
         sent = (request.get_json(force=True).get("metadata") or {}).get("resourceVersion")
@@ -538,6 +560,9 @@ class KubeDouble:
                                f'"{old["metadata"]["name"]}": the object has been modified')
             body["metadata"] |= {"uid": old["metadata"]["uid"], "creationTimestamp": old["metadata"]["creationTimestamp"],
                                  "generation": old["metadata"]["generation"] + 1}
+            if request.args.get("dryRun"):  # validated and defaulted, not stored
+                body["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
+                return _json(body)
             self.jobs[(res.plural, ns, old["metadata"]["name"])] = body
             self._record("MODIFIED", body)
             return _json(copy.deepcopy(body))

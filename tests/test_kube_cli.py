@@ -546,6 +546,60 @@ def test_trainjob_refused_leaves_no_runtime_and_a_left_over_one_is_taken_over(ap
     assert runtime["metadata"]["ownerReferences"][0]["uid"] == double.job(NS, "digits", TRAINJOBS)["metadata"]["uid"]
 
 
+def test_trainjob_dry_run_checks_what_trainers_webhook_lets_the_server_check(api, job_spec, capsys):
+    """Trainer's TrainJob webhook (modelled by the double) refuses a TrainJob whose runtime is not stored, dry run
+    or not: the server checks the runtime, and the TrainJob only once that very runtime is stored."""
+    double, flags = api()
+    dry_run = ("submit", str(job_spec), "--api", "trainjob", "--dry-run=server", *flags)
+    code, out, err = run(capsys, *dry_run)
+    assert (code, err) == (0, "")
+    headers = [line for line in out if line.startswith("#")]
+    assert headers == [
+        "# trainingruntime.trainer.kubeflow.org/hvdk8s-digits accepted by the API server (dry run: nothing was created)",
+        "# trainjob.trainer.kubeflow.org/digits not checked by the API server: Kubeflow Trainer's webhook validates a "
+        "TrainJob against its TrainingRuntime as stored, and hvdk8s-digits is not stored as rendered until submit "
+        "(dry run: nothing was created)"]
+    runtime, trainjob = yaml.safe_load_all("\n".join(out))
+    assert runtime["metadata"]["namespace"] == NS and runtime["spec"]["mlPolicy"]["mpi"]["numProcPerNode"] == 1
+    sent = mpijob.objects_from_file(job_spec, "trainjob")[1]
+    sent["metadata"]["namespace"] = NS
+    assert trainjob == sent  # as rendered, into the namespace
+    assert double.jobs == {} and [(m, q.get("dryRun")) for m, _, q in double.requests if m != "GET"] == [("POST", "All")]
+
+    # the same runtime stored (left by a job deleted with --cascade=orphan): the server checks the TrainJob too
+    assert run(capsys, "submit", str(job_spec), "--api", "trainjob", *flags)[0] == 0
+    connect(flags[1]).custom.delete_namespaced_custom_object(
+        "trainer.kubeflow.org", "v1alpha1", NS, "trainjobs", "digits", propagation_policy="Orphan")
+    stored = double.job(NS, "hvdk8s-digits", RUNTIMES)
+    double.requests.clear()
+    code, out, err = run(capsys, *dry_run)
+    assert (code, err) == (0, "")
+    assert [line for line in out if line.startswith("#")][1] == (
+        "# trainjob.trainer.kubeflow.org/digits accepted by the API server (dry run: nothing was created)")
+    assert next(yaml.safe_load_all("\n".join(out)))["spec"] == stored["spec"]
+    assert [(m, q.get("dryRun")) for m, _, q in double.requests if m != "GET"] == [
+        ("POST", "All"), ("PUT", "All"), ("POST", "All")]  # runtime: 409 then a dry-run replace; the TrainJob
+    assert double.job(NS, "hvdk8s-digits", RUNTIMES) == stored and double.job(NS, "digits", TRAINJOBS) is None
+
+    # a different spec: the stored runtime is not this job's, so the TrainJob is not sent
+    job_spec.write_text(yaml.safe_dump(yaml.safe_load(job_spec.read_text()) | {"workers": 3}))
+    code, out, _ = run(capsys, *dry_run)
+    assert code == 0 and "not checked by the API server" in [line for line in out if line.startswith("#")][1]
+    assert double.job(NS, "hvdk8s-digits", RUNTIMES) == stored
+
+
+def test_trainjob_webhook_of_the_double_refuses_a_job_without_its_runtime(api, job_spec):
+    """The model itself: what the old dry run (runtime dry-run created, so not stored, then the TrainJob) got."""
+    double, flags = api()
+    _, job = mpijob.objects_from_file(job_spec, "trainjob")
+    with pytest.raises(UserError) as refused:
+        kube.create_job(connect(flags[1]), job, NS, dry_run=True)
+    assert ('admission webhook "validator.trainjob.trainer.kubeflow.org" denied the request: spec.runtimeRef: '
+            "Invalid value: v1alpha1.RuntimeRef{Name:\"hvdk8s-digits\"") in str(refused.value)
+    assert ('trainingruntimes.trainer.kubeflow.org "hvdk8s-digits" not found: specified trainingRuntime must be '
+            "created before the TrainJob is created") in str(refused.value)
+
+
 def test_trainjob_with_an_unschedulable_launcher_is_not_running_and_wait_says_why(api, job_spec, capsys, monkeypatch):
     """Trainer counts the launcher's child Job active while its pod is only Pending (v2.3.0
     trainjob_types.go, JobStatus.active): the TrainJob runs once that pod does, not before."""
