@@ -493,8 +493,9 @@ class DistributedGradientTape:
         """Keep ``source``'s gradient local (Horovod's ``register_local_source``)."""
         self._local.add(variable_key(source))
 
-    def gradient(self, target: Any, sources: Any, *args: Any, **kwargs: Any) -> Any:
-        grads = self._tape.gradient(target, sources, *args, **kwargs)
+    def gradient(self, target: Any, sources: Any, output_gradients: Any = None, use_generic_names: bool = False) -> Any:
+        """Horovod's signature. ``use_generic_names`` only names Horovod's allreduce ops; hvdk8s names its own."""
+        grads = self._tape.gradient(target, sources, output_gradients=output_gradients)
         reduced = reduce_keeping_locals(
             self._reduction, tf.nest.flatten(grads), tf.nest.flatten(sources), self._local, self._scale_local
         )

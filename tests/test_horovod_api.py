@@ -57,11 +57,30 @@ def test_every_horovod_keras_name_exists_with_horovods_positional_signature(modu
             continue
         if inspect.isclass(horovods):
             mine, horovods = mine.__init__, horovods.__init__
-        expected = params(horovods)
-        got = params(mine)[: len(expected)]
-        assert [n for n, _ in got] == [n for n, _ in expected], f"{module}.{name}: {got} != {expected}"
-        for (n, d_mine), (_, d_theirs) in zip(got, expected):
-            assert same_default(d_mine, d_theirs), f"{module}.{name}({n}=...): default {d_mine!r} != {d_theirs!r}"
+        assert_horovods_params(f"{module}.{name}", params(mine), params(horovods))
+
+
+def assert_horovods_params(name: str, mine: list[tuple[str, object]], horovods: list[tuple[str, object]]) -> None:
+    """``mine`` starts with Horovod's positional parameters, in its order, with its defaults (or a default where
+    Horovod's is required, as the tape's ``gradtape``: every Horovod call still means the same)."""
+    got = mine[: len(horovods)]
+    assert [n for n, _ in got] == [n for n, _ in horovods], f"{name}: {got} != {horovods}"
+    for (n, d_mine), (_, d_theirs) in zip(got, horovods):
+        assert d_theirs is inspect.Parameter.empty or same_default(d_mine, d_theirs), \
+            f"{name}({n}=...): default {d_mine!r} != {d_theirs!r}"
+
+
+def test_distributed_gradient_tape_has_horovods_signatures() -> None:
+    """``horovod.tensorflow.DistributedGradientTape`` (a function returning a ``_DistributedGradientTape``) and its
+    ``gradient``, which a ported custom loop calls with Horovod's arguments."""
+    import horovod.tensorflow
+
+    import hvdk8s
+
+    assert_horovods_params("DistributedGradientTape", params(hvdk8s.DistributedGradientTape.__init__)[1:],
+                           params(horovod.tensorflow.DistributedGradientTape))
+    assert_horovods_params("DistributedGradientTape.gradient", params(hvdk8s.DistributedGradientTape.gradient),
+                           params(horovod.tensorflow._DistributedGradientTape.gradient))
 
 
 def test_horovod_callbacks_and_elastic_are_reachable_as_attributes() -> None:
@@ -178,6 +197,25 @@ def test_elastic_commit_callback_commits_every_n_batches_and_tracks_batch_and_ep
     # epoch 1 indices 0, 2, 4) and at each epoch end (state.epoch advanced, state.batch back to 0)
     assert commits == [(0, 1), (0, 3), (1, 0), (1, 0), (1, 2), (1, 4), (2, 0)]
     assert state.epoch == 2 and state.batch == 0
+
+
+@pytest.mark.filterwarnings("ignore:.*device and thread pinning skipped:UserWarning")
+def test_tape_gradient_takes_horovods_arguments() -> None:
+    """``output_gradients`` weighs the target as TensorFlow's does; ``use_generic_names`` (Horovod names its
+    allreduces by it; hvdk8s names its own) is accepted, positionally too."""
+    import tensorflow as tf
+
+    import hvdk8s as hvd
+
+    hvd.init(quiet=True)
+    w = tf.Variable([1.0, 2.0])
+    with hvd.DistributedGradientTape(persistent=True) as tape:
+        y = w * w
+    weight = tf.constant([3.0, 5.0])
+    by_keyword = tape.gradient(y, [w], output_gradients=weight, use_generic_names=True)
+    by_position = tape.gradient(y, [w], weight, True)
+    for grads in (by_keyword, by_position):
+        np.testing.assert_allclose(grads[0].numpy(), [6.0, 20.0])  # d(w*w)/dw * weight, one rank: as is
 
 
 @pytest.mark.parametrize("later", [False, True], ids=["alone", "with a later schedule"])
