@@ -78,7 +78,7 @@ def _render(args: argparse.Namespace) -> int:
                 raise UserError(f"{origin}: {flag} needs a job spec, not an MPIJob manifest")
         manifests = [manifest_from_data(data, origin)]
     else:
-        spec = load_spec(data, origin=origin)
+        spec = load_spec(data, origin=origin, api=args.api)
         manifests = trainjob.checked_render_trainjob(spec, origin) if args.api == "trainjob" else [
             checked_render(spec, origin)]
         if args.podmonitor:

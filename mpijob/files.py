@@ -22,25 +22,27 @@ __all__ = ["SpecError", "check_spec_data", "load_spec", "manifest_from_data", "m
            "to_yaml", "write_text"]
 
 
-def load_spec(source: str | os.PathLike[str] | Mapping[str, Any], *, origin: str | None = None) -> JobSpec:
+def load_spec(source: str | os.PathLike[str] | Mapping[str, Any], *, origin: str | None = None,
+              api: str = "mpijob") -> JobSpec:
     """Parse a job spec (file path or mapping): unknown fields rejected,
-    defaults applied, then every rule checked; all errors raised together.
-    ``origin`` names a mapping's source in messages (default "job spec")."""
+    defaults applied, then every rule checked (those of the controller ``api`` names:
+    mpijob or trainjob); all errors raised together. ``origin`` names a mapping's
+    source in messages (default "job spec")."""
     if isinstance(source, (str, os.PathLike)):
         data, where = read_yaml(source), str(source)
     else:
         data, where = source, origin or "job spec"
     if is_mpijob(data):
         raise UserError(f"{where}: is an MPIJob manifest, not an hvdk8s job spec (apply it as is)")
-    spec, errors = check_spec_data(data)
+    spec, errors = check_spec_data(data, api=api)
     if spec is None:
         raise SpecError(where, errors)
     return spec
 
 
-def check_spec_data(data: Any, path: str = "") -> tuple[JobSpec | None, list[FieldError]]:
-    """A job spec's mapping parsed strictly and defaulted, and every problem at its path under ``path``:
-    the spec only when there are none."""
+def check_spec_data(data: Any, path: str = "", api: str = "mpijob") -> tuple[JobSpec | None, list[FieldError]]:
+    """A job spec's mapping parsed strictly and defaulted, and every problem (for ``api``, see
+    ``validate.check_spec``) at its path under ``path``: the spec only when there are none."""
     parse_errors: list[FieldError] = []
     spec = parse.from_mapping(JobSpec, data, parse_errors, path)
     if spec is None:
@@ -48,7 +50,7 @@ def check_spec_data(data: Any, path: str = "") -> tuple[JobSpec | None, list[Fie
     derived = validate.derived_paths(spec, path)
     spec = validate.with_defaults(spec)
     refused = {e.path for e in parse_errors}  # those fields kept their (valid) defaults
-    errors = parse_errors + [e for e in validate.check_spec(spec, path) if e.path not in refused]
+    errors = parse_errors + [e for e in validate.check_spec(spec, path, api) if e.path not in refused]
     if own := [e for e in errors if e.path not in derived]:
         errors = own  # a derived value is wrong only because a field it comes from is (workers: -2)
     return (None, errors) if errors else (spec, [])
@@ -93,7 +95,7 @@ def objects_from_file(path: str | os.PathLike[str], api: str = "mpijob") -> list
     if api == "trainjob":
         if is_mpijob(data):
             raise UserError(f"{where}: --api trainjob needs a job spec, not an MPIJob manifest")
-        return checked_render_trainjob(load_spec(data, origin=where), where)
+        return checked_render_trainjob(load_spec(data, origin=where, api=api), where)
     return [manifest_from_data(data, where)]
 
 

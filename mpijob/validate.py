@@ -8,7 +8,7 @@ it; on an invalid one it records a Warning event (ValidationError) and does
 nothing else: no condition, no pods. Checking here turns that silence into an
 error at render or submit time. hvdk8s adds its own invariants (-np fills the
 hostfile, GPUs per worker = slots) and refuses combinations the operator
-accepts but no scheduler will run (see ``_check_gang`` and ``_check_queueing``).
+accepts but no scheduler will run (see ``_check_gang`` and ``_check_launcher_creation``: MPIJob only).
 """
 from __future__ import annotations
 
@@ -116,13 +116,16 @@ def _created_suspended(spec: JobSpec) -> bool:
 # ---- job specs: one validator per section ------------------------------------
 
 
-def check_spec(spec: JobSpec, path: str = "") -> list[FieldError]:
+def check_spec(spec: JobSpec, path: str = "", api: str = "mpijob") -> list[FieldError]:
     """Every problem of a defaulted spec, each at its job-file path under ``path`` (a pipeline
-    passes ``candidates[i].job``)."""
+    passes ``candidates[i].job``). With ``api="trainjob"`` the MPI Operator's launcher-creation and
+    PodGroup rules are left out: ``render_trainjob`` sets its own launcherCreationPolicy and drops
+    ``schedulingPolicy`` (JobSet's dependsOn does the waiting), so they would refuse valid TrainJobs."""
+    operator_only = (_check_gang, _check_launcher_creation) if api == "mpijob" else ()
     return [
         error
         for section in (_check_identity, _check_metadata, _check_size, _check_resources, _check_env, _check_volumes,
-                        _check_scheduling, _check_network, _check_run_policy, _check_gang, _check_queueing,
+                        _check_scheduling, _check_network, _check_run_policy, *operator_only, _check_queueing,
                         _check_mpi, _check_metrics)
         for error in section(spec, path)
     ]
@@ -311,19 +314,23 @@ def _check_gang(spec: JobSpec, path: str) -> list[FieldError]:
     return []
 
 
-def _check_queueing(spec: JobSpec, path: str) -> list[FieldError]:
-    """Kueue, suspension and managedBy: combinations under which the job never runs as written."""
-    errors = []
+def _check_launcher_creation(spec: JobSpec, path: str) -> list[FieldError]:
+    """The MPI Operator's launcher creation under suspension: a policy it does not honour."""
     if spec.launcher_creation_policy == "WaitForWorkersReady" and _created_suspended(spec):
         why = "queue (Kueue creates it suspended)" if spec.queue else "runPolicy.suspend: true"
-        errors.append(forbidden(join(path, "launcherCreationPolicy"), f"WaitForWorkersReady does not hold with {why}: "
-                                "the operator creates the launcher while no worker exists and starts it together "
-                                "with them on resume (mpi-operator issue 615). Leave it unset: hvdk8s then "
-                                "renders AtStartup and the launcher waits for the workers' sshd itself"))
+        return [forbidden(join(path, "launcherCreationPolicy"), f"WaitForWorkersReady does not hold with {why}: "
+                          "the operator creates the launcher while no worker exists and starts it together "
+                          "with them on resume (mpi-operator issue 615). Leave it unset: hvdk8s then "
+                          "renders AtStartup and the launcher waits for the workers' sshd itself")]
+    return []
+
+
+def _check_queueing(spec: JobSpec, path: str) -> list[FieldError]:
+    """Kueue and managedBy: combinations under which the job never runs as written."""
     if spec.run_policy.managed_by == MULTIKUEUE and spec.queue is None:
-        errors.append(required(join(path, "queue"), f"runPolicy.managedBy: {MULTIKUEUE} hands the job to MultiKueue, "
-                               "which only dispatches queued jobs: set queue to a LocalQueue with MultiKueue"))
-    return errors
+        return [required(join(path, "queue"), f"runPolicy.managedBy: {MULTIKUEUE} hands the job to MultiKueue, "
+                         "which only dispatches queued jobs: set queue to a LocalQueue with MultiKueue")]
+    return []
 
 
 def _check_mpi(spec: JobSpec, path: str) -> list[FieldError]:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from test_mpijob_schema import crd_errors, pod_errors, strict_validator, template_errors
 
-from hvdk8s.mpijob import SpecError, check_manifest, load_spec, render, render_trainjob
+from hvdk8s.mpijob import SpecError, check_manifest, load_spec, objects_from_file, render, render_trainjob
 from hvdk8s.mpijob.render import launcher_command
 from hvdk8s.mpijob.trainjob import ANCESTOR_LABEL, checked_render_trainjob
 
@@ -244,6 +244,27 @@ def test_trainjob_follows_trainers_mpi_conventions():
     as_node = render_trainjob(load_spec(BASE | {"runLauncherAsWorker": True}))
     assert as_node[0]["spec"]["mlPolicy"]["mpi"]["runLauncherAsNode"] is True
     assert as_node[1]["spec"]["trainer"]["numNodes"] == 3  # Trainer counts the launcher among the nodes
+
+
+@pytest.mark.parametrize("fields", [
+    {"queue": "q", "launcherCreationPolicy": "WaitForWorkersReady"},
+    {"runPolicy": {"suspend": True}, "launcherCreationPolicy": "WaitForWorkersReady"},
+    {"runPolicy": {"schedulingPolicy": {"minAvailable": 3}}},
+], ids=["queue", "suspend", "minAvailable"])  # fmt: skip
+def test_mpi_operator_only_rules_leave_a_trainjob_alone(fields: dict[str, Any], tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]):
+    """The MPI Operator's launcher creation under suspension (issue 615) and its PodGroup's minAvailable
+    (issue 608) refuse these MPIJobs; render_trainjob sets its own launcherCreationPolicy and drops
+    schedulingPolicy (JobSet's dependsOn waits for the nodes), so the same job file is a valid TrainJob."""
+    assert errors_of(BASE | fields)
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(BASE | fields))
+    assert run_render(str(job_file), "--api", "trainjob") == 0
+    rendered = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert rendered == objects_from_file(job_file, "trainjob")  # what submit --api trainjob sends
+    runtime, job = rendered
+    assert trainer_errors(runtime) == [] and trainer_errors(job) == []
+    assert job["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == fields.get("queue")
 
 
 def test_trainjob_refuses_what_trainer_cannot_express(capsys: pytest.CaptureFixture[str]):
