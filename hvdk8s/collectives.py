@@ -124,15 +124,20 @@ class GradientReduction:
 
 
 def _resolve_groups(groups: int | Sequence[Sequence[Any]] | None) -> int | tuple[frozenset, ...] | None:
-    """Horovod's ``groups`` as ``GradientReduction`` holds it: a positive count, variable-key sets, or ``None``."""
+    """Horovod's ``groups`` as ``GradientReduction`` holds it: a positive count, variable-key sets, or ``None``.
+
+    A count must be positive: Horovod 0.28.1's ``DistributedOptimizer`` and
+    ``DistributedGradientTape`` check ``isinstance(groups, list) or groups > 0``.
+    """
     if groups is None:
         return None
     if isinstance(groups, int):
-        if isinstance(groups, bool) or groups < 0:
-            raise ValueError(f"groups={groups}: must be a non-negative integer or a list of variable lists")
-        return groups or None
+        if isinstance(groups, bool) or groups <= 0:  # Horovod refuses 0 too, with this message
+            raise ValueError(f"groups={groups!r}: groups should be a non-negative integer or a list of list of "
+                             "tf.Variable.")
+        return groups
     if not all(isinstance(g, (list, tuple)) for g in groups):
-        raise ValueError("groups: expected a non-negative integer or a list of lists of variables")
+        raise ValueError("groups: expected a positive integer or a list of lists of variables")
     return tuple(frozenset(variable_key(v) for v in g) for g in groups)
 
 

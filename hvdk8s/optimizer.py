@@ -33,6 +33,9 @@ from hvdk8s import collectives, schedule
 from hvdk8s.collectives import Average, GradientReduction, global_process_set, variable_key
 from hvdk8s.fused import fused_bases
 
+# Horovod 0.28.1's message (horovod/tensorflow/gradient_aggregation_eager.py, compute_gradients).
+SPARSE_PASSES_ERROR = "IndexedSlices are not supported when `backward_passes_per_step` > 1 and `sparse_as_dense` is False."
+
 
 class _Accumulators:
     """Local gradient sums and the pass counter for ``backward_passes_per_step > 1``."""
@@ -135,6 +138,9 @@ class _DistributedMixin:
         passes = self.aggregation.passes
         if passes == 1:
             return update(self._reduce(grads, variables), variables)
+        if not self.aggregation.reduction.sparse_as_dense and any(isinstance(g, tf.IndexedSlices) for g in grads):
+            # Horovod's LocalGradientAggregationHelper[Eager] raises this; it densifies only with sparse_as_dense.
+            raise ValueError(SPARSE_PASSES_ERROR)
         state = self.distributed_state
         if state.accumulators is None:
             state.accumulators = _Accumulators(grads)
@@ -344,7 +350,9 @@ def DistributedOptimizer(
     hints for Horovod's ops; ``process_set`` limits the reduction to a Horovod
     process set; ``backward_passes_per_step=k`` accumulates k passes locally,
     counts each in ``iterations`` and sums them (averages with
-    ``average_aggregated_gradients=True``). ``name`` prefixes the allreduce ops.
+    ``average_aggregated_gradients=True``); it refuses sparse gradients unless
+    ``sparse_as_dense=True``, with Horovod's message. ``name`` prefixes the
+    allreduce ops.
     ``op=Adasum`` reduces each tensor on its own (Horovod 0.28.1's grouped
     Adasum fails) and is refused with ``groups``.
 
@@ -377,9 +385,6 @@ def DistributedOptimizer(
         process_set=process_set, device_dense=device_dense, device_sparse=device_sparse,
         name=name or f"Distributed{base.__name__}",
     )
-    if backward_passes_per_step > 1 and not reduction.sparse_as_dense:
-        # Horovod: IndexedSlices cannot be accumulated locally; densified here as Horovod's helper requires.
-        reduction = dataclasses.replace(reduction, sparse_as_dense=True)
     aggregation = Aggregation(
         base=base, reduction=reduction, passes=int(backward_passes_per_step),
         average_passes=bool(average_aggregated_gradients), scale_local=bool(scale_local_gradients),

@@ -278,3 +278,49 @@ def test_horovods_own_keras_test_file_passes(np_: int, tmp_path: Path) -> None:
                      "skip test_broadcast_global_variables_callback_with_local_vars"}  # they skip at size 1
     assert skips == (listed if np_ == 2 else listed | two_rank_only), summary
     assert "0 failed" in summary and ("12 passed" if np_ == 2 else "10 passed") in summary, summary
+
+
+@pytest.mark.parametrize("groups", [0, -1])
+def test_groups_that_horovod_refuses_are_refused_with_its_message(groups: int) -> None:
+    """Horovod 0.28.1 refuses ``groups`` that is neither a list nor > 0, in its Keras and TensorFlow optimizers and
+    its tape; so does hvdk8s (it used to take 0 as no groups)."""
+    import horovod.tensorflow.keras
+    import keras
+
+    import hvdk8s
+
+    with pytest.raises(ValueError) as horovods:
+        horovod.tensorflow.keras.DistributedOptimizer(keras.optimizers.SGD(), groups=groups)
+    with pytest.raises(ValueError, match=f"groups={groups}: ") as optimizer:
+        hvdk8s.DistributedOptimizer(keras.optimizers.SGD(), groups=groups)
+    with pytest.raises(ValueError) as tape:
+        hvdk8s.DistributedGradientTape(groups=groups)
+    assert str(horovods.value) in str(optimizer.value) and str(tape.value) == str(optimizer.value)
+
+
+@pytest.mark.filterwarnings("ignore:.*device and thread pinning skipped:UserWarning")
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_gradients_with_backward_passes_need_sparse_as_dense_as_in_horovod(sparse_as_dense: bool) -> None:
+    """Horovod's aggregation helper refuses ``IndexedSlices`` with ``backward_passes_per_step`` > 1 unless
+    ``sparse_as_dense=True`` (then it densifies them); hvdk8s raises Horovod's message, or sums them densified."""
+    import keras
+    import tensorflow as tf
+    from horovod.tensorflow.gradient_aggregation_eager import LocalGradientAggregationHelperEager
+
+    import hvdk8s as hvd
+
+    hvd.init(quiet=True)
+    table = keras.Variable(np.zeros((4, 2), "float32"))
+    grad = tf.IndexedSlices(tf.ones((2, 2)), tf.constant([0, 3]), tf.constant([4, 2]))
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2,
+                                   sparse_as_dense=sparse_as_dense)
+    if sparse_as_dense:
+        for _ in range(2):
+            opt.apply([grad], [table])
+        np.testing.assert_array_equal(table.numpy(), [[-2, -2], [0, 0], [0, 0], [-2, -2]])  # 2 passes summed
+        return
+    with pytest.raises(ValueError) as horovods:
+        LocalGradientAggregationHelperEager(2, None, False, False).compute_gradients([grad], [table])
+    with pytest.raises(ValueError) as ours:
+        opt.apply([grad], [table])
+    assert str(ours.value) == str(horovods.value)
