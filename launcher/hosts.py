@@ -14,7 +14,9 @@ up the wait costs one connection per host.
 with mode 0640 (pkg/constants: MPISSHPrivateKeyFileMode): OpenSSH refuses a key
 the user owns that others may read, so a root launcher could never connect. The
 wait hands ssh a private 0600 copy instead (through ``OMPI_MCA_plm_rsh_args``,
-which both controllers set and mpirun passes to ssh).
+which both controllers set and mpirun passes to ssh), and turns off Open MPI's
+tree spawn, under which orteds on the node pods, where there is no copy, would
+ssh on to further pods.
 
     python -m hvdk8s.launcher.hosts ready --port 2222 -- /etc/mpi/discover_hosts.sh
     python -m hvdk8s.launcher.hosts wait --port 2222 --timeout 3600 -- mpirun ...
@@ -36,6 +38,9 @@ POLL_SECONDS = 2.0
 # Where both controllers point Open MPI (and so this wait) at their hostfile.
 HOSTFILE_ENV = "OMPI_MCA_orte_default_hostfile"
 RSH_ARGS_ENV = "OMPI_MCA_plm_rsh_args"
+# Open MPI 4.1 orte/mca/plm/rsh/plm_rsh_component.c registers "no_tree_spawn" (plm_rsh_no_tree_spawn, bool):
+# without it, orteds started on the first hosts ssh on to further hosts with the same plm_rsh_args.
+NO_TREE_SPAWN_ENV = "OMPI_MCA_plm_rsh_no_tree_spawn"
 
 
 def accepts(host: str, port: int, timeout: float = CONNECT_SECONDS) -> bool:
@@ -71,14 +76,16 @@ def wait_for(hosts: Sequence[str], is_ready: Callable[[str], bool], timeout: flo
 
 
 def private_identity(key: str, env: dict[str, str]) -> dict[str, str]:
-    """Copy ``key`` to a fresh 0600 file only this user can read; ``env`` with ssh told to use it."""
+    """Copy ``key`` to a fresh 0600 file only this user can read; ``env`` with ssh told to use it, and
+    Open MPI told to start every orted from here: the copy exists on this pod only, so an orted on a
+    node pod (Open MPI's default tree spawn) could not ssh on with it."""
     folder = tempfile.mkdtemp(prefix="hvdk8s-ssh-")  # 0700
     copy = os.path.join(folder, os.path.basename(key))
     fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as out, open(key, "rb") as src:
         shutil.copyfileobj(src, out)
     rsh_args = " ".join(filter(None, [env.get(RSH_ARGS_ENV, ""), "-i", copy]))
-    return env | {RSH_ARGS_ENV: rsh_args}
+    return env | {RSH_ARGS_ENV: rsh_args, NO_TREE_SPAWN_ENV: "1"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

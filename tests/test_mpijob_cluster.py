@@ -4,9 +4,12 @@ platform team sets, Ready-only elastic hosts, and Kubeflow Trainer TrainJobs
 validated against the real Trainer CRDs (``../shared/schemas``)."""
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ import pytest
 import yaml
 from test_mpijob_schema import crd_errors, pod_errors, strict_validator, template_errors
 
+from hvdk8s.launcher.hosts import private_identity
 from hvdk8s.mpijob import SpecError, check_manifest, load_spec, objects_from_file, render, render_trainjob
 from hvdk8s.mpijob.render import launcher_command
 from hvdk8s.mpijob.trainjob import ANCESTOR_LABEL, checked_render_trainjob
@@ -192,6 +196,34 @@ def test_wait_runs_the_command_once_hosts_answer_and_gives_up_otherwise(listenin
     assert gave_up.returncode == 1 and gave_up.stdout == ""
     assert f"these workers never answered on their sshd port {listening}: 127.0.0.2" in gave_up.stderr
     assert "raise workerWaitSeconds in the job file" in gave_up.stderr
+
+
+def test_private_identity_gives_ssh_a_0600_copy_and_the_launcher_every_orted(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch):
+    """The copy exists on the launcher only: Open MPI must not tree-spawn (orteds on node pods ssh-ing on to
+    further pods with the same plm_rsh_args, where the copy's path does not exist)."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    key = tmp_path / "id_rsa"
+    key.write_bytes(b"PRIVATE KEY\n")
+    key.chmod(0o640)  # as Trainer v2.3.0 mounts it
+    env = private_identity(str(key), {"PATH": "/usr/bin", "OMPI_MCA_plm_rsh_args": "-p 2222"})
+    copy = Path(env["OMPI_MCA_plm_rsh_args"].split()[-1])
+    assert env == {"PATH": "/usr/bin", "OMPI_MCA_plm_rsh_args": f"-p 2222 -i {copy}",
+                   "OMPI_MCA_plm_rsh_no_tree_spawn": "1"}
+    assert copy.read_bytes() == b"PRIVATE KEY\n" and copy.stat().st_mode & 0o777 == 0o600
+    assert copy.parent.parent == tmp_path and copy.parent.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.skipif(shutil.which("ompi_info") is None, reason="Open MPI not installed")
+def test_open_mpi_reads_the_no_tree_spawn_setting_from_the_environment(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    key = tmp_path / "id_rsa"
+    key.write_bytes(b"")
+    env = private_identity(str(key), dict(os.environ))
+    shown = subprocess.run(["ompi_info", "--param", "plm", "rsh", "--level", "9"], env=env,
+                           capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    assert '"plm_rsh_no_tree_spawn" (current value: "true", data source: environment' in shown.stdout
 
 
 # ---- Kubeflow Trainer v2 ------------------------------------------------------------------
