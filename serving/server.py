@@ -314,8 +314,9 @@ def serve(
         watcher = ConfigWatcher(model_config_file, models, config_poll_seconds)
     core = ServingCore(models, batching, Metrics() if metrics_path else None)
     try:
+        # gRPC sets SO_REUSEPORT by default: a taken port would then be shared with its owner without a word
         rpc, bound_grpc = grpc_server.create_server(core, host, grpc_port, socket_path=grpc_socket_path,
-                                                    options=grpc_options)
+                                                    options=[("grpc.so_reuseport", int(reuse_port)), *grpc_options])
     except ValueError:
         sock.close()
         raise

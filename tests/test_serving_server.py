@@ -205,6 +205,11 @@ def test_port_0_gives_grpc_a_free_port_too_and_says_which(base_path):
                 by_label = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(request, timeout=30)
             assert [v.version for v in status.model_version_status] == [1]
             assert by_label == status
+            # a second server on that gRPC port is refused, not given a share of it (SO_REUSEPORT)
+            second = subprocess.run([*CLI, "serve", str(base_path), "--port", "0", "--grpc-port", str(grpc_port)],
+                                    capture_output=True, text=True, timeout=120)
+            assert second.returncode == 2, second.stderr
+            assert f"cannot listen on 127.0.0.1:{grpc_port} for gRPC" in second.stderr
         finally:
             _stop(proc)
 
