@@ -14,6 +14,7 @@ import ctypes.util
 import json
 import logging
 import os
+import random
 import re
 import shutil
 import socket
@@ -25,6 +26,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
+import portpicker
 import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -164,7 +166,7 @@ def test_allreduce_clock_counts_only_the_communication_left_after_the_last_gradi
     outputs = [step(tf.constant([1.0, 2.0])) for _ in range(3)]
     seconds, calls = commtime.read()
     assert calls - calls0 == 3
-    assert 3 * 0.05 <= seconds - seconds0 < 3 * 0.25  # the 0.3 s of "backprop" is not in it
+    assert 3 * 0.05 <= seconds - seconds0 < 3 * 0.3  # with the 0.3 s of "backprop" it would be >= 1.05 s
     assert outputs[0].numpy().tolist() == [4.0, 8.0]
 
 
@@ -337,18 +339,14 @@ def test_nvml_init_error_turns_telemetry_off_once(nvml_stub: Path) -> None:
 
 
 def free_port_pair() -> int:
-    """A base port such that base and base + 1 are free right now."""
+    """A base port such that base and base + 1 are free right now, from below the ephemeral port range (as
+    portpicker picks), so that no other process's ``bind(0)`` or outgoing connection takes one before the ranks
+    bind them seconds later."""
     for _ in range(100):
-        with socket.socket() as first:
-            first.bind(("0.0.0.0", 0))
-            base = first.getsockname()[1]
-            with socket.socket() as second:
-                try:
-                    second.bind(("0.0.0.0", base + 1))
-                except OSError:
-                    continue
-        return base
-    raise RuntimeError("no two consecutive free ports")
+        base = random.randrange(15000, 25000 - 1)
+        if portpicker.is_port_free(base) and portpicker.is_port_free(base + 1):
+            return base
+    raise RuntimeError("no two consecutive free ports in 15000-24999")
 
 
 @pytest.fixture(scope="module")

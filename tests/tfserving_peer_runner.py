@@ -17,34 +17,15 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import socket
 import sys
-import types
 import unittest
 from pathlib import Path
 
 PEER = Path(__file__).resolve().parents[2] / "shared" / "peer" / "tfserving"
 
 
-def _portpicker() -> None:
-    """portpicker (upstream's test-only dependency) as the one function the base uses, if it is not installed."""
-    try:
-        import portpicker  # noqa: F401
-    except ImportError:
-        module = types.ModuleType("portpicker")
-
-        def pick_unused_port() -> int:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                return s.getsockname()[1]
-
-        module.pick_unused_port = pick_unused_port
-        sys.modules["portpicker"] = module
-
-
 def main(srcdir: str, result: str, *names: str) -> int:
     os.environ["TEST_SRCDIR"] = srcdir
-    _portpicker()
     from absl import flags
 
     flags.FLAGS(sys.argv[:1], known_only=True)
