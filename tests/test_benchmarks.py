@@ -208,7 +208,9 @@ def test_emulated_cluster_measured_and_removed(run: dict[str, Any]) -> None:
         pytest.skip(f"network namespaces unavailable: {emu['skipped']}")
     (rate,) = emu["rates"]
     assert rate["rate"] == "1gbit"
-    assert 0.3 < rate["link"]["fraction_of_rate"] < 1.05  # TCP cannot beat the shaper
+    # TCP cannot beat the shaper; the floor is loose: two Python processes send 64 MiB each way while the other
+    # test worker can hold both cores, and a shaper that did not apply its rate would fail the upper bound
+    assert 0.1 < rate["link"]["fraction_of_rate"] < 1.05
     assert [(p["workers"], p["bytes"]) for p in rate["ring"]] == [(2, 4096), (2, 262144)]
     assert [(p["workers"], p["servers"]) for p in rate["ps"]] == [(2, 1), (2, 1)]
     assert rate["ring_fit"]["bandwidth_bytes_per_s"] > 0 and rate["ps_fit"]["points"]
