@@ -76,10 +76,12 @@ def main() -> None:
 
     if args.elastic:
         state = hvdk8s.elastic.KerasState(model, epoch=initial_epoch, batch=0)
-        # Horovod's elastic callbacks: state.epoch counts finished epochs across resets, and every
-        # batch commits (a worker that joins or leaves is taken in at the next batch).
+        # Each round resumes Keras's epoch count at state.epoch (not Horovod's fit(epochs=N - state.epoch),
+        # which restarts it at 0): the checkpoints keep global numbers and the warm-up does not restart. So
+        # state.epoch is Keras's epoch + 1 (Horovod's UpdateEpochStateCallback counts from the round's start);
+        # every batch commits (a worker that joins or leaves is taken in at the next batch).
         elastic_callbacks = [
-            hvdk8s.elastic.UpdateEpochStateCallback(state),
+            keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: setattr(state, "epoch", epoch + 1)),
             hvdk8s.elastic.UpdateBatchStateCallback(state),
             hvdk8s.elastic.CommitStateCallback(state),
         ]
@@ -90,7 +92,7 @@ def main() -> None:
                 # the step restored from the last commit after a worker was lost (no committed step lost)
                 step = int(model.optimizer.iterations.numpy())
                 print(f"elastic: training on {hvdk8s.size()} ranks from epoch {state.epoch}, step {step}", flush=True)
-            fit(0, args.epochs - state.epoch, elastic_callbacks)
+            fit(state.epoch, args.epochs, elastic_callbacks)
 
         elastic_fit(state)
     else:

@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import time
+import warnings
 from pathlib import Path
 
 import keras
@@ -126,7 +127,14 @@ def load_latest(model: keras.Model, directory: str | os.PathLike[str]) -> int:
 
 
 class Checkpoint(keras.callbacks.Callback):
-    """Save a checkpoint on rank 0 every ``every_epochs`` epochs, keeping the last ``keep``."""
+    """Save a checkpoint on rank 0 every ``every_epochs`` epochs, keeping the last ``keep``.
+
+    Keras's ``epoch`` names the checkpoint, so ``fit`` must count it globally
+    (``initial_epoch=`` the epoch resumed at, also in each elastic round).
+    Where a newer checkpoint is already in the folder, the one written now
+    sorts before it, is pruned first and is never resumed: that warns, once
+    per ``fit``.
+    """
 
     def __init__(self, directory: str | os.PathLike[str], *, every_epochs: int = 1, keep: int = 3) -> None:
         super().__init__()
@@ -135,8 +143,10 @@ class Checkpoint(keras.callbacks.Callback):
         self.directory = Path(directory)
         self.every_epochs = every_epochs
         self.keep = keep
+        self._warned = False
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        self._warned = False
         if runtime.is_chief():
             remove_stale_temporaries(self.directory)
 
@@ -144,6 +154,16 @@ class Checkpoint(keras.callbacks.Callback):
         done = epoch + 1
         if not runtime.is_chief() or done % self.every_epochs:
             return
-        save_atomic(self.model, checkpoint_path(self.directory, done))
+        path = checkpoint_path(self.directory, done)
+        existing = list_checkpoints(self.directory)
+        if existing and existing[-1][0] > done and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"hvdk8s.Checkpoint: {self.directory} already holds {existing[-1][1].name}, newer than the "
+                f"{path.name} written now, which sorts before it: pruning removes it first and a resume never "
+                "reads it. This fit's epochs do not count the earlier ones: pass fit(initial_epoch=) the epoch "
+                "resumed at (in every elastic round too), or use an empty folder", stacklevel=2,
+            )
+        save_atomic(self.model, path)
         for _, old in list_checkpoints(self.directory)[: -self.keep]:
             old.unlink(missing_ok=True)

@@ -1,6 +1,7 @@
 """Checkpoints: rank 0 only, atomic, and a killed job resumes where it stopped."""
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import os
@@ -9,10 +10,12 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 import keras
+import numpy as np
 import pytest
 
 from hvdk8s import checkpoint
@@ -182,3 +185,29 @@ def test_saved_model_loads_with_plain_keras(demo_run: Path) -> None:
     name, iterations = proc.stdout.split()
     assert name == "SGD"
     assert int(iterations) == 12 * 22  # 12 epochs of 22 steps: optimizer state was saved
+
+
+@pytest.mark.filterwarnings("ignore:.*device and thread pinning skipped:UserWarning")
+def test_a_checkpoint_numbered_below_the_newest_one_warns(tmp_path: Path) -> None:
+    """Keras's epoch names the checkpoint: a fit that restarts its epochs at 0 (Horovod's elastic
+    ``fit(epochs=N - state.epoch)``) writes numbers below those already there, which pruning removes first."""
+    import hvdk8s
+
+    hvdk8s.init(quiet=True)
+    model, data = tiny_model(), (np.ones((4, 3), np.float32), np.ones((4, 2), np.float32))
+    fit = functools.partial(model.fit, *data, verbose=0, callbacks=[checkpoint.Checkpoint(tmp_path, keep=2)])
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="hvdk8s.Checkpoint")
+        fit(epochs=3)
+        fit(initial_epoch=3, epochs=4)  # resumed at the epoch the newest checkpoint holds
+        fit(initial_epoch=3, epochs=4)  # an elastic round rolled back between a checkpoint and its commit
+    assert [n for n, _ in checkpoint.list_checkpoints(tmp_path)] == [3, 4]
+    with pytest.warns(UserWarning) as warned:
+        fit(epochs=2)
+    assert [str(w.message) for w in warned if "hvdk8s.Checkpoint" in str(w.message)] == [
+        f"hvdk8s.Checkpoint: {tmp_path} already holds ckpt-0004.keras, newer than the ckpt-0001.keras written now, "
+        "which sorts before it: pruning removes it first and a resume never reads it. This fit's epochs do not "
+        "count the earlier ones: pass fit(initial_epoch=) the epoch resumed at (in every elastic round too), "
+        "or use an empty folder"
+    ]  # once per fit
+    assert [n for n, _ in checkpoint.list_checkpoints(tmp_path)] == [3, 4]
