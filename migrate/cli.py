@@ -1,11 +1,12 @@
 """``hvdk8s migrate``: print (or write) the Horovod Keras 2 -> hvdk8s Keras 3 rewrite of scripts.
 
 Exit status: 0 when nothing is left to do by hand, 1 when manual items remain (listed on
-stderr as ``file:line: manual: ...``), 2 on bad input (missing file, syntax error).
+stderr as ``file:line: manual: ...``), 2 on bad input (missing file, syntax error, a file it cannot write).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import sys
 from pathlib import Path
@@ -44,13 +45,13 @@ def _migrate(args: argparse.Namespace) -> int:
             results[path] = migrate_source(source, path)
         except SyntaxError as err:
             raise UserError(f"{path}:{err.lineno}: syntax error: {err.msg}; migrate reads Python 3 code") from None
+    changed = {path: result.code for path, result in results.items() if result.code != sources[path]}
+    if args.write:
+        _write_all(changed)
     manual = False
     for path, result in results.items():
-        if result.code != sources[path]:
+        if path in changed:
             if args.write:
-                with atomic_path(path) as tmp:
-                    tmp.write_bytes(result.code.encode("utf-8"))
-                    tmp.chmod(Path(path).stat().st_mode)  # a script's executable bit survives
                 print(f"{path}: rewritten", file=sys.stderr)
             else:
                 sys.stdout.writelines(difflib.unified_diff(
@@ -61,6 +62,20 @@ def _migrate(args: argparse.Namespace) -> int:
             print(f"{path}:{finding.line}: {kind}: {finding.message}", file=sys.stderr)
         manual |= result.manual
     return MANUAL_EXIT if manual else 0
+
+
+def _write_all(codes: dict[str, str]) -> None:
+    """Replace each file atomically, keeping its mode; every new version is on disk before the first rename."""
+    path = ""
+    try:
+        with contextlib.ExitStack() as renames:  # each atomic_path renames its temporary when the stack closes
+            for path, code in codes.items():
+                tmp = renames.enter_context(atomic_path(path))
+                tmp.write_bytes(code.encode("utf-8"))
+                tmp.chmod(Path(path).stat().st_mode)  # a script's executable bit survives
+    except OSError as err:
+        # a failed rename names its target second (os.replace); anything else failed on the file being written
+        raise UserError(f"{err.filename2 or path}: cannot write: {err.strerror or err}") from None
 
 
 def _read(path: str) -> str:

@@ -374,6 +374,20 @@ def test_cli_checks_every_file_before_writing_any(tmp_path: Path) -> None:
     assert (tmp_path / "good.py").read_text() == "import horovod.keras as hvd\n"
 
 
+def test_cli_write_that_fails_exits_2_and_renames_nothing(tmp_path: Path) -> None:
+    """A file migrate cannot write: one line, exit status 2, and no other file rewritten. The tests run as root,
+    which writes through permissions, so the failure is a name with no room for its temporary beside it
+    (``.tmp-<stem>-<8 hex>.py``: over the 255 bytes a name may have)."""
+    (tmp_path / "good.py").write_text("import horovod.keras as hvd\n")
+    long = "a" * 250 + ".py"
+    (tmp_path / long).write_text("import horovod.keras as hvd\n")
+    proc = _cli("--write", "good.py", long, cwd=tmp_path)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        2, "", f"hvdk8s migrate: error: {long}: cannot write: File name too long\n")
+    assert (tmp_path / "good.py").read_text() == "import horovod.keras as hvd\n"  # its new version was not renamed in
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["good.py", long])  # no temporary left behind
+
+
 def test_without_libcst_the_cli_runs_and_migrate_says_what_to_install(tmp_path: Path) -> None:
     # libcst is the optional extra hvdk8s[migrate]: the CLI (and `import hvdk8s`) must not need it.
     (tmp_path / "train.py").write_text("import horovod.keras as hvd\n")
