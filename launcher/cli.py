@@ -24,6 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--tcp-eager-limit", type=int, default=DEFAULT_TCP_EAGER_LIMIT, metavar="BYTES",
                      help="largest message Open MPI's TCP transport sends without waiting for the receiver "
                           f"(default {DEFAULT_TCP_EAGER_LIMIT}; Open MPI's own: 65536; see README, Benchmarks)")
+    run.add_argument("--network-interface", metavar="NIC",
+                     help="network interface for the ranks' traffic, as horovodrun's: Open MPI's TCP transport and "
+                          "NCCL (elastic runs: Gloo; on one host pass lo)")
     elastic = run.add_argument_group(
         "elastic (horovodrun over Gloo; the script must use hvdk8s.elastic)",
         "Given --host-discovery-script, the job keeps between --min-np and --max-np ranks as hosts come and go.",
@@ -32,7 +35,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     elastic.add_argument("--max-np", type=int, help="most ranks to scale up to (default: -np)")
     elastic.add_argument("--host-discovery-script", metavar="SCRIPT", help="prints the available host[:slots] lines")
     elastic.add_argument("--slots", type=int, help="slots of hosts listed without a count")
-    elastic.add_argument("--network-interface", metavar="NIC", help="interface for Gloo (lo for one host)")
     elastic.add_argument("--blacklist-cooldown", type=int, nargs=2, metavar=("MIN", "MAX"),
                          help="let the host of a failed worker back after its n-th failure, after MIN*2^n plus up to "
                               "MIN seconds, within [MIN, MAX]; 1 <= MIN <= MAX <= 3600 (default: never; Horovod "
@@ -57,10 +59,11 @@ def _run(args: argparse.Namespace) -> int:
             max_np=args.max_np or args.np,
             discovery_script=args.host_discovery_script,
             slots=args.slots,
-            network_interface=args.network_interface,
             blacklist_cooldown=tuple(args.blacklist_cooldown) if args.blacklist_cooldown else None,
         )
-    elif args.min_np or args.max_np or args.blacklist_cooldown:
-        raise UserError("--min-np/--max-np/--blacklist-cooldown: elastic runs need --host-discovery-script")
+    elif args.min_np or args.max_np or args.slots is not None or args.blacklist_cooldown:
+        raise UserError("--min-np/--max-np/--slots/--blacklist-cooldown: elastic runs need --host-discovery-script "
+                        "(a plain run takes slots in -H host:slots)")
     return local.run(args.np, args.argv, hosts=args.hosts, env=args.env, timeline=args.timeline, elastic=elastic,
-                     allreduce_algorithm=args.allreduce_algorithm, tcp_eager_limit=args.tcp_eager_limit)
+                     allreduce_algorithm=args.allreduce_algorithm, tcp_eager_limit=args.tcp_eager_limit,
+                     network_interface=args.network_interface)

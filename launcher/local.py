@@ -46,11 +46,10 @@ class ElasticOptions:
     max_np: int
     discovery_script: str
     slots: int | None = None
-    network_interface: str | None = None
     blacklist_cooldown: tuple[int, int] | None = None
 
 
-def elastic_argv(np: int, command: list[str], options: ElasticOptions) -> list[str]:
+def elastic_argv(np: int, command: list[str], options: ElasticOptions, network_interface: str | None) -> list[str]:
     """Check the user's elastic flags, then build the command with this environment's horovodrun."""
     if not os.access(options.discovery_script, os.X_OK):
         raise UserError(f"--host-discovery-script {options.discovery_script}: not an executable file")
@@ -64,7 +63,7 @@ def elastic_argv(np: int, command: list[str], options: ElasticOptions) -> list[s
             max_np=options.max_np,
             discovery_script=os.path.abspath(options.discovery_script),
             slots=options.slots,
-            network_interface=options.network_interface,
+            network_interface=network_interface,
             blacklist_cooldown=options.blacklist_cooldown,
         )
     except ValueError as err:
@@ -82,11 +81,15 @@ def run(
     elastic: ElasticOptions | None = None,
     allreduce_algorithm: mpirun.AllreduceAlgorithm = "auto",
     tcp_eager_limit: int = mpirun.DEFAULT_TCP_EAGER_LIMIT,
+    network_interface: str | None = None,
     out: TextIO = sys.stdout,
 ) -> int:
-    """Run ``command`` on ``np`` ranks (elastic: with horovodrun); return the job's exit status."""
-    if shutil.which("mpirun") is None:
-        raise UserError("mpirun not found: install Open MPI (make setup does)")
+    """Run ``command`` on ``np`` ranks (elastic: with horovodrun); return the job's exit status.
+
+    ``network_interface`` carries the ranks' traffic, as ``horovodrun
+    --network-interface`` does: Open MPI's TCP transport and NCCL's sockets
+    (plain runs), Gloo (elastic runs, where horovodrun takes it itself).
+    """
     if np < 1:
         raise UserError(f"-np {np}: must be >= 1")
     if problem := mpirun.tcp_eager_limit_problem(tcp_eager_limit):
@@ -101,20 +104,25 @@ def run(
         environ["HOROVOD_TIMELINE"] = os.path.abspath(timeline)
     environ.setdefault("PYTHONUNBUFFERED", "1")
     if elastic is None:
+        if shutil.which("mpirun") is None:
+            raise UserError("mpirun not found: install Open MPI (make setup does)")
+        if network_interface:
+            environ["NCCL_SOCKET_IFNAME"] = network_interface  # horovodrun's mpirun -x NCCL_SOCKET_IFNAME=...
         argv = mpirun.mpirun_argv(
             np,
             script_command(command),
             hosts=hosts,
             env_names=mpirun.forwarded_env(environ),
             allow_run_as_root=os.geteuid() == 0,
-            mca=mpirun.transport_mca(allreduce_algorithm, tcp_eager_limit=tcp_eager_limit),
+            mca=mpirun.transport_mca(allreduce_algorithm, tcp_eager_limit=tcp_eager_limit,
+                                     network_interface=network_interface),
         )
     elif allreduce_algorithm != "auto":
         raise UserError("--allreduce-algorithm: elastic runs use horovodrun over Gloo, not Open MPI's allreduce")
     elif tcp_eager_limit != mpirun.DEFAULT_TCP_EAGER_LIMIT:
         raise UserError("--tcp-eager-limit: elastic runs use horovodrun over Gloo, not Open MPI's TCP transport")
     else:
-        argv = elastic_argv(np, script_command(command), elastic)
+        argv = elastic_argv(np, script_command(command), elastic, network_interface)
     tail: deque[str] = deque(maxlen=60)  # mpirun's own closing report, for failure_summary
     ranks: set[int] = set()
     collateral: set[int] = set()

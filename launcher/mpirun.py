@@ -95,13 +95,21 @@ MCA_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 def transport_mca(
     allreduce_algorithm: AllreduceAlgorithm = "auto", yield_when_idle: bool = True,
     extra: Mapping[str, str] | None = None, *, tcp_eager_limit: int = DEFAULT_TCP_EAGER_LIMIT,
+    network_interface: str | None = None,
 ) -> dict[str, str]:
     """Open MPI parameters (``-mca``, over ``DEFAULT_MCA``) for a job's transport settings; ``extra`` holds others.
 
     Open MPI's tuned collectives read a fixed algorithm, or any other
     ``coll_tuned_*`` choice, only with their dynamic rules on.
+    ``network_interface`` (an interface name, as horovodrun takes it)
+    carries the ranks' TCP traffic and mpirun's own wire-up: ``horovodrun
+    --network-interface`` sets ``btl_tcp_if_include`` (Horovod 0.28.1
+    ``horovod/runner/mpi_run.py``), and ``oob_tcp_if_include`` keeps the
+    out-of-band channel on the same network.
     """
     mca = dict(extra or {})
+    if network_interface:
+        mca.update(btl_tcp_if_include=network_interface, oob_tcp_if_include=network_interface)
     if tcp_eager_limit != DEFAULT_TCP_EAGER_LIMIT:
         mca.update(tcp_eager_mca(tcp_eager_limit))
     if allreduce_algorithm != "auto":

@@ -1,11 +1,17 @@
 """``hvdk8s run``: real mpirun, rank-prefixed output, failures named by rank."""
 from __future__ import annotations
 
+import io
+import shutil
 import sys
+from pathlib import Path
 
-from hvdk8s.launcher import mpirun
+import pytest
 
-from conftest import SCRIPTS, hvdk8s_cli, run_ranks
+from hvdk8s.errors import UserError
+from hvdk8s.launcher import local, mpirun
+
+from conftest import SCRIPTS, discovery_script, hvdk8s_cli, run_ranks
 
 
 def test_failing_rank_fails_the_job_and_is_named() -> None:
@@ -30,6 +36,30 @@ def test_hosts_with_a_discovery_script_is_refused() -> None:
     assert "-H/--hosts: elastic runs take their hosts from --host-discovery-script" in proc.stderr
 
 
+def test_elastic_only_flags_without_a_discovery_script_are_refused() -> None:
+    # --slots counts the slots of discovered hosts; a plain run takes them in -H host:slots
+    for flags in (("--slots", "2"), ("--min-np", "1")):
+        proc = hvdk8s_cli("run", "-np", "2", *flags, "train.py", check=False, timeout=30)
+        assert (proc.returncode, proc.stderr) == (2, "hvdk8s run: error: --min-np/--max-np/--slots/--blacklist-cooldown: "
+                                                     "elastic runs need --host-discovery-script (a plain run takes "
+                                                     "slots in -H host:slots)\n")
+
+
+def test_elastic_runs_do_not_need_mpirun(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Elastic runs execute horovodrun over Gloo: where hvdk8s finds no mpirun, they still run (a real one-rank
+    job), and --network-interface reaches Gloo (horovodrun sets HOROVOD_GLOO_IFACE from it)."""
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *args, **kw: None if name == "mpirun" else which(name, *args, **kw))
+    probe = [sys.executable, "-c", "import os; print('gloo interface', os.environ['HOROVOD_GLOO_IFACE'])"]
+    with pytest.raises(UserError, match="mpirun not found"):
+        local.run(1, probe)
+    _, discover = discovery_script(tmp_path, "localhost:1\n")
+    out = io.StringIO()
+    elastic = local.ElasticOptions(min_np=1, max_np=1, discovery_script=str(discover))
+    assert local.run(1, probe, elastic=elastic, network_interface="lo", out=out) == 0, out.getvalue()
+    assert "[0] gloo interface lo\n" in out.getvalue()
+
+
 def test_a_blacklist_cooldown_horovod_refuses_is_a_clear_error() -> None:
     # Horovod itself would raise in its driver's discovery thread: "Exception in thread", exit code 1
     proc = hvdk8s_cli("run", "-np", "1", "--min-np", "1", "--max-np", "1", "--host-discovery-script", "/bin/true",
@@ -43,11 +73,13 @@ def test_transport_settings_reach_open_mpi_and_elastic_runs_refuse_them() -> Non
     probe = ("import os, numpy as np; from mpi4py import MPI; c = MPI.COMM_WORLD; out = np.zeros(4); "
              "c.Allreduce(np.arange(4.0) + c.rank, out); "
              "print('sum', out.tolist(), *(os.environ['OMPI_MCA_' + n] for n in ('coll_tuned_allreduce_algorithm', "
-             "'btl_tcp_eager_limit', 'btl_tcp_rndv_eager_limit', 'btl_tcp_max_send_size')))")
+             "'btl_tcp_eager_limit', 'btl_tcp_rndv_eager_limit', 'btl_tcp_max_send_size', 'btl_tcp_if_include', "
+             "'oob_tcp_if_include')), os.environ['NCCL_SOCKET_IFNAME'])")
+    # --network-interface: as horovodrun's on an mpirun job (Open MPI's TCP transport, NCCL), plus mpirun's wire-up
     proc = hvdk8s_cli("run", "-np", "2", "--allreduce-algorithm", "recursive_doubling", "--tcp-eager-limit", "1048576",
-                      sys.executable, "-c", probe, timeout=120)
+                      "--network-interface", "lo", sys.executable, "-c", probe, timeout=120)
     assert sorted(line for line in proc.stdout.splitlines() if "sum" in line) == [
-        f"[{rank}] sum [1.0, 3.0, 5.0, 7.0] recursive_doubling 1048576 1048576 1048576" for rank in (0, 1)
+        f"[{rank}] sum [1.0, 3.0, 5.0, 7.0] recursive_doubling 1048576 1048576 1048576 lo lo lo" for rank in (0, 1)
     ]
     assert "invalid value" not in proc.stdout  # Open MPI warns (ranks' output), and falls back, on a name it does not know
     for flags, message in [
@@ -82,6 +114,8 @@ def test_mca_overrides_replace_the_defaults_instead_of_repeating_them() -> None:
     assert argv.count("mpi_yield_when_idle") == 1
     assert argv[argv.index("mpi_yield_when_idle") + 1] == "0"
     assert argv[argv.index("btl_tcp_if_include") + 1] == "eth0"
+    assert mpirun.transport_mca(network_interface="eth1") == {
+        **mpirun.transport_mca(), "btl_tcp_if_include": "eth1", "oob_tcp_if_include": "eth1"}
 
 
 def test_forwarded_env_picks_library_knobs_only() -> None:
