@@ -137,6 +137,14 @@ def _get(value: Any) -> float:
     return float(keras.ops.convert_to_numpy(value))
 
 
+def _stepping_optimizer(optimizer: Any) -> Any:
+    """The ``DistributedOptimizer`` whose step runs the rate schedule: the model's own, or the one inside the
+    ``LossScaleOptimizer`` that ``compile`` wraps it in under ``mixed_float16``; None for any other optimizer."""
+    if is_distributed(optimizer):
+        return optimizer
+    return optimizer.inner_optimizer if reduces_gradients(optimizer) else None
+
+
 class LearningRateScheduleCallback(DistributedFitCallback):
     """Set the rate to ``initial_lr × multiplier(epoch)`` for epochs in [``start_epoch``, ``end_epoch``).
 
@@ -154,12 +162,14 @@ class LearningRateScheduleCallback(DistributedFitCallback):
     inside the step, which yields the same update for SGD without Nesterov.
     For other optimizers it is not applied.
 
-    With a ``DistributedOptimizer`` nothing runs per batch: the callback
-    registers with the optimizer's ``rate_schedule`` (``schedule.RateSchedule``)
-    at train begin, writes its epoch's per-batch rates once per epoch, and each
-    step sets the next batch's rate after its update, so a batch starts with
-    Horovod's rate in the variable (the first batch's is assigned when it
-    starts). Other optimizers get Horovod's per-batch assignment.
+    With a ``DistributedOptimizer`` (also inside the ``LossScaleOptimizer``
+    that ``compile`` wraps it in under ``mixed_float16``) nothing runs per
+    batch: the callback registers with that optimizer's ``rate_schedule``
+    (``schedule.RateSchedule``) at train begin, writes its epoch's per-batch
+    rates once per epoch, and each step sets the next batch's rate after its
+    update (or the loss scale's skip), so a batch starts with Horovod's rate
+    in the variable (the first batch's is assigned when it starts). Other
+    optimizers get Horovod's per-batch assignment.
     """
 
     def __init__(
@@ -191,12 +201,12 @@ class LearningRateScheduleCallback(DistributedFitCallback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         super().on_train_begin(logs)
-        optimizer = self.model.optimizer
+        stepping = _stepping_optimizer(self.model.optimizer)
         self._correction, self._rates, created = None, None, False
-        if is_distributed(optimizer):
-            self._rates, created = optimizer.rate_schedule.rate_table()
+        if stepping is not None:
+            self._rates, created = stepping.rate_schedule.rate_table()
             if self.momentum_correction:
-                self._correction, new = optimizer.rate_schedule.momentum_correction()
+                self._correction, new = stepping.rate_schedule.momentum_correction()
                 created = created or new
         if created:
             fit_step.rebuild(self.model)  # compiled before the step could set the rate or correct momentum
@@ -214,7 +224,7 @@ class LearningRateScheduleCallback(DistributedFitCallback):
         if self._correction is not None:
             self._correction.set_active(self, in_range)
         if self._rates is not None and in_range:
-            self._rates.write(self.model.optimizer, self._epoch_rates(epoch))
+            self._rates.write(self._epoch_rates(epoch))
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self._correction is not None:

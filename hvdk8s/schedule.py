@@ -69,29 +69,30 @@ class MomentumCorrection:
 class RateTable:
     """The rates of the current epoch's batches (NaN: the callbacks leave that batch's rate as it is).
 
-    ``start`` is the optimizer's ``iterations`` when the epoch began; batch
-    ``b`` of the epoch is the step with ``iterations - start == b``, which also
-    holds with ``backward_passes_per_step`` (every pass counts) and within one
-    ``steps_per_execution`` call.
+    ``step`` counts the steps run since the epoch's rates were written, so it
+    is the index of the next batch. The step counts itself (``set_next``)
+    rather than reading the optimizer's ``iterations``, which a
+    ``LossScaleOptimizer``'s skipped step does not advance; every backward pass
+    (``backward_passes_per_step``) and every step of a ``steps_per_execution``
+    call counts.
     """
 
     def __init__(self) -> None:
         with tf.init_scope():
             self.rates = tf.Variable([math.nan], dtype=tf.float64, shape=tf.TensorShape([None]), trainable=False)
-            self.start = tf.Variable(0, dtype=tf.int64, trainable=False)
-        self._epoch_start: int | None = None
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False)
         self._values: list[float] = []
 
-    def write(self, optimizer: keras.optimizers.Optimizer, rates: Mapping[int, float]) -> None:
-        """Set these batches' rates in the epoch beginning now; per epoch, by each rate callback in range.
+    def write(self, rates: Mapping[int, float]) -> None:
+        """Set these batches' rates in the epoch beginning now; per epoch, by each rate callback.
 
-        Callbacks write in their list order, so a later callback's rate for a
-        batch wins, as its later assignment does in Horovod.
+        The first writer after a step starts the epoch's table afresh; callbacks
+        write in their list order, so a later callback's rate for a batch wins,
+        as its later assignment does in Horovod.
         """
-        now = int(optimizer.iterations.numpy())
-        if now != self._epoch_start:  # the first writer of this epoch
-            self._epoch_start, self._values = now, []
-            self.start.assign(now)
+        if int(self.step.numpy()):  # steps ran since the last write: a new epoch
+            self._values = []
+            self.step.assign(0)
         self._values += [math.nan] * (max(rates, default=-1) + 1 - len(self._values))
         for batch, rate in rates.items():
             self._values[batch] = rate
@@ -102,12 +103,13 @@ class RateTable:
         return None if not self._values or math.isnan(self._values[0]) else self._values[0]
 
     def set_next(self, optimizer: keras.optimizers.Optimizer) -> None:
-        """Traced into the step after the update (``iterations`` already counts it): the next batch's rate."""
+        """Traced into the step after the update (or the loss scale's skip): the next batch's rate."""
         lr = optimizer.learning_rate
-        i = tf.cast(optimizer.iterations, tf.int64) - self.start
+        self.step.assign_add(1)
+        i = self.step.read_value()
         n = tf.size(self.rates, out_type=tf.int64)
-        rate = tf.gather(self.rates, tf.clip_by_value(i, 0, n - 1))
-        keep = tf.logical_or(tf.logical_or(i < 0, i >= n), tf.math.is_nan(rate))
+        rate = tf.gather(self.rates, tf.minimum(i, n - 1))
+        keep = tf.logical_or(i >= n, tf.math.is_nan(rate))
         lr.assign(tf.where(keep, tf.convert_to_tensor(lr), tf.cast(rate, lr.dtype)))
 
 

@@ -58,20 +58,17 @@ def test_rate_table_sets_only_rates_of_its_epoch(hvd) -> None:
     opt.build([keras.Variable(np.zeros(2, np.float32))])
     table, created = opt.rate_schedule.rate_table()
     assert created and opt.rate_schedule.rate_table() == (table, False)
-    opt.iterations.assign(10)
-    table.write(opt, {0: 0.1, 1: 0.2, 3: 0.4})
-    table.write(opt, {1: 0.25})  # a later callback in the same epoch: its batch wins
+    table.write({0: 0.1, 1: 0.2, 3: 0.4})
+    table.write({1: 0.25})  # a later callback in the same epoch (no step between): its batch wins
     assert table.first() == 0.1
     seen = []
-    for iterations in (11, 12, 13, 14, 5):  # after batches 0..3, past the epoch, and rolled back (elastic reset)
-        opt.iterations.assign(iterations)
+    for _ in range(5):  # after batches 0..3, then past the epoch
         table.set_next(opt)
         seen.append(float(opt.learning_rate.numpy()))
     # batch 1: 0.25; batch 2 has no rate (kept); batch 3: 0.4; then nothing to set
     assert seen == [np.float32(0.25), np.float32(0.25), np.float32(0.4), np.float32(0.4), np.float32(0.4)]
-    opt.iterations.assign(20)
-    table.write(opt, {})  # a new epoch with no rates
-    assert table.first() is None and math.isnan(float(table.rates.numpy()[0]))
+    table.write({})  # steps ran since: a new epoch, with no rates
+    assert table.first() is None and math.isnan(float(table.rates.numpy()[0])) and int(table.step.numpy()) == 0
 
 
 def test_no_table_where_the_rate_is_a_schedule(hvd) -> None:
@@ -104,3 +101,45 @@ def test_rate_machinery_and_pass_state_are_the_optimizers_own(hvd, tmp_path) -> 
     # iterations, rate and momentums, and references to the model's variables: no accumulator, table or correction
     assert len(opt.variables) == 2 + len(model.trainable_variables)
     assert len(saved) == len(opt.variables) + len(model.trainable_variables)
+
+
+def fit_one_weight(hvd, policy: str, xs: np.ndarray, momentum: float, callback=None, epochs: int = EPOCHS):
+    """fit the one-weight model of the first test under ``policy``, by default with its schedule."""
+    import keras
+    import tensorflow as tf
+
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+        model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(1.0, momentum=momentum)),
+                      loss=lambda y, pred: tf.reduce_mean(pred))
+        schedule = callback or hvd.callbacks.LearningRateScheduleCallback(0.3, lambda e: 1 / (1 + e), staircase=False)
+        model.fit(xs, xs, batch_size=1, epochs=epochs, shuffle=False, verbose=0, callbacks=[schedule])
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    return model, schedule
+
+
+def test_under_mixed_float16_the_rates_are_set_in_the_step_and_momentum_is_corrected(hvd) -> None:
+    """``compile`` wraps the DistributedOptimizer in a LossScaleOptimizer: the callback registers with the
+    inner optimizer's rate schedule, so the rate changes inside the step and SGD's momentum is corrected
+    as in float32 (the gradient, 1 per step, is exact in float16)."""
+    ones = np.ones((STEPS, 1), np.float32)
+    reference, _ = fit_one_weight(hvd, "float32", ones, momentum=0.9)
+    model, schedule = fit_one_weight(hvd, "mixed_float16", ones, momentum=0.9)
+    inner = model.optimizer.inner_optimizer
+    assert schedule._rates is not None and inner.rate_schedule.table is schedule._rates
+    assert schedule._correction is not None and inner.rate_schedule.correction is schedule._correction
+    np.testing.assert_allclose(model.get_weights()[0], reference.get_weights()[0], rtol=1e-6)
+
+
+def test_a_step_the_loss_scale_skips_still_moves_the_rate_to_the_next_batch(hvd) -> None:
+    """Batch 2 of each epoch overflows float16 and is skipped (``iterations`` does not count it); each later
+    batch still trains with its own batch's rate, as Horovod's per-batch assignment gives it."""
+    xs = np.ones((STEPS, 1), np.float32)
+    xs[2] = 1000.0  # × the loss scale (2**15 and its halvings): inf in float16
+    model, _ = fit_one_weight(hvd, "mixed_float16", xs, momentum=0.0)
+    assert int(model.optimizer.iterations.numpy()) == EPOCHS * (STEPS - 1)
+    used = [np.float32(rate(e, b)) for e in range(EPOCHS) for b in range(STEPS) if b != 2]
+    np.testing.assert_allclose(model.get_weights()[0].item(), -np.sum(used, dtype=np.float32), rtol=1e-6)
+
