@@ -76,7 +76,7 @@ class LauncherLogs(threading.Thread):
     def __init__(self, cluster: Cluster, namespace: str, job: str, printer: Printer, kind: kube.JobKind):
         super().__init__(name=f"logs-{job}", daemon=True)
         self.cluster, self.namespace, self.job, self.printer, self.kind = cluster, namespace, job, printer, kind
-        self._wake, self._done = threading.Event(), threading.Event()
+        self._wake, self._done, self._stopped = threading.Event(), threading.Event(), threading.Event()
 
     def poke(self) -> None:
         self._wake.set()
@@ -84,6 +84,11 @@ class LauncherLogs(threading.Thread):
     def finish(self) -> None:
         self._done.set()
         self._wake.set()
+
+    def stop(self) -> None:
+        """The wait has ended: a request still in flight ends silently (the verdict is said)."""
+        self._stopped.set()
+        self.finish()
 
     def run(self) -> None:
         streamed: set[str] = set()
@@ -101,7 +106,8 @@ class LauncherLogs(threading.Thread):
                 self._wake.wait(POD_POLL_SECONDS)
                 self._wake.clear()
         except UserError as err:
-            self.printer.error(f"hvdk8s: cannot stream the launcher's logs: {err}")
+            if not self._stopped.is_set():
+                self.printer.error(f"hvdk8s: cannot stream the launcher's logs: {err}")
 
 
 class Explainer(threading.Thread):
@@ -197,7 +203,7 @@ def wait_for_job(cluster: Cluster, namespace: str, name: str, follow_logs: bool,
     finally:
         explainer.stop()
         if logs:
-            logs.finish()
+            logs.stop()
 
 
 def wait_deleted(cluster: Cluster, namespace: str, name: str, kind: kube.JobKind = kube.MPIJOB) -> None:

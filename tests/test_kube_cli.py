@@ -374,18 +374,24 @@ def test_delete_missing_job(api, capsys):
     assert code == 2 and 'mpijobs.kubeflow.org "nope" not found in namespace "team"' in err
 
 
-def delete_once_explained(double: KubeDouble, last: str, job: str = "pi", res=MPIJOBS) -> None:
-    """Delete the job (ending the wait) once --wait has read the events about ``last``, its last
-    object to explain: the first pod listing can take seconds, while the client builds its models."""
-    def events_read() -> bool:
-        return any(p == f"/api/v1/namespaces/{NS}/events" and q.get("fieldSelector") == f"involvedObject.name={last}"
-                   for _, p, q in list(double.requests))
+def delete_once_said(double: KubeDouble, monkeypatch: pytest.MonkeyPatch, said: str, job: str = "pi",
+                     res=MPIJOBS) -> None:
+    """Delete the job (ending the wait) once --wait has printed a status line containing ``said``, its last
+    explanation: the first pod listing can take seconds while the client builds its models, and an explanation
+    printed after the wait has ended is dropped, so waiting for the request alone would race the printing."""
+    printed = threading.Event()
+    status = watch.Printer.status
+
+    def watched(printer: watch.Printer, line: str) -> None:
+        status(printer, line)
+        if said in line:
+            printed.set()
+
+    monkeypatch.setattr(watch.Printer, "status", watched)
 
     def delete() -> None:
-        deadline = time.monotonic() + 30  # never hang: the assertions then say what was missing
-        while not events_read() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)  # the explanation is printed, and any repeat would come in this time
+        printed.wait(60)  # never hang: the assertions then say what was missing
+        time.sleep(0.5)  # any repeat of an explanation would come in this time
         double.remove(NS, job, res)
 
     threading.Thread(target=delete, daemon=True).start()
@@ -394,7 +400,7 @@ def delete_once_explained(double: KubeDouble, last: str, job: str = "pi", res=MP
 def test_wait_hints_at_a_missing_operator_and_notices_deletion(api, manifest, capsys, monkeypatch):
     monkeypatch.setattr(watch, "EXPLAIN_SECONDS", 0.1)
     double, flags = api(max_watch_seconds=0.2)  # no operator answers
-    delete_once_explained(double, "pi")
+    delete_once_said(double, monkeypatch, "waiting: no status yet")
     code, out, err = run(capsys, "submit", str(manifest), "--wait", *flags)
     assert code == 1
     assert "mpijob/pi: waiting: no status yet: is the MPI Operator running?" in out[1]
@@ -407,7 +413,7 @@ def test_wait_explains_unschedulable_pods_from_their_events(api, manifest, capsy
     full = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available."
     double, flags = api(max_watch_seconds=0.3, lifecycle=[
         Step(condition=("Created", "True", "MPIJobCreated", "MPIJob {ns}/{name} is created."), unschedulable=full)])
-    delete_once_explained(double, "pi-worker-1")
+    delete_once_said(double, monkeypatch, "waiting: pod pi-worker-1 is unschedulable")
     code, out, err = run(capsys, "submit", str(manifest), "--wait", *flags)
     assert code == 1 and err == "hvdk8s: MPIJob team/pi was deleted before it finished\n"
     assert [line for line in status_lines(out) if line.startswith("waiting:")] == [
@@ -433,6 +439,26 @@ def test_an_explainer_stopped_while_its_request_fails_says_nothing(capsys, monke
         assert not explainer.is_alive()
         expected = "" if stop_first else "hvdk8s: cannot tell why the job waits: cannot reach the Kubernetes API server\n"
         assert capsys.readouterr().err == expected
+
+
+def test_a_log_streamer_stopped_while_its_request_fails_says_nothing(capsys, monkeypatch):
+    """The same for the launcher's log streamer, which wait_for_job stops (not only finishes) when it returns."""
+    raised: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda hook: raised.append(hook.exc_value))
+    for stop_first in (False, True):
+        logs = watch.LauncherLogs(None, NS, "pi", watch.Printer("pi"), kube.MPIJOB)
+
+        def launcher_pod(*_, logs=logs, stop_first=stop_first):
+            if stop_first:
+                logs.stop()
+            raise UserError("cannot reach the Kubernetes API server")
+
+        monkeypatch.setattr(kube, "launcher_pod", launcher_pod)
+        logs.start()
+        logs.join(5)
+        assert not logs.is_alive()
+        expected = "" if stop_first else "hvdk8s: cannot stream the launcher's logs: cannot reach the Kubernetes API server\n"
+        assert (capsys.readouterr().err, raised) == (expected, [])
 
 
 def test_wait_explains_a_suspended_queued_job_and_an_operator_refusal():
@@ -615,7 +641,7 @@ def test_trainjob_with_an_unschedulable_launcher_is_not_running_and_wait_says_wh
     assert (code, out) == (0, ["TrainJob team/digits: Created", "  no conditions yet",
                                "  child Jobs: launcher 1 active; node 1 active"])
 
-    delete_once_explained(double, launcher, "digits", TRAINJOBS)
+    delete_once_said(double, monkeypatch, f"waiting: pod {launcher} is unschedulable", "digits", TRAINJOBS)
     code = watch.wait_for_job(connect(flags[1]), NS, "digits", follow_logs=False, kind=kube.TRAINJOB)
     out = capsys.readouterr().out.splitlines()
     assert code == 1
