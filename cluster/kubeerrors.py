@@ -67,6 +67,10 @@ def api_error_message(code: int, body: str | bytes | None, action: Action) -> st
             f' (list them: kubectl get {plural} -n {action.namespace})' if action.resource in KINDS else "")
     if code == 409 and status.get("reason") == "AlreadyExists":
         return name_taken_message(action)
+    # k8s.io/apiserver admission/plugin/webhook/errors/statuserror.go ToStatusErr: a webhook denial is
+    # "admission webhook \"NAME\" denied the request: ...", with code 403 unless the webhook gives one
+    if code == 403 and said.startswith("admission webhook "):
+        return f"{action} was refused by an admission webhook (not RBAC): {said}"
     if code == 403:
         ask = RUNTIME_RIGHTS if action.resource == RUNTIMES else "ask a cluster admin for a Role and RoleBinding that grant it"
         return (f"forbidden by RBAC: you may not {action}. The API server said: {said}. "

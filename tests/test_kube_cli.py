@@ -620,6 +620,9 @@ def test_trainjob_webhook_of_the_double_refuses_a_job_without_its_runtime(api, j
     _, job = mpijob.objects_from_file(job_spec, "trainjob")
     with pytest.raises(UserError) as refused:
         kube.create_job(connect(flags[1]), job, NS, dry_run=True)
+    assert str(refused.value).startswith(
+        'create trainjobs.trainer.kubeflow.org "digits" in namespace "team" was refused by an admission webhook '
+        '(not RBAC): admission webhook "validator.trainjob.trainer.kubeflow.org" denied the request: ')
     assert ('admission webhook "validator.trainjob.trainer.kubeflow.org" denied the request: spec.runtimeRef: '
             "Invalid value: v1alpha1.RuntimeRef{Name:\"hvdk8s-digits\"") in str(refused.value)
     assert ('trainingruntimes.trainer.kubeflow.org "hvdk8s-digits" not found: specified trainingRuntime must be '
