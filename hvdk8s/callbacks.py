@@ -223,8 +223,8 @@ class LearningRateScheduleCallback(DistributedFitCallback):
         in_range = self._in_range(epoch)
         if self._correction is not None:
             self._correction.set_active(self, in_range)
-        if self._rates is not None and in_range:
-            self._rates.write(self._epoch_rates(epoch))
+        if self._rates is not None:  # out of range: no rates, so none of an earlier epoch's carries over
+            self._rates.write(self._epoch_rates(epoch) if in_range else {})
 
     def on_train_end(self, logs: dict | None = None) -> None:
         if self._correction is not None:
@@ -246,8 +246,8 @@ class LearningRateScheduleCallback(DistributedFitCallback):
         return self.steps_per_epoch
 
     def _epoch_rates(self, epoch: int) -> dict[int, float]:
-        """Horovod's assignments in this epoch, by batch."""
-        steps = max(self.steps_per_epoch or 0, self.params.get("steps") or 0, 1)
+        """Horovod's assignments in this epoch, by batch: as many as the epoch runs, where ``fit`` knows it."""
+        steps = self.params.get("steps") or self.steps_per_epoch or 1
         rates = {batch: self._batch_rate(epoch, batch) for batch in range(steps)}
         return {batch: rate for batch, rate in rates.items() if rate is not None}
 

@@ -143,3 +143,13 @@ def test_a_step_the_loss_scale_skips_still_moves_the_rate_to_the_next_batch(hvd)
     used = [np.float32(rate(e, b)) for e in range(EPOCHS) for b in range(STEPS) if b != 2]
     np.testing.assert_allclose(model.get_weights()[0].item(), -np.sum(used, dtype=np.float32), rtol=1e-6)
 
+
+def test_an_epoch_outside_the_range_keeps_the_last_rate_when_the_table_was_longer(hvd) -> None:
+    """``steps_per_epoch=8`` over 4 batches: Horovod's callback assigns nothing in epoch 1 (past ``end_epoch``),
+    so all its batches train with epoch 0's last rate, 1 / (1 + 3/8); none with the table's unused tail."""
+    schedule = hvd.callbacks.LearningRateScheduleCallback(1.0, lambda e: 1 / (1 + e), end_epoch=1, staircase=False,
+                                                          steps_per_epoch=8)
+    model, _ = fit_one_weight(hvd, "float32", np.ones((4, 1), np.float32), 0.0, schedule, epochs=2)
+    used = [np.float32(1 / (1 + b / 8)) for b in range(4)] + [np.float32(1 / (1 + 3 / 8))] * 4
+    np.testing.assert_allclose(model.get_weights()[0].item(), -np.sum(used, dtype=np.float32), rtol=1e-6)
+    assert float(model.optimizer.learning_rate.numpy()) == np.float32(1 / (1 + 3 / 8))
