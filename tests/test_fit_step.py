@@ -174,9 +174,13 @@ def test_a_distributed_model_gets_horovods_step_without_the_broadcast_callback(h
 
 def test_lean_call_takes_batches_holding_none(hvd) -> None:
     """A generator yielding ``(x, y, None)``: Keras's adapters put a ``tf.experimental.Optional`` where the batch
-    holds ``None``, and the lean call hands ``train_step`` the ``None`` back, as Keras's own function does."""
+    holds ``None``, and Keras's own function hands ``train_step`` the ``None`` back; so does the lean call."""
+    from keras.src.backend.tensorflow.trainer import TensorFlowTrainer
+
     from hvdk8s.fit_step import LeanTrainFunction
 
+    if not hasattr(TensorFlowTrainer, "_autoconvert_optionals"):  # the conversion the lean call matches
+        pytest.skip("Keras 3.8 takes no None in a generator's batch: its own fit fails on one as well")
     rng = np.random.default_rng(0)
     x, y = rng.random((8, 8, 8, 1), dtype=np.float32), rng.integers(0, 10, size=8)
 
@@ -184,10 +188,10 @@ def test_lean_call_takes_batches_holding_none(hvd) -> None:
         while True:
             yield x, y, None
 
-    model = compiled(hvd)
-    before = weights(model)
-    history = model.fit(batches(), steps_per_epoch=3, epochs=1, verbose=0, shuffle=False,
-                        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
-    assert isinstance(model.train_function, LeanTrainFunction)
-    assert int(model.optimizer.iterations.numpy()) == 3 and np.isfinite(history.history["loss"]).all()
-    assert any(not np.array_equal(a, b) for a, b in zip(before, weights(model)))
+    keras_model, lean_model = compiled(hvd), compiled(hvd)
+    for model, callbacks in ((keras_model, []), (lean_model, [hvd.callbacks.BroadcastGlobalVariablesCallback(0)])):
+        model.fit(batches(), steps_per_epoch=3, epochs=1, verbose=0, shuffle=False, callbacks=callbacks)
+    assert isinstance(lean_model.train_function, LeanTrainFunction)
+    assert int(lean_model.optimizer.iterations.numpy()) == 3
+    for want, got in zip(weights(keras_model), weights(lean_model), strict=True):
+        np.testing.assert_array_equal(got, want)
