@@ -51,9 +51,11 @@ class BroadcastGlobalVariablesCallback(DistributedFitCallback):
     Horovod. ``local_variables`` (Keras or TF variables) keep each rank's
     values. ``device`` is accepted for Horovod compatibility (a placement hint
     Horovod uses for the broadcast; here the variables' own device is used).
-    Warns when the model's optimizer is not distributed: the ranks would
-    silently diverge. As a ``DistributedFitCallback``, it gives a distributed
-    model Horovod's step when ``fit`` begins.
+    Warns when Keras's own ``train_step`` would apply each rank's gradients
+    with an optimizer that is not distributed: the ranks would silently
+    diverge (a ``train_step`` of the model's own may reduce them itself, with
+    ``DistributedGradientTape``). As a ``DistributedFitCallback``, it gives a
+    distributed model Horovod's step when ``fit`` begins.
     """
 
     def __init__(self, root_rank: int, device: str = "", local_variables: Any = None) -> None:
@@ -76,7 +78,8 @@ class BroadcastGlobalVariablesCallback(DistributedFitCallback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         super().on_train_begin(logs)
         optimizer = self.model.optimizer
-        if optimizer is not None and not reduces_gradients(optimizer) and runtime.size() > 1:
+        keras_step = type(self.model).train_step is keras.Model.train_step
+        if optimizer is not None and not reduces_gradients(optimizer) and keras_step and runtime.size() > 1:
             warnings.warn(
                 f"hvdk8s: the model's optimizer ({type(optimizer).__name__}) is not a DistributedOptimizer, so each "
                 "rank applies only its own gradients and the ranks diverge; wrap it with "
@@ -306,9 +309,10 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """Keras's ``ModelCheckpoint`` with ``save_best_only=True`` (Horovod's signature).
 
     Horovod leaves ``filepath`` to be set later (its Spark estimator does);
-    here it may also be passed, and must end in ``.keras`` (``.weights.h5``
-    with ``save_weights_only``), as Keras 3 requires. Saving happens only if
-    ``filepath`` is set by the time training starts.
+    here it may also be passed. When training begins it must be set
+    (``ValueError`` otherwise) and end in ``.keras`` (``.weights.h5`` with
+    ``save_weights_only``): Keras 3 also takes a model path ending in ``.h5``
+    and writes a legacy HDF5 file there, which ``hvdk8s.load_model`` refuses.
     """
 
     _UNSET = "unset.keras"
@@ -332,4 +336,10 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
     def on_train_begin(self, logs: dict | None = None) -> None:
         if not self.filepath:
             raise ValueError("BestModelCheckpoint: set .filepath (or pass filepath=) before training")
+        suffix = ".weights.h5" if self.save_weights_only else ".keras"
+        if not str(self.filepath).endswith(suffix):
+            legacy = (" (Keras would write a legacy HDF5 model there, which hvdk8s.load_model refuses: Keras 3 "
+                      "cannot resume training from it; `hvdk8s migrate` rewrites .h5 checkpoint paths)"
+                      if not self.save_weights_only and str(self.filepath).endswith((".h5", ".hdf5")) else "")
+            raise ValueError(f"BestModelCheckpoint: filepath={self.filepath!r} must end in {suffix}{legacy}")
         super().on_train_begin(logs)
