@@ -170,7 +170,9 @@ def main() -> None:
     # Shadows the method on this one model: hvdk8s.Checkpoint's save_atomic calls model.save(temporary), then renames.
     setattr(model, "save", striking_model_save)
     callbacks = [
-        hvdk8s.elastic.UpdateEpochStateCallback(state),
+        # Keras's epoch stays global across rounds (fit from initial_epoch=state.epoch), so state.epoch is its
+        # epoch + 1 and hvdk8s.Checkpoint numbers its files by the global epoch (see examples/train_digits.py)
+        keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: setattr(state, "epoch", epoch + 1)),
         hvdk8s.elastic.UpdateBatchStateCallback(state),
         hvdk8s.elastic.CommitStateCallback(state),
         hvdk8s.Checkpoint(args.checkpoint_dir),
@@ -184,7 +186,7 @@ def main() -> None:
         events.log("start", rank=hvdk8s.rank(), size=hvdk8s.size(), epoch=state.epoch, step=step())
         model.optimizer.learning_rate = 0.02 * hvdk8s.size()
         data = hvdk8s.data.from_arrays(x_train, y_train, 32, seed=args.seed)  # sharded for this size
-        model.fit(data, epochs=args.epochs - state.epoch, callbacks=callbacks, verbose=0)
+        model.fit(data, initial_epoch=state.epoch, epochs=args.epochs, callbacks=callbacks, verbose=0)
 
     train(state)
     loss, accuracy = model.evaluate(x_test, y_test, verbose=0)
