@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,33 @@ def hvdk8s_cli(*args: str, timeout: float = 300, check: bool = True) -> subproce
 def job_env() -> dict[str, str]:
     """The environment for jobs under test: ephemeral metrics ports, so runs never collide."""
     return {**os.environ, "HVDK8S_METRICS_PORT": "0"}
+
+
+def output_of(job: subprocess.Popen[str], total: float = 300, silence: float = 120) -> Iterator[str]:
+    """``job``'s output lines as they come. A hung job fails its test instead of hanging the suite: ``job``
+    (started with ``start_new_session=True``) is killed with its process group (horovodrun or mpirun and the
+    ranks) after ``total`` seconds, or after ``silence`` seconds without a line."""
+    def kill_after(seconds: float) -> threading.Timer:
+        def kill() -> None:
+            try:
+                os.killpg(job.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # ended meanwhile
+        timer = threading.Timer(seconds, kill)
+        timer.start()
+        return timer
+
+    assert job.stdout is not None
+    deadline, quiet = kill_after(total), kill_after(silence)
+    try:
+        for line in job.stdout:
+            quiet.cancel()
+            quiet = kill_after(silence)
+            yield line
+        job.wait()
+    finally:
+        deadline.cancel()
+        quiet.cancel()
 
 
 def run_ranks(np: int, script: str, *args: str, **kw) -> subprocess.CompletedProcess[str]:

@@ -21,7 +21,7 @@ from hvdk8s.launcher import mpirun
 from hvdk8s.mpijob.render import BLACKLIST_COOLDOWN as MPIJOB_COOLDOWN
 
 from collective_errors import GLOO_RESET, MISMATCHED_SHAPES, MPI_FAILED, PROCESS_SET_REMOVED, raised, recorded
-from conftest import HVDK8S, REPO, SCRIPTS, discovery_script, hvdk8s_cli, job_env
+from conftest import HVDK8S, REPO, SCRIPTS, discovery_script, hvdk8s_cli, job_env, output_of
 
 
 def test_job_survives_losing_a_rank_and_resumes_from_the_last_commit(tmp_path: Path) -> None:
@@ -34,13 +34,12 @@ def test_job_survives_losing_a_rank_and_resumes_from_the_last_commit(tmp_path: P
         "examples/train_digits.py", "--elastic", "--epochs", "12", "--checkpoint-dir", str(checkpoints),
     ]  # fmt: skip
     lines: list[str] = []
-    with subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=job_env()) as job:
-        assert job.stdout is not None
-        for line in job.stdout:
+    with subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=job_env(),
+                          start_new_session=True) as job:
+        for line in output_of(job):
             lines.append(line)
             if re.match(r"^\[0\] Epoch 2/12: 100%", line):
                 hosts.write_text("localhost:1\n")  # the discovery script now offers one slot
-        job.wait(timeout=300)
     out = "".join(lines)
     assert job.returncode == 0, out[-3000:]
     assert "[0] elastic: training on 2 ranks from epoch 0" in out
@@ -99,9 +98,8 @@ def test_readme_local_elastic_command_survives_a_killed_worker() -> None:
     lines: list[str] = []
     killed: list[int] = []
     with subprocess.Popen([HVDK8S, *README_ELASTIC], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, env=job_env()) as job:
-        assert job.stdout is not None
-        for line in job.stdout:
+                          text=True, env=job_env(), start_new_session=True) as job:
+        for line in output_of(job):
             lines.append(line)
             # horovodrun prefixes a worker's lines with its process index, not its (changing) rank
             if not killed and re.match(r"^\[\d\] Epoch 2/12: 100%", line):
@@ -109,7 +107,6 @@ def test_readme_local_elastic_command_survives_a_killed_worker() -> None:
                 killed = worker_pids(job.pid, "127.0.0.1")
                 for pid in killed:
                     os.kill(pid, signal.SIGKILL)
-        job.wait(timeout=300)
     out = "".join(lines)
     assert killed, out[-3000:]
     assert job.returncode == 0, out[-3000:]
