@@ -34,13 +34,15 @@ def job_env() -> dict[str, str]:
 def output_of(job: subprocess.Popen[str], total: float = 300, silence: float = 120) -> Iterator[str]:
     """``job``'s output lines as they come. A hung job fails its test instead of hanging the suite: ``job``
     (started with ``start_new_session=True``) is killed with its process group (horovodrun or mpirun and the
-    ranks) after ``total`` seconds, or after ``silence`` seconds without a line."""
+    ranks) after ``total`` seconds, after ``silence`` seconds without a line, or at once when the reader stops
+    early (the test failed), so that ``Popen``'s exit, which waits, returns."""
+    def kill() -> None:
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # ended meanwhile
+
     def kill_after(seconds: float) -> threading.Timer:
-        def kill() -> None:
-            try:
-                os.killpg(job.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass  # ended meanwhile
         timer = threading.Timer(seconds, kill)
         timer.start()
         return timer
@@ -56,6 +58,8 @@ def output_of(job: subprocess.Popen[str], total: float = 300, silence: float = 1
     finally:
         deadline.cancel()
         quiet.cancel()
+        if job.poll() is None:
+            kill()
 
 
 def run_ranks(np: int, script: str, *args: str, **kw) -> subprocess.CompletedProcess[str]:
@@ -76,6 +80,12 @@ def discovery_script(tmp_path: Path, hosts: str) -> tuple[Path, Path]:
 # Modules that build network namespaces (the benchmarks' emulated cluster, chaos and multi-host hosts), mount over
 # /root/.ssh or assert that no namespace is left behind: under pytest-xdist they share one worker, one after another.
 NETNS_MODULES = {"test_benchmarks", "test_chaos", "test_mpijob_elastic", "test_multihost"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register pytest-xdist's mark, which the hook below adds, also where xdist is not installed (a stack's venv
+    run by hand), so that it does not warn there."""
+    config.addinivalue_line("markers", "xdist_group(name): tests that one pytest-xdist worker runs one after another")
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

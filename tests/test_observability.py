@@ -339,14 +339,14 @@ def test_nvml_init_error_turns_telemetry_off_once(nvml_stub: Path) -> None:
 
 
 def free_port_pair() -> int:
-    """A base port such that base and base + 1 are free right now, from below the ephemeral port range (as
-    portpicker picks), so that no other process's ``bind(0)`` or outgoing connection takes one before the ranks
-    bind them seconds later."""
+    """A base port such that base and base + 1 are free right now, from 25000-32767: below the ephemeral port range
+    (32768 up), so no other process's ``bind(0)`` or outgoing connection takes one before the ranks bind them
+    seconds later, and above portpicker's 15000-24999, which the TF Serving peer tests draw from."""
     for _ in range(100):
-        base = random.randrange(15000, 25000 - 1)
+        base = random.randrange(25000, 32767 - 1)
         if portpicker.is_port_free(base) and portpicker.is_port_free(base + 1):
             return base
-    raise RuntimeError("no two consecutive free ports in 15000-24999")
+    raise RuntimeError("no two consecutive free ports in 25000-32767")
 
 
 @pytest.fixture(scope="module")
