@@ -106,8 +106,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="preset", action="store_const", const="quick",
-                      help=f"short run: {_jobs('quick')} jobs (+1 with --profile): 22 min with --profile on an idle 2-core machine, "
-                           "about an hour on a slower, shared 2-core VM (default: full)")
+                      help=f"short run: {_jobs('quick')} jobs (+1 with --profile), about 20 s to a minute each on 2 "
+                           "cores (default: full)")
     mode.add_argument("--brief", dest="preset", action="store_const", const="brief",
                       help=f"the headline only, {_jobs('brief')} jobs: hvdk8s / raw loop in alternating windows at N=1 and N=2 "
                            "(3 rounds) and the allreduce microbenchmark; no time to accuracy, no emulated links; under ten "
