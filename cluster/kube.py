@@ -9,6 +9,7 @@ so the CLI prints an actionable line instead of a traceback.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -54,6 +55,13 @@ REQUEST_TIMEOUT = (10, 60)  # connect, read (seconds) for calls that are not str
 # its pods, services and secrets, so a resubmission under the same name cannot collide with
 # worker pods of the old job that are still terminating.
 PROPAGATION = "Foreground"
+# Trainer v2.3.0's TrainJob webhook looks the runtime up with the manager's client
+# (cmd/trainer-controller-manager/main.go:142, runtimecore.New(ctx, mgr.GetClient(), ...)), which reads from
+# the informer cache (controller-runtime v0.24.1 pkg/cluster/cluster.go:206-213): a runtime created a moment
+# before can still be missing there. Seconds to wait before each new try of a TrainJob so refused.
+RUNTIME_CACHE_WAITS = (0.1, 0.2, 0.4, 0.8, 1.6)
+TRAINJOB_WEBHOOK = 'admission webhook "validator.trainjob.trainer.kubeflow.org"'
+RUNTIME_MISSING = "specified trainingRuntime must be created before the TrainJob is created"
 
 
 class WatchExpired(Exception):
@@ -104,12 +112,51 @@ def create_job(cluster: Cluster, manifest: dict, namespace: str, dry_run: bool =
     refuse the job instead.
     """
     kind = kind_of(manifest)
+    with _job_call(cluster, kind, "create", namespace, manifest.get("metadata", {}).get("name")):
+        return _create(cluster, manifest, namespace, dry_run)
+
+
+def _create(cluster: Cluster, manifest: dict, namespace: str, dry_run: bool = False) -> dict:
+    kind = kind_of(manifest)
     body = copy.deepcopy(manifest)
     body.setdefault("metadata", {})["namespace"] = namespace
-    with _job_call(cluster, kind, "create", namespace, body["metadata"].get("name")):
-        return _json(cluster.custom.create_namespaced_custom_object(
-            kind.group, kind.version, namespace, kind.plural, body, dry_run="All" if dry_run else None,
-            field_validation="Strict", _request_timeout=REQUEST_TIMEOUT))
+    return _json(cluster.custom.create_namespaced_custom_object(
+        kind.group, kind.version, namespace, kind.plural, body, dry_run="All" if dry_run else None,
+        field_validation="Strict", _request_timeout=REQUEST_TIMEOUT))
+
+
+def runtime_not_seen(err: client.ApiException) -> bool:
+    """Trainer's TrainJob webhook refused the job because its runtime was not found (Trainer v2.3.0
+    pkg/runtime/core/trainingruntime.go ValidateObjects; the API server prefixes the webhook's name)."""
+    said = parse_status(err.body).get("message", "")
+    return err.status == 403 and said.startswith(TRAINJOB_WEBHOOK) and RUNTIME_MISSING in said
+
+
+def create_trainjob(cluster: Cluster, job: dict, namespace: str) -> dict:
+    """Create a TrainJob whose runtime was just created, trying again while Trainer's webhook does not see
+    that runtime yet (see ``RUNTIME_CACHE_WAITS``); a refusal that outlasts them says so."""
+    action = Action("create", TRAINJOB.resource, namespace, job["metadata"]["name"])
+    waits = iter(RUNTIME_CACHE_WAITS)
+    with translate(cluster, action):
+        while True:
+            try:
+                return _create(cluster, job, namespace)
+            except client.ApiException as err:
+                if not runtime_not_seen(err):
+                    raise
+                wait = next(waits, None)
+                if wait is None:
+                    raise UserError(_runtime_not_seen_message(action, job, parse_status(err.body)["message"])) from None
+                time.sleep(wait)
+
+
+def _runtime_not_seen_message(action: Action, job: dict, said: str) -> str:
+    return (f"{action} was refused by Kubeflow Trainer's TrainJob webhook {len(RUNTIME_CACHE_WAITS) + 1} times over "
+            f"{sum(RUNTIME_CACHE_WAITS):g} s after hvdk8s created the TrainingRuntime "
+            f"{job['spec']['runtimeRef']['name']} it runs on: the webhook looks runtimes up in the Trainer "
+            "controller's cache, which had not caught up with the API server. Check that the controller is "
+            "healthy (kubectl -n kubeflow-system logs deploy/kubeflow-trainer-controller-manager), then submit "
+            f"again. The webhook said: {said}")
 
 
 def refuse_taken_name(cluster: Cluster, manifest: dict, namespace: str) -> None:
@@ -162,12 +209,13 @@ def delete_runtime(cluster: Cluster, runtime: dict, namespace: str) -> None:
 
 def submit_trainjob(cluster: Cluster, runtime: dict, job: dict, namespace: str) -> dict:
     """Create a TrainJob on its own runtime, in the only order that leaves nothing wrong behind: refuse a taken
-    name, create (or replace a left-over) runtime, create the job (Trainer's webhook needs the runtime stored),
-    make the job the runtime's owner. A runtime this call created goes again when the job create fails."""
+    name, create (or replace a left-over) runtime, create the job (Trainer's webhook needs the runtime stored,
+    and seen by its cache: :func:`create_trainjob`), make the job the runtime's owner. A runtime this call
+    created goes again when the job create fails."""
     refuse_taken_name(cluster, job, namespace)
     _, replaced = apply_runtime(cluster, runtime, namespace)
     try:
-        created = create_job(cluster, job, namespace)
+        created = create_trainjob(cluster, job, namespace)
     except UserError as refused:
         if replaced is None:
             try:
@@ -175,6 +223,8 @@ def submit_trainjob(cluster: Cluster, runtime: dict, job: dict, namespace: str) 
             except UserError as err:
                 raise UserError(f"{refused}\nand the TrainingRuntime {runtime['metadata']['name']} created for it "
                                 f"is left behind: {err}") from None
+            raise UserError(f"{refused}\nThe TrainingRuntime {runtime['metadata']['name']} created for it is "
+                            "deleted again.") from None
         raise
     own_runtime(cluster, runtime, created)
     return created

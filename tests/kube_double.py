@@ -8,7 +8,7 @@ server-side timeouts, ``410 Gone``) and delete (Foreground/Background) of
 ``kubeflow.org/v2beta1`` MPIJobs and ``trainer.kubeflow.org/v1alpha1`` TrainJobs,
 create/get/replace of (namespaced) TrainingRuntimes, deleted with their owner as the garbage
 collector does (or orphaned), and Kubeflow Trainer's TrainJob webhook refusing a TrainJob whose
-runtime is not stored; listing pods by label selector; reading a
+runtime is not stored (or, with ``webhook_lag``, not yet in its cache); listing pods by label selector; reading a
 pod's log, following it as lines arrive. Create bodies are pruned, defaulted
 and validated against the REAL CRD schema (``shared/schemas``); invalid ones
 get ``422 Invalid`` with per-field causes like the API server's.
@@ -303,11 +303,14 @@ class KubeDouble:
     lifecycle: the steps the scripted operator takes after each (non-dry-run) create.
     max_watch_seconds: end every watch this soon (as a server's timeout), forcing the client to resume.
     expire_watches: answer this many watches that name a resourceVersion with ``410 Gone``.
+    webhook_lag: Trainer's TrainJob webhook does not see a runtime created less than this many seconds ago
+    (see ``_trainjob_webhook``).
     """
 
     def __init__(self, *, crd_installed: bool = True, trainer_installed: bool = True, forbidden: Iterable[tuple[str, str]] = (),
                  lifecycle: list[Step] | None = None, max_watch_seconds: float = 30.0,
-                 expire_watches: int = 0, foreground_delay: float = 0.1, user: str = "alice"):
+                 expire_watches: int = 0, foreground_delay: float = 0.1, user: str = "alice",
+                 webhook_lag: float = 0.0):
         self.resources = {(r.group, r.version, r.plural): r for r in RESOURCES
                           if (r.group == GROUP and crd_installed) or (r.group != GROUP and trainer_installed)}
         self.forbidden = set(forbidden)
@@ -316,7 +319,9 @@ class KubeDouble:
         self.expire_watches = expire_watches
         self.foreground_delay = foreground_delay
         self.user = user
+        self.webhook_lag = webhook_lag
         self.jobs: dict[tuple[str, str, str], dict] = {}  # (plural, namespace or "", name)
+        self.created_at: dict[tuple[str, str, str], float] = {}  # as jobs: time.monotonic() of the create
         self.pods: dict[tuple[str, str], Pod] = {}
         self.events: list[tuple[int, str, dict]] = []
         self.kube_events: list[dict] = []  # core/v1 Events (what `kubectl get events` lists)
@@ -501,6 +506,7 @@ class KubeDouble:
                 body["metadata"]["resourceVersion"] = ""
                 return _json(body, 201)
             self.jobs[(res.plural, ns, name)] = body
+            self.created_at[(res.plural, ns, name)] = time.monotonic()
             self._record("ADDED", body)
             created = copy.deepcopy(body)
         if self.lifecycle and res.job_label:
@@ -539,12 +545,18 @@ class KubeDouble:
         is not stored. It is registered with sideEffects: None (manifests/base/webhook/manifests.yaml), so
         the API server calls it for dryRun=All creates as well. The denial is controller-runtime v0.24's
         admission.Denied (403 Forbidden), its message prefixed by the API server (k8s.io/apiserver
-        webhook/errors ToStatusErr); Go prints the runtimeRef value with %#v (pointers as addresses)."""
+        webhook/errors ToStatusErr); Go prints the runtimeRef value with %#v (pointers as addresses).
+
+        The webhook's Get goes through the manager's client (cmd/trainer-controller-manager/main.go:142,
+        runtimecore.New(ctx, mgr.GetClient(), ...)), which reads from controller-runtime's informer cache
+        (v0.24.1 pkg/cluster/cluster.go:206-213): with ``webhook_lag`` a runtime created less than that many
+        seconds ago is not there yet (the watch event on its way). Only creates lag: a replaced runtime was
+        in the cache already, and deletions are not modelled."""
         ref = job["spec"]["runtimeRef"]
         kind = ref.get("kind", "ClusterTrainingRuntime")
         plural = f"{kind.lower()}s"
         key = (plural, ns if kind == "TrainingRuntime" else "", ref["name"])
-        if key in self.jobs:
+        if key in self.jobs and time.monotonic() - self.created_at[key] >= self.webhook_lag:
             return
         value = f'v1alpha1.RuntimeRef{{Name:"{ref["name"]}", APIGroup:(*string)(0xc0004b2a40), Kind:(*string)(0xc0004b2a50)}}'
         raise ApiError(403, "Forbidden", 'admission webhook "validator.trainjob.trainer.kubeflow.org" denied the '

@@ -557,7 +557,9 @@ def test_trainjob_refused_leaves_no_runtime_and_a_left_over_one_is_taken_over(ap
     double, flags = api(forbidden=[("create", "trainjobs")])
     code, _, err = run(capsys, "submit", str(job_spec), "--api", "trainjob", *flags)
     assert code == 2 and 'you may not create trainjobs.trainer.kubeflow.org "digits"' in err
+    assert err.endswith("\nThe TrainingRuntime hvdk8s-digits created for it is deleted again.\n")
     assert double.jobs == {}  # the runtime it had created first is deleted again
+    assert posted(double) == ["trainingruntimes", "trainjobs"]  # RBAC's refusal is not tried again
 
     # a job deleted with --cascade=orphan leaves its runtime, unowned: a resubmission replaces and owns it
     double.forbidden.clear()
@@ -570,6 +572,46 @@ def test_trainjob_refused_leaves_no_runtime_and_a_left_over_one_is_taken_over(ap
     runtime = double.job(NS, "hvdk8s-digits", RUNTIMES)
     assert runtime["spec"]["mlPolicy"]["numNodes"] == 3
     assert runtime["metadata"]["ownerReferences"][0]["uid"] == double.job(NS, "digits", TRAINJOBS)["metadata"]["uid"]
+
+
+def posted(double: KubeDouble) -> list[str]:
+    """The resources of the creates the double was sent, in order."""
+    return [path.rsplit("/", 1)[1] for method, path, _ in double.requests if method == "POST"]
+
+
+def test_trainjob_submit_tries_again_until_trainers_webhook_sees_the_new_runtime(api, job_spec, capsys):
+    """Trainer's webhook reads runtimes from its controller's cache, a watch event behind the API server (the
+    double's webhook_lag): a TrainJob sent right after its runtime is refused as if there were none, so submit
+    tries it again, and keeps the runtime it created (deleting it would make every resubmission race again)."""
+    double, flags = api(webhook_lag=0.3)
+    code, out, err = run(capsys, "submit", str(job_spec), "--api", "trainjob", *flags)
+    assert (code, out, err) == (0, ["trainjob.trainer.kubeflow.org/digits created in namespace team on runtime "
+                                    "hvdk8s-digits"], "")
+    runtime_create, *job_creates = posted(double)
+    assert runtime_create == "trainingruntimes" and len(job_creates) > 1 and set(job_creates) == {"trainjobs"}
+    assert not [path for method, path, _ in double.requests if method == "DELETE"]
+    assert double.job(NS, "hvdk8s-digits", RUNTIMES)["metadata"]["ownerReferences"][0]["uid"] == double.job(
+        NS, "digits", TRAINJOBS)["metadata"]["uid"]
+
+
+def test_trainjob_submit_gives_up_when_trainers_webhook_never_sees_the_runtime(api, job_spec, capsys, monkeypatch):
+    monkeypatch.setattr(kube, "RUNTIME_CACHE_WAITS", (0.01, 0.02))
+    double, flags = api(webhook_lag=3600)
+    code, _, err = run(capsys, "submit", str(job_spec), "--api", "trainjob", *flags)
+    assert code == 2
+    assert err == (
+        'hvdk8s submit: error: create trainjobs.trainer.kubeflow.org "digits" in namespace "team" was refused by '
+        "Kubeflow Trainer's TrainJob webhook 3 times over 0.03 s after hvdk8s created the TrainingRuntime "
+        "hvdk8s-digits it runs on: the webhook looks runtimes up in the Trainer controller's cache, which had not "
+        "caught up with the API server. Check that the controller is healthy (kubectl -n kubeflow-system logs "
+        "deploy/kubeflow-trainer-controller-manager), then submit again. The webhook said: admission webhook "
+        '"validator.trainjob.trainer.kubeflow.org" denied the request: spec.runtimeRef: Invalid value: '
+        'v1alpha1.RuntimeRef{Name:"hvdk8s-digits", APIGroup:(*string)(0xc0004b2a40), Kind:(*string)(0xc0004b2a50)}: '
+        'trainingruntimes.trainer.kubeflow.org "hvdk8s-digits" not found: specified trainingRuntime must be '
+        "created before the TrainJob is created\n"
+        "The TrainingRuntime hvdk8s-digits created for it is deleted again.\n")
+    assert posted(double) == ["trainingruntimes", "trainjobs", "trainjobs", "trainjobs"]
+    assert double.jobs == {}
 
 
 def test_trainjob_dry_run_checks_what_trainers_webhook_lets_the_server_check(api, job_spec, capsys):
