@@ -7,9 +7,10 @@ Exit status: 0 when everything training needs is fine, 1 otherwise (each problem
 built for the installed TensorFlow, imports, and has both MPI and Gloo.
 
 Gathering is kept at the edges (`gather`); the verdicts (`problems`, `horovod_matches`, `report`) are pure
-functions of the gathered `Facts`. MPI, TensorFlow and Horovod are imported only in a child interpreter
-(`probe`): a mismatched native library can crash the process instead of raising, and their import chatter
-on stderr stays out of the report.
+functions of the gathered `Facts`. MPI, TensorFlow, Horovod and TF Serving's gRPC stubs are imported only in a
+child interpreter (`probe`): a mismatched native library can crash the process instead of raising, and their
+import chatter on stderr stays out of the report. TF Serving's API (``hvdk8s serve``, ``--grpc``) is reported
+with its install command, but is no problem for training.
 """
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ from typing import Any
 
 from hvdk8s import __version__
 
-DESCRIPTION = ("Report Python, TensorFlow, Keras, hvdk8s, Horovod (and the TensorFlow it was built for), Open MPI "
-               "and the GPUs, and explain each problem with what to do. "
+DESCRIPTION = ("Report Python, TensorFlow, Keras, hvdk8s, Horovod (and the TensorFlow it was built for), Open MPI, "
+               "TF Serving's API and the GPUs, and explain each problem with what to do. "
                "Exit status: 0 ready to train, 1 problems found.")
 PROBE_TIMEOUT_S = 300  # a cold TensorFlow import on a slow disk takes a minute or more
 _MARK = "hvdk8s-doctor-probe "  # prefixes the child's result lines, so stray stdout from imports is ignored
@@ -66,6 +67,13 @@ class MpiFacts:
 
 
 @dataclass
+class ServingApiFacts:
+    path: str | None = None  # the tensorflow_serving package directory; None when not installed
+    version: str | None = None  # the installed tensorflow-serving-api distribution's version
+    error: str | None = None  # why its gRPC stubs do not import
+
+
+@dataclass
 class NvmlFacts:
     driver: str | None = None
     gpus: list[str] = field(default_factory=list)
@@ -81,6 +89,7 @@ class Facts:
     tensorflow: TensorFlowFacts = field(default_factory=TensorFlowFacts)
     horovod: HorovodFacts = field(default_factory=HorovodFacts)
     mpi: MpiFacts = field(default_factory=MpiFacts)
+    serving_api: ServingApiFacts = field(default_factory=ServingApiFacts)
     nvml: NvmlFacts = field(default_factory=NvmlFacts)
 
 
@@ -119,9 +128,18 @@ def horovod_matches(facts: Facts) -> bool:
     return not problems(facts) and facts.horovod.mpi and facts.horovod.gloo
 
 
+def serving_api_install(python: str, tensorflow: str) -> str:
+    """The command that installs TF Serving's gRPC stubs for TensorFlow `tensorflow` as scripts/setup.sh does
+    (its stacks pin tensorflow-serving-api to TensorFlow's x.y), and why ``--no-deps``."""
+    minor = ".".join(tensorflow.split(".")[:2])
+    return (f"`{python} -m pip install --no-deps 'tensorflow-serving-api=={minor}.*'` (--no-deps: it requires "
+            "the full `tensorflow` package, which would land next to tensorflow-cpu; its real needs, grpcio and "
+            "protobuf, are already installed)")
+
+
 def report(facts: Facts) -> list[str]:
     """The human-readable report: one line per item, then the problems (or that all is well)."""
-    tf, hvd, mpi, nvml = facts.tensorflow, facts.horovod, facts.mpi, facts.nvml
+    tf, hvd, mpi, serving, nvml = facts.tensorflow, facts.horovod, facts.mpi, facts.serving_api, facts.nvml
     if tf.version is None:
         tensorflow = f"does not import: {tf.error}"
     elif tf.cuda_build:
@@ -148,6 +166,12 @@ def report(facts: Facts) -> list[str]:
         mpirun = f"{mpi.mpirun_version} ({mpi.mpirun})"
     mpi4py = (f"{mpi.mpi4py} on {mpi.mpi4py_library}" if mpi.mpi4py_library is not None else
               f"unavailable: {mpi.mpi4py_error}")
+    if serving.path is None:
+        serving_api = "not installed: `hvdk8s serve` and --grpc need it" + (
+            f"; install it with {serving_api_install(facts.executable, tf.version)}" if tf.version else "")
+    else:
+        serving_api = f"{serving.version or 'version unknown'} ({serving.path})" + (
+            f", does not import: {serving.error}" if serving.error is not None else "")
     nvidia = (f"driver {nvml.driver}: {', '.join(nvml.gpus) or 'no GPUs'}" if nvml.driver is not None else
               f"no NVML ({nvml.error})")
     lines = [
@@ -159,6 +183,7 @@ def report(facts: Facts) -> list[str]:
         _line("Horovod ops", horovod_build),
         _line("mpirun", mpirun),
         _line("mpi4py", mpi4py),
+        _line("TF Serving", serving_api),
         _line("GPUs", ", ".join(tf.gpus) or "none"),
         _line("NVIDIA", nvidia),
         "",
@@ -185,7 +210,7 @@ def _horovod_name(hvd: HorovodFacts) -> str:
 def gather() -> Facts:
     """Collect the facts about this interpreter's environment."""
     stages = _run_probe()
-    hvd_path = _horovod_path()
+    hvd_path = _package_path("horovod")
     mpirun = shutil.which("mpirun")
     return Facts(
         keras=_dist_version("keras"),
@@ -195,6 +220,8 @@ def gather() -> Facts:
         mpi=MpiFacts(mpirun=mpirun, mpirun_version=_mpirun_version(mpirun) if mpirun else None,
                      mpi4py=_dist_version("mpi4py"), mpi4py_library=stages["mpi4py"].get("library"),
                      mpi4py_error=stages["mpi4py"].get("error")),
+        serving_api=ServingApiFacts(path=_package_path("tensorflow_serving"),
+                                    version=_dist_version("tensorflow-serving-api"), **stages["serving_api"]),
         nvml=_nvml(),
     )
 
@@ -206,9 +233,9 @@ def _dist_version(name: str) -> str | None:
         return None
 
 
-def _horovod_path() -> str | None:
-    """Where ``import horovod`` would come from, found without importing it (its import loads TensorFlow)."""
-    spec = importlib.util.find_spec("horovod")
+def _package_path(name: str) -> str | None:
+    """Where ``import NAME`` would come from, found without importing it (Horovod's import loads TensorFlow)."""
+    spec = importlib.util.find_spec(name)
     return None if spec is None or not spec.submodule_search_locations else spec.submodule_search_locations[0]
 
 
@@ -302,10 +329,17 @@ def _probe_horovod() -> dict[str, Any]:
     return {"mpi": bool(hvd.mpi_built()), "gloo": bool(hvd.gloo_built()), "nccl": bool(hvd.nccl_built())}
 
 
+def _probe_serving_api() -> dict[str, Any]:
+    from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc  # noqa: F401
+
+    return {}
+
+
 _PROBE_STAGES: dict[str, Callable[[], dict[str, Any]]] = {
     "mpi4py": _probe_mpi4py,
     "tensorflow": _probe_tensorflow,
     "horovod": _probe_horovod,
+    "serving_api": _probe_serving_api,
 }
 
 

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hvdk8s import doctor
 from hvdk8s.errors import UserError
 from hvdk8s.serving.savedmodel import PREPROCESSING  # stdlib-only module: keeps the CLI fast
 
@@ -238,7 +240,22 @@ def _select(args: argparse.Namespace) -> int:
     return 0
 
 
+def _require_serving_api() -> None:
+    """Raise a UserError naming the install command when the ``tensorflow_serving`` package is missing.
+
+    ``pip install -e .`` does not bring it: tensorflow-serving-api's metadata requires the full ``tensorflow``
+    package, so scripts/setup.sh installs it with ``--no-deps`` and pyproject.toml cannot list it. Every gRPC
+    path (the server, ``--grpc`` clients) and ``--model_config_file`` import its stubs.
+    """
+    if importlib.util.find_spec("tensorflow_serving") is None:  # only this package: other import errors stay
+        import tensorflow as tf
+
+        raise UserError("TF Serving's gRPC API (Python package tensorflow_serving) is not installed: install it with "
+                        + doctor.serving_api_install(sys.executable, tf.__version__))
+
+
 def _serve(args: argparse.Namespace) -> int:
+    _require_serving_api()
     from hvdk8s.serving import batching, grpc_server, monitoring, server, workers
 
     if args.batching_parameters_file and not args.enable_batching:
@@ -329,6 +346,7 @@ def _predict(args: argparse.Namespace) -> int:
     images = _read_images(args.images, "images")
     try:
         if args.grpc:
+            _require_serving_api()
             from hvdk8s.serving import grpc_client
 
             send = grpc_client.predict
@@ -347,6 +365,8 @@ def _loadtest(args: argparse.Namespace) -> int:
 
     if args.max_error_rate is not None and not 0 <= args.max_error_rate <= 1:
         raise UserError(f"--max-error-rate {args.max_error_rate}: must be between 0 and 1")
+    if args.grpc:
+        _require_serving_api()
     try:
         result = loadtest.run(
             args.url,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdk8s.doctor import Facts, HorovodFacts, TensorFlowFacts, horovod_matches, problems, report
+from hvdk8s.doctor import Facts, HorovodFacts, ServingApiFacts, TensorFlowFacts, horovod_matches, problems, report
 
 REPO = Path(__file__).resolve().parents[1]
 HVDK8S = str(Path(sys.executable).parent / "hvdk8s")
@@ -42,6 +42,13 @@ def fake_horovod(tmp_path: Path) -> Path:
     return copy
 
 
+def serving_api() -> dict[str, str]:
+    """The installed tensorflow-serving-api: its version and the tensorflow_serving package directory."""
+    spec = importlib.util.find_spec("tensorflow_serving")
+    assert spec is not None and spec.submodule_search_locations, "these tests need tensorflow-serving-api installed"
+    return {"path": spec.submodule_search_locations[0], "version": importlib.metadata.version("tensorflow-serving-api")}
+
+
 # ---- the real environment ----
 
 
@@ -53,6 +60,7 @@ def test_report_on_this_environment(installed_tensorflow: str) -> None:
     assert any(line.startswith("Horovod ") and f"built for TensorFlow {installed_tensorflow}: matches" in line
                for line in lines)
     assert any(line.startswith("Horovod ops  MPI yes, Gloo yes, NCCL ") for line in lines)
+    assert f"TF Serving   {serving_api()['version']} ({serving_api()['path']})" in lines
     assert lines[-1] == "ok: ready to train"
 
 
@@ -64,6 +72,7 @@ def test_json_on_this_environment(installed_tensorflow: str) -> None:
     assert facts["horovod"]["built_for"] == installed_tensorflow
     assert (facts["horovod"]["mpi"], facts["horovod"]["gloo"]) == (True, True)
     assert facts["mpi"]["mpirun"] == shutil.which("mpirun")
+    assert facts["serving_api"] == {**serving_api(), "error": None}
     assert (facts["problems"], facts["horovod_matches"]) == ([], True)
 
 
@@ -175,3 +184,20 @@ def test_tensorflow_and_horovod_missing() -> None:
         "Horovod is not installed: once TensorFlow is, build it with "
         "`PYTHON=/venv/bin/python bash scripts/install-horovod.sh`",
     ]
+
+
+def test_serving_api_is_reported_but_no_problem() -> None:
+    # Training does not need TF Serving's API (`hvdk8s serve` and --grpc do): like mpirun, a report line only.
+    missing = facts()
+    assert (missing.serving_api, problems(missing)) == (ServingApiFacts(), [])
+    assert ("TF Serving   not installed: `hvdk8s serve` and --grpc need it; install it with "
+            "`/venv/bin/python -m pip install --no-deps 'tensorflow-serving-api==2.21.*'` (--no-deps: it requires "
+            "the full `tensorflow` package, which would land next to tensorflow-cpu; its real needs, grpcio and "
+            "protobuf, are already installed)") in report(missing)
+    assert "TF Serving   not installed: `hvdk8s serve` and --grpc need it" in report(facts(tensorflow=None))
+    broken = facts()
+    broken.serving_api = ServingApiFacts(path="/venv/site-packages/tensorflow_serving", version="2.18.1",
+                                         error="TypeError: Descriptors cannot be created directly.")
+    assert ("TF Serving   2.18.1 (/venv/site-packages/tensorflow_serving), does not import: "
+            "TypeError: Descriptors cannot be created directly.") in report(broken)
+    assert problems(broken) == []
