@@ -37,6 +37,21 @@ from hvdk8s.fused import fused_bases
 SPARSE_PASSES_ERROR = "IndexedSlices are not supported when `backward_passes_per_step` > 1 and `sparse_as_dense` is False."
 
 
+def _after_batch(grads: Sequence[Any]) -> Any:
+    """A context whose ops wait for ``grads``: in a compiled step, they run only if the step got its batch.
+
+    With data of unknown length, ``fit`` ends each epoch with one more step
+    call, whose ``next(iterator)`` raises ``OutOfRangeError``. TensorFlow
+    still runs that call's ops that do not need the batch (automatic control
+    dependencies order only ops on one resource), so an assignment that reads
+    only variables (the rate table's, the momentum correction's, the pass
+    counter's) would take effect in a step that trained on nothing. Eager
+    code runs in order: a no-op there. Gradients given as constants (not
+    tensors) need no batch and are not waited for.
+    """
+    return tf.control_dependencies([g for g in grads if isinstance(g, (tf.Tensor, tf.IndexedSlices))])
+
+
 class _Accumulators:
     """Local gradient sums and the pass counter for ``backward_passes_per_step > 1``."""
 
@@ -118,12 +133,14 @@ class _DistributedMixin:
         if variables is not None and not self.built:  # type: ignore[attr-defined]
             self.build(variables)  # type: ignore[attr-defined]  # not inside a tf.cond branch
         applied = self._apply_passes(grads, variables, self._update)
-        self.rate_schedule.after_update()
+        with _after_batch(grads):
+            self.rate_schedule.after_update()
         return applied
 
     def _update(self, reduced: list[Any], variables: list[Any] | None) -> Any:
         """The wrapped optimizer's own update, with reduced gradients."""
-        self.rate_schedule.before_update()
+        with _after_batch(reduced):
+            self.rate_schedule.before_update()
         return super().apply(reduced, variables)  # type: ignore[misc]
 
     def _apply_passes(
@@ -148,7 +165,8 @@ class _DistributedMixin:
         for total, grad in zip(acc.sums, grads):
             if total is not None:
                 total.assign_add(tf.convert_to_tensor(grad))
-        acc.counter.assign_add(1)
+        with _after_batch(grads):
+            acc.counter.assign_add(1)
 
         def reduce_and_apply() -> tf.Tensor:
             summed = [None if t is None else t.read_value() for t in acc.sums]
@@ -233,7 +251,8 @@ class _DistributedLossScaleMixin:
         if not self.built:  # type: ignore[attr-defined]
             self.build(variables)  # type: ignore[attr-defined]  # builds the inner optimizer too; not inside a tf.cond
         applied = inner._apply_passes(grads, variables, self._decide)
-        inner.rate_schedule.after_update()
+        with _after_batch(grads):
+            inner.rate_schedule.after_update()
         return applied
 
     def check_finite(self, grads: Any) -> Any:

@@ -118,7 +118,10 @@ class RateSchedule:
 
     Each part is created by the first callback that asks for it and traced
     into the optimizer's step from then on (``before_update``,
-    ``after_update``); until then the step holds none of it.
+    ``after_update``); until then the step holds none of it. The optimizer
+    traces both to wait for the step's gradients, so a step call that got no
+    batch (``fit``'s last one in an epoch of data of unknown length) neither
+    counts in the table nor corrects momentum.
     """
 
     def __init__(self, optimizer: keras.optimizers.Optimizer) -> None:

@@ -23,12 +23,13 @@ def hvd():
     return hvdk8s
 
 
-def compiled(hvd, **compile_kw):
+def compiled(hvd, backward_passes_per_step: int = 1, **compile_kw):
     """The digits CNN, seeded, compiled with the distributed (fused) SGD."""
     import keras
 
     model = hvd.models.cnn("cnn", input_shape=(8, 8, 1), seed=3)
-    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9))
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9),
+                                   backward_passes_per_step=backward_passes_per_step)
     model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"], **compile_kw)
     return model
 
@@ -82,6 +83,21 @@ def test_lean_call_trains_bit_for_bit_like_keras(hvd, known_length: bool) -> Non
     assert isinstance(lean_model.train_function, LeanTrainFunction)
     assert counts[0] == counts[1] and counts[0][0] == [6, 6, 6]  # same epochs (end of data included), same logs
     for want, got in zip(weights(keras_model), weights(lean_model), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.filterwarnings("ignore:Your input ran out of data:UserWarning")
+def test_a_step_call_that_got_no_batch_counts_no_backward_pass(hvd) -> None:
+    """``backward_passes_per_step=2`` over 4 batches an epoch. With data of unknown length ``fit`` ends each epoch
+    with a call whose ``next(iterator)`` raises OutOfRangeError; the pass counter must not count it (it did, so
+    epoch 1's first pass updated alone): the weights, momentums and ``iterations`` are those of known-length data."""
+    models = []
+    for known_length in (True, False):
+        model = compiled(hvd, backward_passes_per_step=2)
+        model.fit(data(4, known_length), epochs=2, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        models.append(model)
+    assert int(models[1].optimizer.iterations.numpy()) == 8
+    for want, got in zip(weights(models[0]), weights(models[1]), strict=True):
         np.testing.assert_array_equal(got, want)
 
 

@@ -103,8 +103,10 @@ def test_rate_machinery_and_pass_state_are_the_optimizers_own(hvd, tmp_path) -> 
     assert len(saved) == len(opt.variables) + len(model.trainable_variables)
 
 
-def fit_one_weight(hvd, policy: str, xs: np.ndarray, momentum: float, callback=None, epochs: int = EPOCHS):
-    """fit the one-weight model of the first test under ``policy``, by default with its schedule."""
+def fit_one_weight(hvd, policy: str, xs: np.ndarray, momentum: float, callback=None, epochs: int = EPOCHS,
+                   unknown_length: bool = False, steps_per_execution: int = 1, watch=()):
+    """fit the one-weight model of the first test under ``policy``, by default with its schedule, one batch per
+    row of ``xs`` (from a dataset whose length Keras cannot know, with ``unknown_length``)."""
     import keras
     import tensorflow as tf
 
@@ -112,12 +114,40 @@ def fit_one_weight(hvd, policy: str, xs: np.ndarray, momentum: float, callback=N
     try:
         model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
         model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(1.0, momentum=momentum)),
-                      loss=lambda y, pred: tf.reduce_mean(pred))
+                      loss=lambda y, pred: tf.reduce_mean(pred), steps_per_execution=steps_per_execution)
         schedule = callback or hvd.callbacks.LearningRateScheduleCallback(0.3, lambda e: 1 / (1 + e), staircase=False)
-        model.fit(xs, xs, batch_size=1, epochs=epochs, shuffle=False, verbose=0, callbacks=[schedule])
+        callbacks = [schedule, *watch]
+        if unknown_length:
+            data = tf.data.Dataset.from_tensor_slices((xs, xs)).batch(1).filter(lambda *_: True)
+            model.fit(data, epochs=epochs, verbose=0, callbacks=callbacks)
+        else:
+            model.fit(xs, xs, batch_size=1, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
     finally:
         keras.mixed_precision.set_global_policy("float32")
     return model, schedule
+
+
+def watcher(read):
+    """A callback that records ``(epoch, batch, read(model))`` when each batch (step call) begins, and
+    ``(epoch, "end", read(model))`` when each epoch ends."""
+    import keras
+
+    class Watcher(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: list[tuple] = []
+            self.epoch = -1
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_begin(self, batch, logs=None):
+            self.seen.append((self.epoch, batch, read(self.model)))
+
+        def on_epoch_end(self, epoch, logs=None):
+            self.seen.append((epoch, "end", read(self.model)))
+
+    return Watcher()
 
 
 def test_under_mixed_float16_the_rates_are_set_in_the_step_and_momentum_is_corrected(hvd) -> None:
@@ -153,3 +183,46 @@ def test_an_epoch_outside_the_range_keeps_the_last_rate_when_the_table_was_longe
     used = [np.float32(1 / (1 + b / 8)) for b in range(4)] + [np.float32(1 / (1 + 3 / 8))] * 4
     np.testing.assert_allclose(model.get_weights()[0].item(), -np.sum(used, dtype=np.float32), rtol=1e-6)
     assert float(model.optimizer.learning_rate.numpy()) == np.float32(1 / (1 + 3 / 8))
+
+
+def past_end_epoch(hvd):
+    """``end_epoch=1`` with ``steps_per_epoch=8`` (over 4 batches): the schedule of the tests below."""
+    return hvd.callbacks.LearningRateScheduleCallback(1.0, lambda e: 1 / (1 + e), end_epoch=1, staircase=False,
+                                                      steps_per_epoch=8)
+
+
+@pytest.mark.filterwarnings("ignore:Your input ran out of data:UserWarning")  # Keras's, at an unknown length's end
+@pytest.mark.parametrize("policy,steps_per_execution", [("float32", 1), ("mixed_float16", 1), ("float32", 3)])
+def test_a_step_call_that_got_no_batch_leaves_the_rate(hvd, policy: str, steps_per_execution: int) -> None:
+    """Data of unknown length: ``fit`` ends each epoch with a call whose ``next(iterator)`` raises OutOfRangeError,
+    after ``on_train_batch_begin(4)``, where Horovod's callback assigns 1 / (1 + 4/8); past ``end_epoch`` it assigns
+    nothing, so all of epoch 1 trains at that rate. The step's own rate update must not run in that call (in
+    float32 it did, moving the rate on to the table's 1 / (1 + 5/8)). Under mixed_float16 (the loss scale's step)
+    and with Keras's call of 3 steps (it reads its batches as optionals and runs no step without one) the same
+    must hold."""
+    import keras
+
+    watch = watcher(lambda model: float(keras.ops.convert_to_numpy(model.optimizer.learning_rate)))
+    model, _ = fit_one_weight(hvd, policy, np.ones((4, 1), np.float32), 0.0, past_end_epoch(hvd), epochs=2,
+                              unknown_length=True, steps_per_execution=steps_per_execution, watch=[watch])
+    last = np.float32(1 / (1 + 4 / 8))
+    epoch1 = [rate for epoch, _, rate in watch.seen if epoch == 1]
+    assert epoch1 and epoch1 == [last] * len(epoch1)
+    used = [np.float32(1 / (1 + b / 8)) for b in range(4)] + [last] * 4
+    np.testing.assert_allclose(model.get_weights()[0].item(), -np.sum(used, dtype=np.float32), rtol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore:Your input ran out of data:UserWarning")
+def test_a_step_call_that_got_no_batch_leaves_the_momentum(hvd) -> None:
+    """The momentum correction in that call (epoch 0's last, the rate 1 / (1 + 4/8) against the last step's
+    1 / (1 + 3/8)) rescaled SGD's momentum buffer, though no step ran: it must stay as the last step left it."""
+    import keras
+
+    def momentum(model) -> float | None:  # Keras builds the optimizer in the first step
+        return keras.ops.convert_to_numpy(model.optimizer.momentums[0]).item() if model.optimizer.built else None
+
+    watch = watcher(momentum)
+    fit_one_weight(hvd, "float32", np.ones((4, 1), np.float32), 0.9, past_end_epoch(hvd), epochs=1,
+                   unknown_length=True, watch=[watch])
+    assert [when for _, when, _ in watch.seen] == [0, 1, 2, 3, 4, "end"]  # 4: the call that gets no batch
+    assert watch.seen[-1][2] == watch.seen[-2][2] not in (0.0, None)
