@@ -16,10 +16,11 @@ with either function in interleaved rounds: the wrapper costs ~0.3 ms of a
 (through the model's distribution strategy, as Keras calls it), installed as
 the model's public ``train_function``, the function ``fit`` calls with the
 epoch's iterator (``make_train_function`` returns an installed one as long as
-the model is not recompiled). As Keras 3.15's does (``_autoconvert_optionals``),
-it turns the empty ``tf.experimental.Optional`` that Keras's generator and
-PyDataset adapters put where a batch holds ``None`` back into ``None`` before
-``train_step`` sees it (Keras 3.8's adapters put none there: a no-op). Anything
+the model is not recompiled). As Keras's own does since 3.12
+(``_autoconvert_optionals``), it turns the empty ``tf.experimental.Optional``
+that Keras's generator and grain adapters put where a batch holds ``None``
+back into ``None`` before ``train_step`` sees it (Keras 3.8 to 3.11 put none
+there: a no-op; a ``PyDataset`` batch cannot hold ``None``). Anything
 else it is given (``train_on_batch`` passes a generator) goes to Keras's own
 function. It is installed only where it computes what Keras's does: compiled
 (not ``run_eagerly``), no XLA, one step per call, one replica in sync.
