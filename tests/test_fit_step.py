@@ -94,7 +94,8 @@ def test_a_step_call_that_got_no_batch_counts_no_backward_pass(hvd) -> None:
     models = []
     for known_length in (True, False):
         model = compiled(hvd, backward_passes_per_step=2)
-        model.fit(data(4, known_length), epochs=2, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        broadcast = hvd.callbacks.BroadcastGlobalVariablesCallback(0)
+        model.fit(data(4, known_length), epochs=2, verbose=0, callbacks=[broadcast])
         models.append(model)
     assert int(models[1].optimizer.iterations.numpy()) == 8
     for want, got in zip(weights(models[0]), weights(models[1]), strict=True):

@@ -169,7 +169,8 @@ def test_a_step_the_loss_scale_skips_still_moves_the_rate_to_the_next_batch(hvd)
     xs = np.ones((STEPS, 1), np.float32)
     xs[2] = 1000.0  # × the loss scale (2**15 and its halvings): inf in float16
     model, _ = fit_one_weight(hvd, "mixed_float16", xs, momentum=0.0)
-    assert int(model.optimizer.inner_optimizer.iterations.numpy()) == EPOCHS * (STEPS - 1)  # Keras 3.8's LSO has its own, unused
+    # the inner optimizer's count: Keras 3.8's LossScaleOptimizer has an iterations of its own, never advanced
+    assert int(model.optimizer.inner_optimizer.iterations.numpy()) == EPOCHS * (STEPS - 1)
     used = [np.float32(rate(e, b)) for e in range(EPOCHS) for b in range(STEPS) if b != 2]
     np.testing.assert_allclose(model.get_weights()[0].item(), -np.sum(used, dtype=np.float32), rtol=1e-6)
 
