@@ -55,7 +55,10 @@ MAX_NUMBER_CHARS = 400
 """Longest number literal accepted; longer integers cannot be doubles anyway (~309 digits)."""
 MAX_JSON_DEPTH = 2 * MAX_TENSOR_DEPTH
 """Deepest nesting of arrays and objects in a request document (room for a tensor and the request's own levels)."""
-_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+# A string, terminated or not (an unterminated one runs to the end of the body, a lone trailing backslash
+# included), or a bracket. Possessive and total, so the scan is one linear pass on any body: a string
+# alternative that could fail would be retried from every later quote (quadratic, under the GIL).
+_JSON_TOKEN = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)|[\[\]{}]', re.DOTALL)
 
 
 class ServingError(Exception):

@@ -176,24 +176,25 @@ async def _handle(core: ServingCore, route: rest.Route, body: bytes, timeout: fl
         servable = core.servable(route.model, route.version, route.label)
         return rest.metadata_response(route.model, servable.version, servable.signature_defs)
     if route.kind in (examples.CLASSIFY, examples.REGRESS):
-        signature, items, context = rest.parse_examples_body(body)  # the body is checked before the model, as there
-        serialized = examples.from_json(items, context)
-        servable = core.servable(route.model, route.version, route.label)
-        inputs = core.examples_inputs(route.kind, servable, signature, serialized)
+        servable, signature, inputs, count = await _parsed(body, functools.partial(_parse_examples, core, route, body))
         outputs = await _within(core.submit_async(servable, signature, inputs), timeout)
         if route.kind == examples.CLASSIFY:
-            return rest.classify_response(examples.classifications(outputs, len(serialized)))
-        return rest.regress_response(examples.regressions(outputs, len(serialized)))
-    parse = functools.partial(_parse_predict, core, route, body)
-    if len(body) <= INLINE_BYTES:
-        servable, signature, arrays, row = parse()
-    else:
-        parsed = await run_in_threadpool(_error_returned, parse)
-        if isinstance(parsed, rest.ServingError):
-            raise parsed.detached()  # the worker's own error is held by this frame's local: a cycle if raised
-        servable, signature, arrays, row = parsed
+            return rest.classify_response(examples.classifications(outputs, count))
+        return rest.regress_response(examples.regressions(outputs, count))
+    servable, signature, arrays, row = await _parsed(body, functools.partial(_parse_predict, core, route, body))
     outputs = await _within(core.submit_async(servable, signature, arrays), timeout)
     return rest.predict_response(outputs, row)
+
+
+async def _parsed(body: bytes, parse: Callable[[], tuple]) -> tuple:
+    """``parse()``: on the event loop for a body up to ``INLINE_BYTES``, else in a worker thread (the loop
+    keeps serving other requests while a large body is decoded)."""
+    if len(body) <= INLINE_BYTES:
+        return parse()
+    parsed = await run_in_threadpool(_error_returned, parse)
+    if isinstance(parsed, rest.ServingError):
+        raise parsed.detached()  # the worker's own error is held by this frame's local: a cycle if raised
+    return parsed
 
 
 async def _within(future: asyncio.Future, timeout: float | None) -> Any:
@@ -219,6 +220,14 @@ def _parse_predict(core: ServingCore, route: rest.Route, body: bytes) -> tuple:
 
     signature, arrays, row = rest.parse_predict_body(body, inputs_of)
     return servable, signature, arrays, row
+
+
+def _parse_examples(core: ServingCore, route: rest.Route, body: bytes) -> tuple:
+    """(servable, signature, input arrays, example count) of a ``:classify``/``:regress`` request."""
+    signature, items, context = rest.parse_examples_body(body)  # the body is checked before the model, as there
+    serialized = examples.from_json(items, context)
+    servable = core.servable(route.model, route.version, route.label)
+    return servable, signature, core.examples_inputs(route.kind, servable, signature, serialized), len(serialized)
 
 
 def _error_returned(call: Callable[[], tuple]) -> tuple | rest.ServingError:

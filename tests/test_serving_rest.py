@@ -157,6 +157,31 @@ def test_brackets_inside_strings_do_not_count_as_nesting():
     assert arrays["image_bytes"].tolist() == [text.encode(), b"x"]
 
 
+ENOUGH_BRACKETS = b"[]," * (rest.MAX_JSON_DEPTH + 1)  # more than MAX_JSON_DEPTH "[": the depth scan runs
+ESCAPED_QUOTES = b'\\"' * 200_000  # every quote would restart a failing string match to the end: ~10^11 steps
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        # RapidJSON stops after the first document (json_tensor.cc: kParseStopWhenDoneFlag): `[]` is not an object
+        (ENOUGH_BRACKETS.replace(b",", b"") + b'"' + ESCAPED_QUOTES, "JSON Value: [] Is not object"),
+        (b'{"instances": [' + ENOUGH_BRACKETS + b'"' + ESCAPED_QUOTES,
+         "JSON Parse error: Missing a closing quotation mark in string. at offset: "),
+        (b'{"instances": [' + ENOUGH_BRACKETS + b'"' + ESCAPED_QUOTES + b"\\",
+         "JSON Parse error: Missing a closing quotation mark in string. at offset: "),
+        (b'{"instances": [' + ENOUGH_BRACKETS + b'"' + ESCAPED_QUOTES + b'\\\n"]]}',  # `\` + newline: not `.`
+         "JSON Parse error: Invalid escape character in string. at offset: "),
+    ],
+    ids=["not-object", "unterminated", "trailing-backslash", "backslash-newline"],
+)
+def test_unterminated_string_after_many_brackets_is_refused_in_one_pass(raw, message):
+    """The depth scan is linear: before, each of these took minutes of regex backtracking under the GIL."""
+    with pytest.raises(ServingError) as err:
+        rest._parse_json(raw)
+    assert err.value.http_status == 400 and err.value.message.startswith(message)
+
+
 def test_json_numbers_read_as_tf_serving_reads_them():
     """NaN/Infinity literals are accepted (kParseNanAndInfFlag); long integers become doubles."""
     specs = {"x": InputSpec(np.dtype("float32"), (None,))}

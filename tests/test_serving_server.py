@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import subprocess
+import threading
 
 import grpc
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 
 from hvdk8s.benchmarks.serving import MALFORMED_BODIES
-from hvdk8s.serving import loadtest, server
+from hvdk8s.serving import loadtest, rest, server
 from hvdk8s.serving.batching import BatchingParameters
 from hvdk8s.serving.client import request_body
 from hvdk8s.serving.core import ServingCore, tensorflow_threads
@@ -89,6 +90,39 @@ def test_a_large_body_refused_on_the_worker_thread_leaves_no_reference_cycle(tmp
         assert cyclic_garbage(core, b"[" + b" " * (server.INLINE_BYTES + 10)) == ({400}, [])
     finally:
         core.close()
+
+
+@pytest.mark.parametrize("api", ["classify", "regress"])
+def test_a_large_examples_body_is_parsed_off_the_event_loop(tmp_path, monkeypatch, api):
+    """Over INLINE_BYTES, :classify/:regress bodies are parsed on a worker thread as :predict's: the loop answers
+    another request while one is parsed (it was parsed on the loop: everything waited for the slow parse)."""
+    core = ServingCore(ModelRepository(tmp_path, "digits"), batching=None)
+    started, release, order = threading.Event(), threading.Event(), []
+    parse = rest.parse_examples_body
+
+    def held_parse(body: bytes):
+        started.set()
+        release.wait(timeout=5)
+        order.append("large parsed")
+        return parse(body)
+
+    monkeypatch.setattr(rest, "parse_examples_body", held_parse)
+    app = server.create_app(core)
+
+    async def both() -> tuple[int, int]:
+        large = asyncio.ensure_future(_post(app, f"/v1/models/digits:{api}", b"[" + b" " * (server.INLINE_BYTES + 10)))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        small = await _post(app, "/v1/models/digits:predict", b"{not json")
+        order.append("small answered")
+        release.set()
+        return await large, small
+
+    try:
+        assert asyncio.run(both()) == (400, 400)
+    finally:
+        core.close()
+    assert order == ["small answered", "large parsed"]
 
 
 @pytest.mark.parametrize("batching", [BatchingParameters(), None], ids=["batching", "unbatched"])
