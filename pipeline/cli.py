@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,13 +74,30 @@ def _run(args: argparse.Namespace) -> int:
     pipeline = load_pipeline(args.file)
     dag = build(pipeline)
     out = args.out or Path("out") / "pipeline" / pipeline.name
-    result = local.run(dag, out, base_dir=args.file.parent)
+    with _sigterm_exits():
+        result = local.run(dag, out, base_dir=args.file.parent)
     print()
     print(report.table(dag, result))
     report.plot(dag, result, out / "summary.png")
     ok = local.succeeded(dag, result)
     print(f"\npipeline {pipeline.name}: {'succeeded' if ok else 'FAILED'}; plot: {out / 'summary.png'}")
     return 0 if ok else 1
+
+
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """SIGTERM (``timeout``, a CI runner cancelling) ends the run as Ctrl-C does, through ``local.run``'s
+    clean-up, which stops the jobs and the server: they run in their own sessions, so without a handler
+    Python would die at once and leave them running. Exit status 143, as if killed by the signal."""
+    def exit_once(signum: int, _frame: FrameType | None) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_once)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _submit(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ commands, deploy starts ``hvdk8s serve`` on a free local port. Steps run in
 the DAG's order and by its rules: a step whose ``needs`` failed is skipped,
 select runs once every candidate has finished, failed or not. The server and
 any job still running are stopped at the end whatever happened (the local
-exit handler). Each step's output goes to ``<out>/logs/<step>.log``.
+exit handler), on Ctrl-C before waiting for any step to end. Each step's output goes to ``<out>/logs/<step>.log``.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from hvdk8s.pipeline import dag as d
 
@@ -72,13 +72,18 @@ def run(dag: d.Dag, out_dir: str | os.PathLike[str], *, base_dir: str | os.PathL
     executor = _Executor(dag, layout, logs, result, out)
     print(f"pipeline {dag.pipeline.name}: {len(dag.steps)} steps, candidates on {ranks} ranks each, "
           f"{at_once} at a time; logs in {logs}", file=out, flush=True)
+    pool = ThreadPoolExecutor(max_workers=at_once)
     try:
         for wave in dag.waves():
-            with ThreadPoolExecutor(max_workers=at_once) as pool:
-                for step_result in pool.map(executor.run_step, wave):
-                    result.steps[step_result.name] = step_result
+            for step_result in pool.map(executor.run_step, wave):
+                result.steps[step_result.name] = step_result
     finally:
+        # On Ctrl-C (or SIGTERM, see cli) the workers are blocked waiting for their jobs, which are in
+        # their own sessions and got no signal: drop the queued steps and stop the jobs BEFORE joining
+        # the workers, or the join waits for every running job to end on its own.
+        pool.shutdown(wait=False, cancel_futures=True)
         executor.stop()
+        pool.shutdown()
     return result
 
 
@@ -95,6 +100,8 @@ class _Executor:
         self.server_log: TextIO | None = None
         self.relay: threading.Thread | None = None
         self.running: set[subprocess.Popen] = set()
+        self.stopped = False  # set by stop(); no process starts after it
+        self.lock = threading.Lock()  # stop() against a worker starting a process
 
     def run_step(self, step: d.Step) -> StepResult:
         blocked = [n for n in step.needs if self.result.steps[n].status != SUCCEEDED]
@@ -135,13 +142,25 @@ class _Executor:
         with log.open("w") as f:
             f.write("$ " + " ".join(argv) + "\n")
             f.flush()
-            # Own process group: stopping it stops mpirun and every rank too.
-            proc = subprocess.Popen(full, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            self.running.add(proc)
+            proc = self._start(full, stdout=f, stderr=subprocess.STDOUT, env=env)
+            if proc is None:
+                return -signal.SIGTERM
             try:
                 return proc.wait()
             finally:
-                self.running.discard(proc)
+                with self.lock:
+                    self.running.discard(proc)
+
+    def _start(self, argv: list[str], **popen: Any) -> subprocess.Popen | None:
+        """``argv`` in its own process group (stopping it stops mpirun and every rank too), added to
+        ``running`` (the server stays there); None once ``stop()`` has begun, so nothing starts that it
+        would miss."""
+        with self.lock:
+            if self.stopped:
+                return None
+            proc = subprocess.Popen(argv, start_new_session=True, **popen)
+            self.running.add(proc)
+            return proc
 
     def _deploy(self, log: Path) -> bool:
         """``hvdk8s serve`` on a free port; ready once it prints its URL."""
@@ -150,7 +169,10 @@ class _Executor:
         f = self.server_log = log.open("w")
         f.write("$ hvdk8s " + " ".join(argv[len(HVDK8S):]) + "\n")
         f.flush()
-        self.server = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=f, text=True, start_new_session=True)
+        self.server = self._start(argv, stdout=subprocess.PIPE, stderr=f, text=True)
+        if self.server is None:
+            f.close()
+            return False
         stdout = self.server.stdout
         assert stdout is not None
         ready = threading.Event()
@@ -187,8 +209,11 @@ class _Executor:
         return True
 
     def stop(self) -> None:
-        """Stop the server and any job still running (the local exit handler)."""
-        for proc in [*self.running, *([self.server] if self.server else [])]:
+        """Stop the server and any job still running (the local exit handler); start nothing after."""
+        with self.lock:
+            self.stopped = True
+            procs = list(self.running)
+        for proc in procs:
             if proc.poll() is None:
                 _signal_group(proc, signal.SIGTERM)
                 try:
