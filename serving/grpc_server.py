@@ -143,8 +143,8 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         self.core = core
 
     def Predict(self, request: Any, context: grpc.ServicerContext) -> Any:
-        spec = request.model_spec
-        with _status(context, self.core, spec.name, "predict"):
+        with _status(context, self.core, request.model_spec.name, "predict"):
+            spec = _model_spec(request)
             servable = self.core.servable(*_selects(spec))
             signature = spec.signature_name or rest.DEFAULT_SIGNATURE
             arrays = inputs_from_protos(request.inputs, servable.inputs_of(signature))
@@ -163,14 +163,14 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     def Classify(self, request: Any, context: grpc.ServicerContext) -> Any:
         with _status(context, self.core, request.model_spec.name, examples.CLASSIFY):
             response = classification_pb2.ClassificationResponse()
-            self._examples(examples.CLASSIFY, request.model_spec, examples.from_input(request.input),
+            self._examples(examples.CLASSIFY, _model_spec(request), examples.from_input(request.input),
                            response.model_spec, response.result, context)
             return response
 
     def Regress(self, request: Any, context: grpc.ServicerContext) -> Any:
         with _status(context, self.core, request.model_spec.name, examples.REGRESS):
             response = regression_pb2.RegressionResponse()
-            self._examples(examples.REGRESS, request.model_spec, examples.from_input(request.input),
+            self._examples(examples.REGRESS, _model_spec(request), examples.from_input(request.input),
                            response.model_spec, response.result, context)
             return response
 
@@ -219,8 +219,8 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         _fill_spec(out_spec, spec.name, servable.version, signature)
 
     def GetModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
-        spec = request.model_spec
-        with _status(context, self.core, spec.name, "metadata"):
+        with _status(context, self.core, request.model_spec.name, "metadata"):
+            spec = _model_spec(request)
             if not request.metadata_field:
                 raise rest.invalid("GetModelMetadataRequest must specify at least one metadata_field")
             for name in request.metadata_field:
@@ -243,14 +243,29 @@ class _ModelService(model_service_pb2_grpc.ModelServiceServicer):
         self.core = core
 
     def GetModelStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
-        spec = request.model_spec
-        with _status(context, self.core, spec.name, "status"):
+        with _status(context, self.core, request.model_spec.name, "status"):
+            spec = _model_spec(request)  # an empty name is NOT_FOUND here, as get_model_status_impl.cc answers
             doc = self.core.status(spec.name, spec.version.value if spec.HasField("version") else None)
             return json_format.ParseDict(doc, get_model_status_pb2.GetModelStatusResponse())
 
 
+def _model_spec(request: Any) -> Any:
+    """The request's ``ModelSpec``; INVALID_ARGUMENT "Missing ModelSpec" without one, checked first, as TF Serving
+    does (predict_impl.cc, classification_service.cc, regression_service.cc, get_model_metadata_impl.cc,
+    get_model_status_impl.cc at 9d981c5c): the default spec would otherwise read as model "" (NOT_FOUND)."""
+    if not request.HasField("model_spec"):
+        raise rest.invalid("Missing ModelSpec")
+    return request.model_spec
+
+
 def _selects(spec: Any) -> tuple[str, int | None, str | None]:
-    """A ``ModelSpec``'s (model name, version or None, label or None), as ``ServingCore`` takes them."""
+    """A ``ModelSpec``'s (model name, version or None, label or None), as ``ServingCore`` takes them.
+
+    No name is INVALID_ARGUMENT, a request that can never succeed (server_core.cc ServableRequestFromModelSpec),
+    not the NOT_FOUND of a model not loaded (yet).
+    """
+    if not spec.name:
+        raise rest.invalid("ModelSpec has no name specified.")
     return spec.name, spec.version.value if spec.HasField("version") else None, spec.version_label or None
 
 

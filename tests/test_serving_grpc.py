@@ -21,11 +21,13 @@ import requests
 import tensorflow as tf
 from PIL import Image
 from tensorflow_serving.apis import (
+    classification_pb2,
     get_model_metadata_pb2,
     get_model_status_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
+    regression_pb2,
 )
 
 import hvdk8s.cli
@@ -119,9 +121,14 @@ def test_metadata_and_status(server, stub):
     assert (version.version, version.state) == (1, get_model_status_pb2.ModelVersionStatus.AVAILABLE)
 
 
-def metadata_request(field: str):
+def metadata_request(field: str, model: str = "digits"):
     request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=[field])
-    request.model_spec.name = "digits"
+    request.model_spec.name = model
+    return request
+
+
+def without_model_spec(request):
+    request.ClearField("model_spec")
     return request
 
 
@@ -136,13 +143,40 @@ def metadata_request(field: str):
         (lambda s: s.Predict(request_for([b"not an image"])), "INVALID_ARGUMENT", "Unknown image file format"),
         (lambda s: s.GetModelMetadata(metadata_request("other")), "INVALID_ARGUMENT",
          "Metadata field other is not supported"),
+        # TF Serving 9d981c5c: each API checks has_model_spec() first (predict_impl.cc, classification_service.cc,
+        # regression_service.cc, get_model_metadata_impl.cc), then ServerCore::ServableRequestFromModelSpec the name
+        (lambda s: s.Predict(without_model_spec(request_for(PNGS[:1]))), "INVALID_ARGUMENT", "Missing ModelSpec"),
+        (lambda s: s.Classify(classification_pb2.ClassificationRequest()), "INVALID_ARGUMENT", "Missing ModelSpec"),
+        (lambda s: s.Regress(regression_pb2.RegressionRequest()), "INVALID_ARGUMENT", "Missing ModelSpec"),
+        (lambda s: s.GetModelMetadata(without_model_spec(metadata_request("other"))), "INVALID_ARGUMENT",
+         "Missing ModelSpec"),
+        (lambda s: s.Predict(request_for(PNGS[:1], model="")), "INVALID_ARGUMENT",
+         "ModelSpec has no name specified."),
+        (lambda s: s.GetModelMetadata(metadata_request("signature_def", model="")), "INVALID_ARGUMENT",
+         "ModelSpec has no name specified."),
     ],
-    ids=["unknown-model", "wrong-input", "not-an-image", "metadata-field"],
+    ids=["unknown-model", "wrong-input", "not-an-image", "metadata-field", "predict-no-spec", "classify-no-spec",
+         "regress-no-spec", "metadata-no-spec", "predict-no-name", "metadata-no-name"],
 )
 def test_errors_are_tf_serving_status_codes(stub, call, code, message):
     with pytest.raises(grpc.RpcError) as err:
         call(stub)
     assert err.value.code().name == code and message in err.value.details()
+
+
+def test_model_status_without_model_spec_is_invalid_and_without_a_name_not_found(server):
+    """get_model_status_impl.cc: no spec is INVALID_ARGUMENT; a spec with no name looks up model "" (NOT_FOUND)."""
+    with grpc.insecure_channel(server.grpc) as channel:
+        status = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus
+        with pytest.raises(grpc.RpcError) as err:
+            status(get_model_status_pb2.GetModelStatusRequest(), timeout=30)
+        assert (err.value.code(), err.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, "Missing ModelSpec")
+        request = get_model_status_pb2.GetModelStatusRequest()
+        request.model_spec.signature_name = "serving_default"  # a spec, but no name
+        with pytest.raises(grpc.RpcError) as err:
+            status(request, timeout=30)
+        assert (err.value.code(), err.value.details()) == (grpc.StatusCode.NOT_FOUND,
+                                                           "Could not find any versions of model ")
 
 
 def test_label_and_wrong_dtype(stub):
