@@ -7,7 +7,9 @@ running as another user). This module imports nothing of hvdk8s, so every layer 
 """
 from __future__ import annotations
 
+import ctypes
 import errno
+import functools
 import json
 import os
 import secrets
@@ -19,6 +21,8 @@ from typing import Any
 
 TEMP_PREFIX = ".tmp-"
 """Every temporary starts with this (and is hidden), so a cleaner can tell them from real files."""
+_AT_FDCWD = -100  # <fcntl.h>, Linux
+_RENAME_NOREPLACE = 1  # <linux/fs.h>
 
 
 @contextmanager
@@ -51,14 +55,17 @@ def atomic_path(path: str | os.PathLike[str], *, temporary: str | None = None) -
 def atomic_directory(path: str | os.PathLike[str]) -> Iterator[Path]:
     """A temporary folder beside ``path`` to fill, renamed to ``path`` when the block ends.
 
-    The rename fails (``OSError``) if ``path`` exists, so two writers never merge into one folder.
+    Its files and folders are flushed to disk first, so ``path`` never appears with truncated files after a
+    crash. The rename fails (``FileExistsError``) if ``path`` exists, even as an empty folder, which a plain
+    ``rename(2)`` would replace: two writers never merge into one folder, nor does one replace the other's.
     """
     final = Path(path)
     _make_parent(final)
     tmp = _create_unique(final.parent, f"{TEMP_PREFIX}{final.name}-", "", lambda p: os.mkdir(p, 0o777))
     try:
         yield tmp
-        os.rename(tmp, final)
+        _fsync_tree(tmp)
+        _rename_new(tmp, final)
         _fsync(final.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -96,6 +103,44 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Every regular file and folder under ``root`` (not symlinks, nor FIFOs, which open would block on)."""
+    for folder, _folders, files in os.walk(root):
+        for name in files:
+            file = Path(folder, name)
+            if file.is_file() and not file.is_symlink():
+                _fsync(file)
+        _fsync(Path(folder))
+
+
+def _rename_new(src: Path, dst: Path) -> None:
+    """Rename ``src`` to ``dst``, which must not exist: ``FileExistsError`` otherwise, even for an empty folder.
+
+    Linux's ``renameat2(RENAME_NOREPLACE)`` checks and renames in one step. Where it is missing (not Linux,
+    glibc before 2.28) or refused (ENOSYS: an old kernel; EINVAL: a file system without the flag; EPERM: an
+    old container seccomp profile), ``dst`` is checked right before ``os.rename``, which leaves only that
+    instant for another writer's empty folder to be replaced.
+    """
+    renameat2 = _renameat2()
+    if renameat2 is not None:
+        if renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return
+        code = ctypes.get_errno()
+        if code == errno.EEXIST:
+            raise FileExistsError(code, os.strerror(code), str(dst))
+        if code not in (errno.ENOSYS, errno.EINVAL, errno.EPERM):
+            raise OSError(code, os.strerror(code), str(src), None, str(dst))
+    if os.path.lexists(dst):
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(dst))
+    os.rename(src, dst)
+
+
+@functools.cache
+def _renameat2() -> Callable[..., int] | None:
+    """The C library's ``renameat2``, or None where it has none."""
+    return getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
 
 
 def _create_file(path: Path) -> None:

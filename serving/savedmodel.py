@@ -156,7 +156,7 @@ def export(
             archive.write_out(os.fspath(tmp), verbose=False)
         (tmp / METADATA_FILE).parent.mkdir(parents=True, exist_ok=True)
         (tmp / METADATA_FILE).write_text(json.dumps(record, indent=2) + "\n")
-        if final.exists():  # another exporter took the number meanwhile
+        if final.exists():  # another exporter took the number meanwhile (the rename refuses one taken later)
             raise FileExistsError(f"version {version} already exists at {final}")
     return final
 

@@ -57,6 +57,42 @@ def test_a_directory_appears_whole_and_never_merges_into_an_existing_one(tmp_pat
     assert [p.name for p in tmp_path.iterdir()] == ["1"]
 
 
+@pytest.mark.parametrize("renameat2", [True, False], ids=["renameat2", "check-then-rename"])
+def test_a_directory_never_replaces_an_empty_folder_made_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, renameat2: bool) -> None:
+    # rename(2) replaces an existing empty folder; an operator's `mkdir base/3` or another writer's must stay
+    if not renameat2:  # as on a system without it
+        monkeypatch.setattr(atomic, "_renameat2", lambda: None)
+    elif atomic._renameat2() is None:
+        pytest.skip("this C library has no renameat2")
+    final = tmp_path / "3"
+    with pytest.raises(FileExistsError, match=f"File exists: '{final}'"), atomic.atomic_directory(final) as tmp:
+        (tmp / "saved_model.pb").write_text("x")
+        os.mkdir(final)  # made while the writer was filling its temporary
+    assert [p.name for p in tmp_path.iterdir()] == ["3"] and list(final.iterdir()) == []
+
+
+def test_a_directory_s_files_are_on_disk_before_it_appears(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[tuple[str, bool]] = []
+    fsync = atomic._fsync
+    final = tmp_path / "1"
+
+    def spy(path: Path) -> None:
+        fsync(path)
+        synced.append((os.path.relpath(path, tmp_path).split("/", 1)[-1], final.exists()))
+
+    monkeypatch.setattr(atomic, "_fsync", spy)
+    with atomic.atomic_directory(final) as tmp:
+        (tmp / "variables").mkdir()
+        (tmp / "variables" / "variables.index").write_text("i")
+        (tmp / "saved_model.pb").write_text("x")
+        os.symlink("saved_model.pb", tmp / "link")  # not followed, not synced twice
+    # every file and folder of the temporary before the rename, then the parent (its new entry) after
+    before = sorted(name for name, appeared in synced if not appeared)
+    assert before == sorted([tmp.name, "saved_model.pb", "variables", "variables/variables.index"])
+    assert synced[-1] == (".", True)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
