@@ -17,7 +17,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -138,6 +138,20 @@ def inputs_from_protos(tensors: Any, specs: dict[str, rest.InputSpec]) -> dict[s
     return arrays
 
 
+def output_filter(aliases: Sequence[str], outputs: Iterable[str]) -> list[str]:
+    """A Predict request's ``output_filter``, checked against the signature's outputs before the model runs, as
+    predict_util.cc PreProcessPrediction (TF Serving 9d981c5c) checks it: an unknown or repeated alias is refused."""
+    known, seen = sorted(outputs), set()
+    for alias in aliases:
+        if alias not in known:
+            raise rest.invalid(f"output tensor alias not found in signature: {alias} Outputs expected "
+                               f"to be in the set {{{','.join(known)}}}.")
+        if alias in seen:
+            raise rest.invalid(f"duplicate output tensor alias: {alias}")
+        seen.add(alias)
+    return list(aliases)
+
+
 class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
     def __init__(self, core: ServingCore):
         self.core = core
@@ -148,15 +162,11 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             servable = self.core.servable(*_selects(spec))
             signature = spec.signature_name or rest.DEFAULT_SIGNATURE
             arrays = inputs_from_protos(request.inputs, servable.inputs_of(signature))
+            wanted = output_filter(request.output_filter, servable.signature_defs[signature]["outputs"])
             outputs = _within_deadline(self.core.submit(servable, signature, arrays), context)
-            wanted = list(request.output_filter) or sorted(outputs)
-            unknown = [name for name in wanted if name not in outputs]
-            if unknown:
-                raise rest.invalid(f"output tensor alias not found in signature: {unknown[0]} Outputs expected "
-                                   f"to be in the set {{{','.join(sorted(outputs))}}}.")
             response = predict_pb2.PredictResponse()
             _fill_spec(response.model_spec, spec.name, servable.version, signature)
-            for name in wanted:
+            for name in wanted or sorted(outputs):
                 response.outputs[name].CopyFrom(tensor_proto(outputs[name]))
             return response
 

@@ -9,8 +9,10 @@ signature called in this process on that request alone.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -132,6 +134,11 @@ def without_model_spec(request):
     return request
 
 
+def filtered(request, *aliases: str):
+    request.output_filter.extend(aliases)
+    return request
+
+
 @pytest.mark.parametrize(
     "call, code, message",
     [
@@ -154,9 +161,16 @@ def without_model_spec(request):
          "ModelSpec has no name specified."),
         (lambda s: s.GetModelMetadata(metadata_request("signature_def", model="")), "INVALID_ARGUMENT",
          "ModelSpec has no name specified."),
+        # predict_util.cc PreProcessPrediction checks output_filter before the model runs
+        (lambda s: s.Predict(filtered(request_for(PNGS[:1]), "classes", "classes")), "INVALID_ARGUMENT",
+         "duplicate output tensor alias: classes"),
+        (lambda s: s.Predict(filtered(request_for(PNGS[:1]), "classes", "logits")), "INVALID_ARGUMENT",
+         "output tensor alias not found in signature: logits Outputs expected to be in the set "
+         "{class_names,classes,probabilities}."),
     ],
     ids=["unknown-model", "wrong-input", "not-an-image", "metadata-field", "predict-no-spec", "classify-no-spec",
-         "regress-no-spec", "metadata-no-spec", "predict-no-name", "metadata-no-name"],
+         "regress-no-spec", "metadata-no-spec", "predict-no-name", "metadata-no-name", "duplicate-output",
+         "unknown-output"],
 )
 def test_errors_are_tf_serving_status_codes(stub, call, code, message):
     with pytest.raises(grpc.RpcError) as err:
@@ -307,29 +321,53 @@ class _NeverAnswers:
         self.futures: list[Future] = []
 
     def servable(self, model, version=None, label=None):
-        return SimpleNamespace(version=1, inputs_of=lambda signature: {"x": rest.InputSpec(np.dtype("float32"), (None,))})
+        return SimpleNamespace(version=1, inputs_of=lambda signature: {"x": rest.InputSpec(np.dtype("float32"), (None,))},
+                               signature_defs={"serving_default": {"outputs": {"y": {}}}})
 
     def submit(self, servable, signature, inputs) -> Future:
         self.futures.append(future := Future())
         return future
 
 
-def test_a_predict_past_the_clients_deadline_frees_its_server_thread_and_is_dropped():
-    core = _NeverAnswers()
+@contextlib.contextmanager
+def stub_serving(core) -> Iterator[prediction_service_pb2_grpc.PredictionServiceStub]:
+    """An in-process gRPC server on ``core`` and a client stub for it."""
     server, port = grpc_server.create_server(core, "127.0.0.1", 0)
     server.start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-            request = predict_pb2.PredictRequest()
-            request.model_spec.name = "m"
-            request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.ones(2, np.float32)))
-            with pytest.raises(grpc.RpcError) as err:
-                stub.Predict(request, timeout=0.5)
-            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    finally:
+        server.stop(None)
+
+
+def stub_request(*aliases: str):
+    request = predict_pb2.PredictRequest(output_filter=aliases)
+    request.model_spec.name = "m"
+    request.inputs["x"].CopyFrom(tf.make_tensor_proto(np.ones(2, np.float32)))
+    return request
+
+
+def test_a_predict_past_the_clients_deadline_frees_its_server_thread_and_is_dropped():
+    core = _NeverAnswers()
+    with stub_serving(core) as stub:
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Predict(stub_request(), timeout=0.5)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         deadline = time.monotonic() + 10  # the handler gives up on the model once the deadline has passed
         while not (core.futures and core.futures[0].cancelled()) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert core.futures[0].cancelled()  # so the batcher drops it unless it already runs
-    finally:
-        server.stop(None)
+
+
+@pytest.mark.parametrize("aliases, message", [
+    (["y", "y"], "duplicate output tensor alias: y"),
+    (["z"], "output tensor alias not found in signature: z Outputs expected to be in the set {y}."),
+])
+def test_an_output_filter_refused_never_reaches_the_model(aliases, message):
+    """predict_util.cc PreProcessPrediction refuses the filter before Session::Run: no batch slot, no model call."""
+    core = _NeverAnswers()
+    with stub_serving(core) as stub, pytest.raises(grpc.RpcError) as err:
+        stub.Predict(stub_request(*aliases), timeout=30)
+    assert (err.value.code(), err.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+    assert core.futures == []
