@@ -291,8 +291,9 @@ def _within_deadline(future: Future, context: grpc.ServicerContext) -> dict[str,
     TF Serving makes the deadline the model run's timeout (``enforce_session_run_timeout``, on by default:
     prediction_service_impl.cc), so a request the client has given up on does not hold a server thread.
     """
+    remaining = context.time_remaining()  # no deadline: grpc gives gpr_inf_future's ~9e18 s, which no lock can wait
     try:
-        return future.result(timeout=context.time_remaining())
+        return future.result(timeout=remaining if remaining < threading.TIMEOUT_MAX else None)
     except TimeoutError:
         future.cancel()  # not run if it is still queued
         raise rest.ServingError("DEADLINE_EXCEEDED", "Deadline Exceeded") from None

@@ -193,6 +193,13 @@ def test_model_status_without_model_spec_is_invalid_and_without_a_name_not_found
                                                            "Could not find any versions of model ")
 
 
+def test_a_batched_predict_without_a_deadline_waits_as_long_as_it_takes(stub, signature):
+    """A call with no timeout (the official client's default): the server's remaining time is then ~9e18 s, which
+    the wait for the batch turned into OverflowError, answered UNKNOWN."""
+    response = stub.Predict(request_for(PNGS[:2]))
+    np.testing.assert_array_equal(tf.make_ndarray(response.outputs["classes"]), unbatched(signature, PNGS[:2])["classes"])
+
+
 def test_label_and_wrong_dtype(stub):
     request = request_for(PNGS[:1])
     request.model_spec.version_label = "stable"
