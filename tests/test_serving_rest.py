@@ -316,9 +316,20 @@ def test_bytes_outputs_are_base64_and_floats_shortest():
     assert rest.dumps(doc) == b'{"outputs": [0.1]}'
 
 
-def test_outputs_without_common_batch_are_rejected():
-    with pytest.raises(ServingError, match="no common batch dimension"):
-        rest.predict_response({"a": np.zeros((2, 3)), "b": np.zeros((3,))}, row=True)
+@pytest.mark.parametrize(
+    "outputs, message",
+    [
+        ({"a": np.zeros((2, 3)), "b": np.zeros((3,))}, "Tensor name: b has inconsistent batch size: 3 expecting: 2"),
+        ({"a": np.zeros((2, 3)), "b": np.float32(1)}, "Tensor name: b has no shape information "),
+        ({"scores": np.float32(1)}, "Tensor name: scores has no shape information "),
+    ],
+)
+def test_outputs_without_common_batch_are_rejected_in_tf_serving_words(outputs, message):
+    """util/json_tensor.cc MakeRowFormatJsonFromTensors (TF Serving 9d981c5c); the columnar format takes any."""
+    with pytest.raises(ServingError) as err:
+        rest.predict_response(outputs, row=True)
+    assert (err.value.code, err.value.message) == ("INVALID_ARGUMENT", message)
+    assert rest.predict_response(outputs, row=False)
 
 
 def test_status_and_metadata_documents():
