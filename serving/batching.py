@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import threading
 import time
@@ -169,6 +168,11 @@ class _Task:
     future: Future | asyncio.Future
     loop: asyncio.AbstractEventLoop | None = None  # the loop that owns an asyncio future
     enqueued: float = field(default_factory=time.monotonic)
+    whole: Future | asyncio.Future | None = None  # a piece's: the future of the request it was split from
+
+    def cancelled(self) -> bool:
+        """Its caller gave up (a gRPC deadline, a REST timeout), on this request or on the one it is a piece of."""
+        return self.future.cancelled() or (self.whole is not None and self.whole.cancelled())
 
 
 class Batcher:
@@ -196,8 +200,8 @@ class Batcher:
         future: Future = Future()
         task = self._task(servable, signature, inputs, future)
         with self._cv:
-            self._enqueue(task)
-            self._cv.notify()
+            _, before = self._enqueue(task)
+            self._cv.notify(1 if task.alone else _batches_touched(before, task.size, self.params.batch_limit))
         return future
 
     def submit_async(self, servable: Any, signature: str, inputs: Mapping[str, np.ndarray]) -> asyncio.Future:
@@ -224,8 +228,9 @@ class Batcher:
         alone = size < 1  # no common batch dimension, or an empty batch: nothing to merge
         return _Task(servable, signature, inputs, max(size, 1), alone, future, loop)
 
-    def _enqueue(self, task: _Task) -> tuple:
-        """Queue ``task`` (holding the lock) and return its queue's key, or raise why not."""
+    def _enqueue(self, task: _Task) -> tuple[tuple, int]:
+        """Queue ``task`` (holding the lock): its queue's key and the examples that queue held before, or raise
+        why not."""
         if self._closed:
             raise rest.ServingError("UNAVAILABLE", "the server is shutting down")
         key = (id(task.servable), task.signature, self._shape_key(task.inputs))
@@ -241,29 +246,29 @@ class Batcher:
         else:
             queue.append(task)
         self._waiting[key] = waiting + task.size
-        return key
+        return key, waiting
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         """Queue what ``submit_async`` collected in one pass of ``loop``.
 
-        Wakes a batch thread for every batch's worth of examples (or part)
-        it adds to a queue, and for every request that runs alone.
+        Wakes a batch thread for every batch it adds examples to, and for
+        every request that runs alone.
         """
         tasks = [t for t in self._pending.pop(loop) if not t.future.done()]  # not those cancelled meanwhile
-        examples: dict[tuple, int] = {}  # added to each queue
+        added: dict[tuple, list[int]] = {}  # each queue's examples before this pass, and those it added
         batches = 0
         with self._cv:
             for task in tasks:
                 try:
-                    key = self._enqueue(task)
+                    key, before = self._enqueue(task)
                 except rest.ServingError as err:  # its traceback holds this frame, and with it the futures
                     _settle(task.future, err.detached())
                     continue
                 if task.alone:
                     batches += 1
                 else:
-                    examples[key] = examples.get(key, 0) + task.size
-            batches += sum(math.ceil(n / self.params.batch_limit) for n in examples.values())
+                    added.setdefault(key, [before, 0])[1] += task.size
+            batches += sum(_batches_touched(before, n, self.params.batch_limit) for before, n in added.values())
             if batches:
                 self._cv.notify(batches)
 
@@ -325,7 +330,7 @@ class Batcher:
         return batch
 
     def _execute(self, batch: list[_Task]) -> None:
-        batch = [task for task in batch if not task.future.cancelled()]  # callers that gave up (a gRPC deadline)
+        batch = [task for task in batch if not task.cancelled()]  # callers that gave up (a gRPC deadline)
         if not batch:
             return
         self.batches += 1
@@ -437,8 +442,14 @@ def _pieces(task: _Task, room: int, limit: int) -> list[_Task]:
     bounds = [0, *range(room, task.size, limit), task.size]
     joined = _Joined(task, len(bounds) - 1)
     return [_Task(task.servable, task.signature, {name: a[lo:hi] for name, a in task.inputs.items()}, hi - lo, False,
-                  joined.piece(i), enqueued=task.enqueued)
+                  joined.piece(i), enqueued=task.enqueued, whole=task.future)
             for i, (lo, hi) in enumerate(zip(bounds, bounds[1:]))]
+
+
+def _batches_touched(before: int, added: int, limit: int) -> int:
+    """The batches of ``limit`` examples that ``added`` examples queued behind ``before`` reach: each needs a batch
+    thread (a split request's pieces run side by side, not one after another on one thread)."""
+    return -(-(before + added) // limit) - before // limit
 
 
 class _Joined:

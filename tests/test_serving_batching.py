@@ -400,3 +400,44 @@ def test_a_request_cancelled_while_queued_is_not_run():
         gate.set()
         batcher.close()
     assert model.batches == [1, 3]
+
+
+SPLIT_IN_FOUR = BatchingParameters(max_batch_size=8, num_batch_threads=4, enable_large_batch_splitting=True,
+                                   max_execution_batch_size=2)  # a request of 8 rows: 4 pieces of 2
+
+
+def test_a_split_requests_pieces_run_side_by_side_on_the_batch_threads():
+    """submit wakes a batch thread per piece; it woke one, which ran the pieces one after another."""
+    barrier = threading.Barrier(4, timeout=10)
+
+    def all_at_once(servable, signature, inputs):
+        barrier.wait()  # raises BrokenBarrierError unless the four pieces run at the same time
+        return {"y": 2 * inputs["x"]}
+
+    batcher = Batcher(SPLIT_IN_FOUR, all_at_once)
+    x = np.arange(8.0).reshape(8, 1)
+    try:
+        np.testing.assert_array_equal(batcher.submit("servable", "serving_default", {"x": x}).result(30)["y"], 2 * x)
+    finally:
+        batcher.close()
+
+
+def test_the_pieces_of_a_request_cancelled_while_queued_are_not_run():
+    """What a gRPC handler does when its client's deadline passes: none of the request's pieces runs."""
+    gate = threading.Event()
+    model = Model(gate)
+    batcher = Batcher(SPLIT_IN_FOUR, model)
+    try:
+        running = []
+        for i in range(4):  # one at a time, so each occupies a batch thread of its own
+            running.append(batcher.submit("servable", "serving_default", {"x": np.zeros((1, 1))}))
+            wait_until(lambda: len(model.batches) == i + 1, f"request {i} to start")
+        given_up = batcher.submit("servable", "serving_default", {"x": np.ones((8, 1))})
+        assert queued(batcher) == 4 and given_up.cancel()
+        gate.set()
+        assert batcher.submit("servable", "serving_default", {"x": np.ones((1, 1))}).result(30)["y"].shape == (1, 1)
+        assert all(r.result(30)["y"].shape == (1, 1) for r in running)
+    finally:
+        gate.set()
+        batcher.close()
+    assert model.batches == [1, 1, 1, 1, 1]
