@@ -17,7 +17,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -31,6 +31,7 @@ from tensorflow_serving.apis import (
     get_model_metadata_pb2,
     get_model_status_pb2,
     inference_pb2,
+    model_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
@@ -185,30 +186,30 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             return response
 
     def MultiInference(self, request: Any, context: grpc.ServicerContext) -> Any:
-        """Several classify/regress signatures of one model on the same examples (multi_inference.cc's checks)."""
-        model = request.tasks[0].model_spec.name if request.tasks else ""
-        with _status(context, self.core, model, "multi_inference"):
-            tasks = list(request.tasks)
-            names, signatures = set(), set()
-            for task in tasks:
-                if not task.model_spec.name:
-                    raise rest.invalid("Found ModelSpec with an empty model name.")
-                names.add(task.model_spec.name)
-                if len(names) > 1:
-                    raise rest.invalid("All ModelSpecs in a MultiInferenceRequest must access the same model name.")
-                signature = task.model_spec.signature_name or rest.DEFAULT_SIGNATURE
-                if signature in signatures:
-                    raise rest.invalid(f"Duplicate evaluation of signature: {signature}")
-                signatures.add(signature)
-                if task.method_name not in examples.METHOD_NAMES:
-                    raise rest.ServingError("UNIMPLEMENTED", f"Unsupported signature method_name: {task.method_name}")
+        """Several classify/regress signatures of one model on the same examples.
+
+        As TF Serving 9d981c5c: one servable, the one ``tasks[0]``'s spec selects (multi_inference_helper.cc;
+        no tasks: the empty spec's error), every task checked before any runs, then all on that servable
+        (multi_inference.cc ``TensorFlowMultiInferenceRunner::Infer``). TF Serving runs them as one session
+        call; here each signature is its own call, all submitted together.
+        """
+        first = request.tasks[0].model_spec if request.tasks else model_pb2.ModelSpec()
+        with _status(context, self.core, first.name, "multi_inference"):
+            servable = self.core.servable(*_selects(first))
+            tasks = multi_inference_tasks(request.tasks, servable.signature_defs)
             serialized = examples.from_input(request.input)
+            inputs = examples.input_tensor(serialized)
+            futures = [self.core.submit(servable, signature, inputs) for _, signature in tasks]
             response = inference_pb2.MultiInferenceResponse()
-            for task in tasks:
-                result = response.results.add()
-                api = examples.METHOD_NAMES[task.method_name]
-                target = result.classification_result if api == examples.CLASSIFY else result.regression_result
-                self._examples(api, task.model_spec, serialized, result.model_spec, target, context)
+            try:
+                for task, (api, signature), future in zip(request.tasks, tasks, futures):
+                    result = response.results.add()
+                    target = result.classification_result if api == examples.CLASSIFY else result.regression_result
+                    _fill_result(api, _within_deadline(future, context), len(serialized), target)
+                    _fill_spec(result.model_spec, task.model_spec.name, servable.version, signature)
+            finally:
+                for future in futures:
+                    future.cancel()  # those not yet run, once one has failed or passed the deadline
             return response
 
     def _examples(self, api: str, spec: Any, serialized: list[bytes], out_spec: Any, result: Any,
@@ -218,14 +219,7 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         signature = spec.signature_name or rest.DEFAULT_SIGNATURE
         inputs = self.core.examples_inputs(api, servable, signature, serialized)
         outputs = _within_deadline(self.core.submit(servable, signature, inputs), context)
-        if api == examples.CLASSIFY:
-            for classes in examples.classifications(outputs, len(serialized)):
-                entry = result.classifications.add()
-                for label, score in classes:
-                    entry.classes.add(label=label, score=score)
-        else:
-            for value in examples.regressions(outputs, len(serialized)):
-                result.regressions.add(value=value)
+        _fill_result(api, outputs, len(serialized), result)
         _fill_spec(out_spec, spec.name, servable.version, signature)
 
     def GetModelMetadata(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -257,6 +251,42 @@ class _ModelService(model_service_pb2_grpc.ModelServiceServicer):
             spec = _model_spec(request)  # an empty name is NOT_FOUND here, as get_model_status_impl.cc answers
             doc = self.core.status(spec.name, spec.version.value if spec.HasField("version") else None)
             return json_format.ParseDict(doc, get_model_status_pb2.GetModelStatusResponse())
+
+
+def multi_inference_tasks(tasks: Sequence[Any], signature_defs: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Each MultiInference task's (API, signature name), checked in multi_inference.cc's order (TF Serving
+    9d981c5c): model name, duplicate signature, the signature in the model, its method, the signature's inputs
+    and outputs for that method."""
+    checked: list[tuple[str, str]] = []
+    for task in tasks:
+        spec = task.model_spec
+        if not spec.name:
+            raise rest.invalid("Found ModelSpec with an empty model name.")
+        if spec.name != tasks[0].model_spec.name:
+            raise rest.invalid("All ModelSpecs in a MultiInferenceRequest must access the same model name.")
+        signature = spec.signature_name or rest.DEFAULT_SIGNATURE
+        if any(signature == seen for _, seen in checked):
+            raise rest.invalid(f"Duplicate evaluation of signature: {signature}")
+        if signature not in signature_defs:
+            raise rest.invalid(f"Requested signature not found in model graph: {signature}")
+        if task.method_name not in examples.METHOD_NAMES:
+            raise rest.ServingError("UNIMPLEMENTED", f"Unsupported signature method_name: {task.method_name}")
+        api = examples.METHOD_NAMES[task.method_name]
+        examples.check_signature(api, signature, signature_defs)
+        checked.append((api, signature))
+    return checked
+
+
+def _fill_result(api: str, outputs: Mapping[str, np.ndarray], count: int, result: Any) -> None:
+    """A ClassificationResult or RegressionResult from a signature's outputs for ``count`` examples."""
+    if api == examples.CLASSIFY:
+        for classes in examples.classifications(outputs, count):
+            entry = result.classifications.add()
+            for label, score in classes:
+                entry.classes.add(label=label, score=score)
+    else:
+        for value in examples.regressions(outputs, count):
+            result.regressions.add(value=value)
 
 
 def _model_spec(request: Any) -> Any:

@@ -26,6 +26,7 @@ from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
     get_model_status_pb2,
+    inference_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
@@ -378,3 +379,94 @@ def test_an_output_filter_refused_never_reaches_the_model(aliases, message):
         stub.Predict(stub_request(*aliases), timeout=30)
     assert (err.value.code(), err.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
     assert core.futures == []
+
+
+CLASSIFY_SIG = {"inputs": {"inputs": {}}, "outputs": {"classes": {}, "scores": {}}}
+REGRESS_SIG = {"inputs": {"inputs": {}}, "outputs": {"outputs": {}}}
+
+
+class _Versions:
+    """A ServingCore stand-in with versions 1 and 2 of model "m" (classify, regress and predict signatures);
+    it records the versions asked for and the signatures run, and answers each example at once."""
+
+    metrics = None
+
+    def __init__(self) -> None:
+        self.asked: list[tuple] = []
+        self.runs: list[tuple[int, str]] = []
+
+    def servable(self, model, version=None, label=None):
+        self.asked.append((model, version, label))
+        defs = {"classify_x": CLASSIFY_SIG, "regress_x": REGRESS_SIG,
+                "predict_x": {"inputs": {"x": {}}, "outputs": {"y": {}}}}
+        return SimpleNamespace(version=version or 2, signature_defs=defs)
+
+    def submit(self, servable, signature, inputs) -> Future:
+        self.runs.append((servable.version, signature))
+        n = len(inputs["inputs"])
+        outputs = ({"classes": np.array([[b"a"]] * n, dtype=object), "scores": np.full((n, 1), 0.5, np.float32)}
+                   if signature == "classify_x" else {"outputs": np.full((n, 1), 1.5, np.float32)})
+        future: Future = Future()
+        future.set_result(outputs)
+        return future
+
+
+def multi_request(*tasks: tuple[str, int | None, str, str]):
+    """A MultiInferenceRequest of one example; each task (model, version or None, signature, method name)."""
+    request = inference_pb2.MultiInferenceRequest()
+    request.input.example_list.examples.add().features.feature["x"].float_list.value.append(1.0)
+    for model, version, signature, method in tasks:
+        task = request.tasks.add(method_name=method)
+        task.model_spec.name, task.model_spec.signature_name = model, signature
+        if version is not None:
+            task.model_spec.version.value = version
+    return request
+
+
+CLASSIFY_METHOD, REGRESS_METHOD = "tensorflow/serving/classify", "tensorflow/serving/regress"
+
+
+def test_multi_inference_runs_every_task_on_the_version_the_first_task_selects():
+    """multi_inference_helper.cc: one servable handle, from tasks[0]'s spec; the other tasks' versions are ignored."""
+    core = _Versions()
+    with stub_serving(core) as stub:
+        response = stub.MultiInference(multi_request(("m", 1, "classify_x", CLASSIFY_METHOD),
+                                                     ("m", 2, "regress_x", REGRESS_METHOD)), timeout=30)
+    assert core.asked == [("m", 1, None)] and core.runs == [(1, "classify_x"), (1, "regress_x")]
+    first, second = response.results
+    assert [(r.model_spec.name, r.model_spec.version.value, r.model_spec.signature_name)
+            for r in response.results] == [("m", 1, "classify_x"), ("m", 1, "regress_x")]
+    [classes] = first.classification_result.classifications
+    assert [(c.label, c.score) for c in classes.classes] == [("a", 0.5)]
+    assert [r.value for r in second.regression_result.regressions] == [1.5]
+
+
+@pytest.mark.parametrize(
+    "tasks, code, message",
+    [
+        # no tasks: ModelSpec::default_instance() (multi_inference_helper.cc), refused by server_core.cc
+        ((), "INVALID_ARGUMENT", "ModelSpec has no name specified."),
+        ((("m", None, "classify_x", CLASSIFY_METHOD), ("", None, "regress_x", REGRESS_METHOD)), "INVALID_ARGUMENT",
+         "Found ModelSpec with an empty model name."),
+        ((("m", None, "classify_x", CLASSIFY_METHOD), ("n", None, "regress_x", REGRESS_METHOD)), "INVALID_ARGUMENT",
+         "All ModelSpecs in a MultiInferenceRequest must access the same model name."),
+        ((("m", None, "classify_x", CLASSIFY_METHOD), ("m", None, "classify_x", REGRESS_METHOD)), "INVALID_ARGUMENT",
+         "Duplicate evaluation of signature: classify_x"),
+        # multi_inference.cc: the signature is looked up before the method name is read
+        ((("m", None, "classify_x", CLASSIFY_METHOD), ("m", None, "nope", "tensorflow/serving/predict")),
+         "INVALID_ARGUMENT", "Requested signature not found in model graph: nope"),
+        ((("m", None, "classify_x", CLASSIFY_METHOD), ("m", None, "regress_x", "tensorflow/serving/predict")),
+         "UNIMPLEMENTED", "Unsupported signature method_name: tensorflow/serving/predict"),
+        # PreProcessRegression on the second task's signature, before anything runs
+        ((("m", None, "classify_x", CLASSIFY_METHOD), ("m", None, "predict_x", REGRESS_METHOD)), "INVALID_ARGUMENT",
+         "No regression inputs found in SignatureDef: predict_x"),
+    ],
+    ids=["no-tasks", "empty-name", "two-models", "duplicate-signature", "unknown-signature", "unknown-method",
+         "not-a-regression-signature"],
+)
+def test_multi_inference_checks_every_task_before_running_any(tasks, code, message):
+    core = _Versions()
+    with stub_serving(core) as stub, pytest.raises(grpc.RpcError) as err:
+        stub.MultiInference(multi_request(*tasks), timeout=30)
+    assert (err.value.code().name, err.value.details()) == (code, message)
+    assert core.runs == []
