@@ -321,12 +321,18 @@ def _within_deadline(future: Future, context: grpc.ServicerContext) -> dict[str,
     TF Serving makes the deadline the model run's timeout (``enforce_session_run_timeout``, on by default:
     prediction_service_impl.cc), so a request the client has given up on does not hold a server thread.
     """
-    remaining = context.time_remaining()  # no deadline: grpc gives gpr_inf_future's ~9e18 s, which no lock can wait
     try:
-        return future.result(timeout=remaining if remaining < threading.TIMEOUT_MAX else None)
+        return future.result(timeout=_time_left(context))
     except TimeoutError:
         future.cancel()  # not run if it is still queued
         raise rest.ServingError("DEADLINE_EXCEEDED", "Deadline Exceeded") from None
+
+
+def _time_left(context: grpc.ServicerContext) -> float | None:
+    """Seconds to the call's deadline; None without one, where grpc's ``time_remaining()`` is gpr_inf_future's
+    ~9e18 s, which a lock cannot wait (OverflowError) and a relayed call reads as a deadline already past."""
+    remaining = context.time_remaining()
+    return remaining if remaining < threading.TIMEOUT_MAX else None
 
 
 @contextlib.contextmanager
@@ -368,7 +374,7 @@ class _ProfilerProxy(grpc.GenericRpcHandler):
         def relay(request: bytes, context: grpc.ServicerContext) -> bytes:  # type: ignore[return]
             # (grpc's stubs type ServicerContext.abort as returning None; it raises)
             try:
-                return self._target().unary_unary(method)(request, timeout=context.time_remaining())
+                return self._target().unary_unary(method)(request, timeout=_time_left(context))
             except grpc.RpcError as err:
                 context.abort(err.code(), err.details())
 

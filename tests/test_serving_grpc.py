@@ -338,15 +338,22 @@ class _NeverAnswers:
 
 
 @contextlib.contextmanager
-def stub_serving(core) -> Iterator[prediction_service_pb2_grpc.PredictionServiceStub]:
-    """An in-process gRPC server on ``core`` and a client stub for it."""
+def in_process(core) -> Iterator[grpc.Channel]:
+    """An in-process gRPC server on ``core`` and a channel to it."""
     server, port = grpc_server.create_server(core, "127.0.0.1", 0)
     server.start()
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            yield channel
     finally:
         server.stop(None)
+
+
+@contextlib.contextmanager
+def stub_serving(core) -> Iterator[prediction_service_pb2_grpc.PredictionServiceStub]:
+    """An in-process gRPC server on ``core`` and a PredictionService client stub for it."""
+    with in_process(core) as channel:
+        yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
 
 
 def stub_request(*aliases: str):
@@ -470,3 +477,10 @@ def test_multi_inference_checks_every_task_before_running_any(tasks, code, messa
         stub.MultiInference(multi_request(*tasks), timeout=30)
     assert (err.value.code().name, err.value.details()) == (code, message)
     assert core.runs == []
+
+
+def test_a_profiler_call_without_a_deadline_is_relayed_without_one():
+    """The relay to TensorFlow's ProfilerService passed grpc's "remaining" ~9e18 s as its timeout: a deadline
+    already past, so every profiler call with no deadline was DEADLINE_EXCEEDED."""
+    with in_process(_NeverAnswers()) as channel:
+        assert channel.unary_unary(f"{grpc_server.PROFILER_SERVICE}Terminate")(b"") == b""  # an empty TerminateResponse
