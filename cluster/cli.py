@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import copy
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the client is imported lazily, by the commands that connect
@@ -96,9 +95,7 @@ def _dry_run(cluster: Cluster, runtimes: list[dict], manifest: dict, namespace: 
     if runtimes:
         (runtime,) = runtimes
         accepted, job = kube.dry_run_trainjob(cluster, runtime, manifest, namespace)
-        sent = copy.deepcopy(manifest)
-        sent["metadata"]["namespace"] = namespace
-        documents = [(accepted, True), (job or sent, job is not None)]
+        documents = [(accepted, True), (job or kube.in_namespace(manifest, namespace), job is not None)]
     else:
         documents = [(kube.create_job(cluster, manifest, namespace, dry_run=True), True)]
     for i, (obj, checked) in enumerate(documents):

@@ -116,10 +116,16 @@ def create_job(cluster: Cluster, manifest: dict, namespace: str, dry_run: bool =
         return _create(cluster, manifest, namespace, dry_run)
 
 
+def in_namespace(obj: dict, namespace: str) -> dict:
+    """A copy of ``obj`` placed in ``namespace``: the body sent to the API server."""
+    body = copy.deepcopy(obj)
+    body.setdefault("metadata", {})["namespace"] = namespace
+    return body
+
+
 def _create(cluster: Cluster, manifest: dict, namespace: str, dry_run: bool = False) -> dict:
     kind = kind_of(manifest)
-    body = copy.deepcopy(manifest)
-    body.setdefault("metadata", {})["namespace"] = namespace
+    body = in_namespace(manifest, namespace)
     return _json(cluster.custom.create_namespaced_custom_object(
         kind.group, kind.version, namespace, kind.plural, body, dry_run="All" if dry_run else None,
         field_validation="Strict", _request_timeout=REQUEST_TIMEOUT))
@@ -181,8 +187,7 @@ def apply_runtime(cluster: Cluster, runtime: dict, namespace: str, dry_run: bool
     group, version = runtime["apiVersion"].split("/")
     name = runtime["metadata"]["name"]
     dry = "All" if dry_run else None
-    body = copy.deepcopy(runtime)
-    body["metadata"]["namespace"] = namespace
+    body = in_namespace(runtime, namespace)
     with translate(cluster, Action("create", f"{RUNTIMES}.{group}", namespace, name)):
         try:
             return _json(cluster.custom.create_namespaced_custom_object(group, version, namespace, RUNTIMES, body,
