@@ -14,6 +14,38 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
 HVDK8S = str(Path(sys.executable).parent / "hvdk8s")
+# Test material written elsewhere, kept beside the checkout and never in it: the CRD schemas, peers' own test
+# suites and examples, measurements. CI has it; a clone without it skips the tests that need it, by name.
+SHARED = REPO.parent / "shared"
+_SHARED_ORIGIN = {
+    "schemas": "the controllers' real CRDs, from their upstream repositories (listed in schemas/SOURCES.md)",
+    "peer/horovod": "Horovod's own test file and examples, github.com/horovod/horovod v0.28.1 (Apache-2.0)",
+    "peer/tfserving": "TensorFlow Serving's own server tests and testdata, github.com/tensorflow/serving",
+    "measurements": "measurements taken for this project",
+}
+
+
+def shared_missing(relative: str) -> str | None:
+    """Why ``../shared/RELATIVE`` cannot be used (one line naming it and where it comes from), or None if present."""
+    path = SHARED / relative
+    if path.exists():
+        return None
+    origin = next((v for k, v in _SHARED_ORIGIN.items() if relative == k or relative.startswith(k + "/")), "")
+    return f"needs ../shared/{relative} beside the checkout ({origin or 'peer test material'}); absent here"
+
+
+def shared(relative: str) -> Path:
+    """``../shared/RELATIVE``, or skip the calling test with ``shared_missing``'s line."""
+    reason = shared_missing(relative)
+    if reason:
+        pytest.skip(reason)
+    return SHARED / relative
+
+
+def needs_shared(*relatives: str) -> pytest.MarkDecorator:
+    """A mark (for ``pytestmark`` or one test) that skips unless every ``../shared/RELATIVE`` is present."""
+    reasons = [r for r in map(shared_missing, relatives) if r]
+    return pytest.mark.skipif(bool(reasons), reason="; ".join(reasons))
 
 
 def hvdk8s_cli(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
