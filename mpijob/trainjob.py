@@ -5,11 +5,13 @@ job gets an hvdk8s runtime named ``hvdk8s-<job>``, a namespaced TrainingRuntime
 beside its TrainJob (``hvdk8s submit`` makes the TrainJob its owner, so the
 garbage collector deletes it with the job; nothing is cluster-scoped, and the
 same job name in two namespaces gets two runtimes). Not one shared
-ClusterTrainingRuntime: Trainer v2.3.0 carries a TrainJob's image, command, env
-and resourcesPerNode to the launcher only (plugins/jobset/builder.go
-Builder.Trainer, runtime/core/trainingruntime.go), and runtimePatches cannot
-set an image or resources, so the node pods, where the ranks run, would keep a
-shared runtime's image and size. The runtime holds the MPI policy (OpenMPI,
+ClusterTrainingRuntime: Trainer v2.3.0 puts a TrainJob's image, command and
+args in the launcher only (plugins/jobset/builder.go Builder.Trainer); its env
+and resourcesPerNode reach the node pods too, but only with runLauncherAsNode
+(builder.go line 142, runtime/core/trainingruntime.go lines 199-203), and
+runtimePatches cannot set an image or resources, so the node pods, where the
+ranks run, would keep a shared runtime's image (and, unless the launcher runs
+ranks, its size). The runtime holds the MPI policy (OpenMPI,
 ``numProcPerNode`` = slots, the ssh mount path) and a JobSet template with
 Trainer's naming conventions (v2.3.0, pkg/runtime/framework/plugins/mpi):
 a ``node`` replicated job running sshd, and a ``launcher`` one, labelled as the

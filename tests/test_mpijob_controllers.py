@@ -6,6 +6,7 @@ source does (each model cites file and function).
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -172,6 +173,25 @@ def test_trainer_counts_the_launcher_as_a_node_when_it_runs_ranks():
     assert trainer.hostfile(job, runtime).splitlines() == [
         "digits-launcher-0-0.digits slots=1", "digits-node-0-0.digits slots=1", "digits-node-0-1.digits slots=1"]
     assert mpirun_of(container(pods["launcher"][0]))[:3] == ["mpirun", "-np", "3"]
+
+
+def test_a_trainjobs_image_never_reaches_the_node_pods_its_env_does_with_the_launcher_as_node():
+    """Why each job has its own runtime (mpijob/trainjob.py): Trainer v2.3.0 puts a TrainJob's image only in
+    the launcher, so a shared runtime's node pods, where the ranks run, would keep the runtime's image. Its env
+    and resourcesPerNode reach the node pods too, but only with runLauncherAsNode."""
+    overrides = {"image": "user/image:2", "env": [{"name": "SEEN", "value": "1"}],
+                 "resourcesPerNode": {"limits": {"nvidia.com/gpu": "8"}}}
+    for as_node in (False, True):
+        runtime, job = render_trainjob(load_spec(BASE | {"runLauncherAsWorker": as_node}))
+        job["spec"]["trainer"].update(copy.deepcopy(overrides))
+        pods = trainer.pods(job, runtime)
+        (launcher,) = [container(p) for p in pods["launcher"]]
+        nodes = [container(p) for p in pods["node"]]
+        assert launcher["image"] == "user/image:2" and {"name": "SEEN", "value": "1"} in launcher["env"]
+        assert launcher["resources"]["limits"]["nvidia.com/gpu"] == "8"
+        assert all(n["image"] != "user/image:2" for n in nodes)
+        assert all(({"name": "SEEN", "value": "1"} in n.get("env", [])) is as_node for n in nodes), as_node
+        assert all((n.get("resources", {}).get("limits", {}).get("nvidia.com/gpu") == "8") is as_node for n in nodes)
 
 
 def test_trainjob_jobs_fail_fast_like_the_mpijob():

@@ -3,8 +3,9 @@
 What the Trainer makes of a TrainJob and the runtime it names, as far as hvdk8s depends on it:
 ``pkg/runtime/framework/plugins/mpi/mpi.go`` (MPI.EnforceMLPolicy: node count, numProcPerNode,
 the ssh Secret and hostfile volumes, the launcher's Open MPI variables; buildHostFileConfigMap),
-``pkg/runtime/framework/plugins/jobset/jobset.go`` (IdentifyPodNetwork: pod endpoints) and
-``pkg/constants/constants.go`` (names and file modes). Pods are plain dicts, named as JobSet
+``pkg/runtime/framework/plugins/jobset/jobset.go`` (IdentifyPodNetwork: pod endpoints),
+``pkg/runtime/framework/plugins/jobset/builder.go`` (Builder.Trainer: where a TrainJob's ``trainer`` fields land),
+``pkg/runtime/core/trainingruntime.go`` (resourcesPerNode) and ``pkg/constants/constants.go`` (names and file modes). Pods are plain dicts, named as JobSet
 names them: ``<trainjob>-<replicated job>-<job index>-<pod index>``.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import copy
 from typing import Any
 
 NODE, LAUNCHER = "node", "launcher"  # constants.Node, constants.Launcher
+ANCESTOR_LABEL, ANCESTOR_TRAINER = "trainer.kubeflow.org/trainjob-ancestor-step", "trainer"
 HOSTFILE_DIR = "/etc/mpi"  # constants.MPIHostfileDir
 # constants.MPISSHAuthDefaultMode, MPISSHPrivateKeyFileMode, MPISSHPublicKeyFileMode (upstream change 3649).
 SSH_ITEMS = {"id_rsa": 0o640, "id_rsa.pub": 0o644, "authorized_keys": 0o644}
@@ -39,6 +41,7 @@ def pods(trainjob: dict[str, Any], runtime: dict[str, Any]) -> dict[str, list[di
         for index in range(counts.get(role, 1)):
             pod = copy.deepcopy(template)
             pod.setdefault("metadata", {})["name"] = f"{name}-{role}-0-{index}"
+            _apply_trainer(pod["spec"], trainer, _is_trainer_ancestor(rjob), as_node and role == NODE)
             _mount_ssh(pod["spec"], name, mpi["sshAuthMountPath"])
             if role == LAUNCHER:
                 _launcher_mpi(pod["spec"], name, slots)
@@ -72,6 +75,32 @@ def openssh_uses_key(mode: int, key_uid: int, user_uid: int) -> bool:
     """OpenSSH's sshkey_perm_ok (authfile.c): a key owned by the user that group or others may read
     is refused ("UNPROTECTED PRIVATE KEY FILE"). Secret volume files are owned by root."""
     return not (key_uid == user_uid and mode & 0o077)
+
+
+def _is_trainer_ancestor(rjob: dict[str, Any]) -> bool:
+    return (rjob["template"].get("metadata") or {}).get("labels", {}).get(ANCESTOR_LABEL) == ANCESTOR_TRAINER
+
+
+def _apply_trainer(pod_spec: dict[str, Any], trainer: dict[str, Any], ancestor: bool, launcher_as_node: bool) -> None:
+    """A TrainJob's ``trainer`` fields in its ``node`` containers. Image, command and args go to the
+    trainer-ancestor job only (builder.go Builder.Trainer, v2.3.0 lines 126-138); env (lines 142-151,
+    apply.UpsertEnvVars) and resourcesPerNode (trainingruntime.go lines 198-203, merged over the template's)
+    go there and, with runLauncherAsNode, to the ``node`` job as well."""
+    if not (ancestor or launcher_as_node):
+        return
+    for container in pod_spec["containers"]:
+        if container["name"] != NODE:
+            continue
+        if ancestor:
+            container.update({k: trainer[k] for k in ("image", "command", "args") if k in trainer})
+        if env := trainer.get("env"):
+            names = {e["name"] for e in env}
+            container["env"] = [e for e in container.get("env", []) if e["name"] not in names] + copy.deepcopy(env)
+        if resources := trainer.get("resourcesPerNode"):
+            merged = container.setdefault("resources", {})
+            for kind in ("limits", "requests"):
+                if kind in resources:
+                    merged[kind] = {**merged.get(kind, {}), **resources[kind]}
 
 
 def _mount_ssh(pod_spec: dict[str, Any], trainjob: str, mount_path: str) -> None:
