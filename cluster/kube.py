@@ -1,4 +1,4 @@
-"""The Kubernetes edge of hvdk8s: MPIJob and TrainJob create/get/list/watch/delete, the
+"""The Kubernetes edge of hvdk8s: MPIJob, TrainJob (and the benchmark's TFJob) create/get/list/watch/delete, the
 TrainingRuntime a TrainJob runs on (owned by it), launcher pods and logs, pods' events
 (connecting is ``hvdk8s.cluster.client.connect``).
 
@@ -48,7 +48,11 @@ MPIJOB = JobKind("MPIJob", "kubeflow.org", "v2beta1", "mpijobs", "training.kubef
 # Trainer runs a TrainJob as a JobSet of the same name; JobSet labels the pods.
 TRAINJOB = JobKind("TrainJob", "trainer.kubeflow.org", "v1alpha1", "trainjobs", "jobset.sigs.k8s.io/jobset-name",
                    (("jobset.sigs.k8s.io/replicatedjob-name", "launcher"),))
-KINDS = {k.kind: k for k in (MPIJOB, TRAINJOB)}
+# The Training Operator (release-1.9) labels a TFJob's pods like the MPI Operator; its job-role "master" is the
+# Chief, or worker 0 without one (tfjob_controller.go IsMasterRole): the task whose log holds the result.
+TFJOB = JobKind("TFJob", "kubeflow.org", "v1", "tfjobs", "training.kubeflow.org/job-name",
+                (("training.kubeflow.org/operator-name", "tfjob-controller"), ("training.kubeflow.org/job-role", "master")))
+KINDS = {k.kind: k for k in (MPIJOB, TRAINJOB, TFJOB)}
 RUNTIMES = "trainingruntimes"
 REQUEST_TIMEOUT = (10, 60)  # connect, read (seconds) for calls that are not streams
 # Foreground: the MPIJob stays (with a deletionTimestamp) until the garbage collector has removed

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 MPIJOBS = "mpijobs.kubeflow.org"
 TRAINJOBS = "trainjobs.trainer.kubeflow.org"
 RUNTIMES = "trainingruntimes.trainer.kubeflow.org"
+TFJOBS = "tfjobs.kubeflow.org"
 OPERATOR_VERSION = "v0.8.2"
 OPERATOR_MANIFEST = (f"https://raw.githubusercontent.com/kubeflow/mpi-operator/{OPERATOR_VERSION}"
                      "/deploy/v2beta1/mpi-operator.yaml")
@@ -20,9 +21,10 @@ INSTALL_OPERATOR = f"kubectl apply --server-side -f {OPERATOR_MANIFEST}"
 TRAINER_VERSION = "v2.3.0"
 INSTALL_TRAINER = ('kubectl apply --server-side -k "https://github.com/kubeflow/trainer.git/manifests/overlays/'
                    f'manager?ref={TRAINER_VERSION}"')
+TRAINING_OPERATOR_VERSION = "v1.9.0"  # the last release line with TFJob (Trainer v2 has no TensorFlow runtime)
 # resource -> (kind, apiVersion) of the objects hvdk8s creates
 KINDS = {MPIJOBS: ("MPIJob", "kubeflow.org/v2beta1"), TRAINJOBS: ("TrainJob", "trainer.kubeflow.org/v1alpha1"),
-         RUNTIMES: ("TrainingRuntime", "trainer.kubeflow.org/v1alpha1")}
+         RUNTIMES: ("TrainingRuntime", "trainer.kubeflow.org/v1alpha1"), TFJOBS: ("TFJob", "kubeflow.org/v1")}
 # Kubeflow's kubeflow-edit role (Trainer v2.3.0 manifests/overlays/kubeflow-platform/kubeflow-trainer-roles.yaml)
 # lets profile users create TrainJobs but only read TrainingRuntimes.
 RUNTIME_RIGHTS = ("each hvdk8s TrainJob brings its own TrainingRuntime, which Kubeflow's kubeflow-edit role does not "
@@ -91,8 +93,10 @@ def name_taken_message(action: Action) -> str:
     """The job's name is in use (the server's 409 AlreadyExists, or found before creating anything)."""
     kind = KINDS.get(action.resource, ("object", ""))[0]
     api = "" if action.resource == MPIJOBS else " --api trainjob"
+    delete = (f"kubectl delete tfjob {action.name}" if action.resource == TFJOBS
+              else f"hvdk8s delete {action.name}{api}")
     return (f'{ARTICLE.get(kind, "a")} {kind} named "{action.name}" already exists in namespace '
-            f'"{action.namespace}": delete it first (hvdk8s delete {action.name}{api} -n {action.namespace}) '
+            f'"{action.namespace}": delete it first ({delete} -n {action.namespace}) '
             "or change metadata.name")
 
 
@@ -111,6 +115,12 @@ def crd_missing_message(resource: str = MPIJOBS) -> str:
         return ("the cluster does not serve kubeflow.org/v2beta1 MPIJobs: the MPI Operator is not installed "
                 f"(or only the older kubeflow.org/v1 MPIJob CRD is). Install it with:\n  {INSTALL_OPERATOR}\n"
                 "then check: kubectl get crd mpijobs.kubeflow.org")
+    if resource == TFJOBS:
+        return ("the cluster does not serve kubeflow.org/v1 TFJobs: the Kubeflow Training Operator is not installed "
+                "(hvdk8s bench runs its TensorFlow strategies as TFJobs; Kubeflow Trainer v2 has no TensorFlow runtime). "
+                f"Install the Training Operator {TRAINING_OPERATOR_VERSION} with TFJob alone enabled, so that its "
+                "MPIJob v1 does not replace the MPI Operator's (docs/kubernetes.md, \"TFJobs\"), then check: "
+                "kubectl get crd tfjobs.kubeflow.org")
     return (f"the cluster does not serve trainer.kubeflow.org/v1alpha1 {KINDS[resource][0]}s: Kubeflow Trainer is "
             f"not installed. Install it with:\n  {INSTALL_TRAINER}\nthen check: kubectl get crd {resource}")
 
