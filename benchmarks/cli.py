@@ -126,6 +126,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "point instead; report survived / lost steps / time to recover (chaos.md, chaos.png)")
     for flag, (_field, parse, text) in OVERRIDES.items():
         p.add_argument(flag, type=parse, default=None, help=text)
+    k8s = p.add_argument_group(
+        "on a Kubernetes cluster (--cluster)",
+        "The training matrix (--strategies, default hvdk8s,horovod,tf_mwms,tf_ps, at each N of --ranks) and an "
+        "allreduce job at each N >= 2, as MPI Operator MPIJobs and Training Operator TFJobs of N worker pods, from one "
+        "job file (image, queue, GPUs, node selectors, tolerations, RDMA resources): render prints them as YAML; "
+        "submit runs them one at a time (create, wait, keep the result pod's log, delete) and writes results.json, "
+        "report.md and plots to --out; collect does the same from logs saved as <job>.log in --logs.")
+    k8s.add_argument("--cluster", choices=("render", "submit", "collect"), help="run the matrix on a cluster (see above)")
+    k8s.add_argument("--job-file", metavar="JOB.yaml", help="hvdk8s job file every job is built from, without "
+                     "command and workers (the benchmark sets them); its name is the jobs' prefix (default bench)")
+    k8s.add_argument("--image", help="image with hvdk8s installed (Dockerfile.gpu); overrides the job file's")
+    k8s.add_argument("--network", default="25 GbE", help="the cluster's network as the cost model names it, for the "
+                     "predicted allreduce bus bandwidth: '25 GbE', '100 GbE', 'IB NDR' (default 25 GbE)")
+    k8s.add_argument("--logs", type=Path, metavar="DIR", help="collect: the folder of the jobs' logs (<job>.log: "
+                     "kubectl logs of the MPIJob's launcher, the TFJob's chief or worker 0)")
+    k8s.add_argument("--kubeconfig", help="submit: kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    k8s.add_argument("--context", help="submit: kubeconfig context")
+    k8s.add_argument("-n", "--namespace", help="submit: namespace (default: the job file's, else the context's)")
     p.set_defaults(handler=run, command_line=None)
 
 
@@ -152,8 +170,13 @@ def run(args: argparse.Namespace) -> int:
         source = f"--report-only {args.report_only}"
         results = _read_results(args.report_only, source)
         try:  # summaries always from the raw timings, with today's analysis, kept in the results file too
-            results["derived"] = json.loads(json.dumps(analysis.derive(results["raw"]), default=float))
-            paths = report.write(results, args.report_only.parent)
+            if "cluster" in results:
+                from . import cluster_collect
+
+                paths = cluster_collect.write(cluster_collect.derived(results), args.report_only.parent)
+            else:
+                results["derived"] = json.loads(json.dumps(analysis.derive(results["raw"]), default=float))
+                paths = report.write(results, args.report_only.parent)
             atomic.write_json(args.report_only, results)
         except ValueError as err:  # the cost model's measured H100 rates are missing
             raise UserError(str(err)) from None
@@ -162,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
                             f"{err})") from None
         print(f"hvdk8s bench: wrote {paths['markdown']}")
         return 0
+    if args.cluster:
+        return _cluster(args)
     if args.chaos:
         from . import chaos
 
@@ -184,6 +209,62 @@ def run(args: argparse.Namespace) -> int:
     results = suite.run()
     paths = report.write(results, args.out)
     print(f"hvdk8s bench: wrote {args.out / 'results.json'} and {paths['markdown']}", flush=True)
+    for failure in results["errors"]:
+        print(f"hvdk8s bench: error in {failure['job']}: {failure['error'].splitlines()[0]}", file=sys.stderr)
+    return 1 if results["errors"] else 0
+
+
+def _cluster(args: argparse.Namespace) -> int:
+    """``--cluster render|submit|collect`` (see the argument group's description)."""
+    import datetime as dt
+
+    from hvdk8s import atomic
+
+    from . import cluster_collect, cluster_jobs, costmodel
+    from .suite import Progress
+
+    if args.strategies is None:
+        args.strategies = cluster_jobs.DEFAULT_CLUSTER_STRATEGIES
+    settings = settings_from_args(args)
+    base, origin = cluster_jobs.base_job(args.job_file, args.image)
+    jobs = cluster_jobs.matrix(settings, base, origin)
+    if args.cluster == "render":
+        sys.stdout.write(cluster_jobs.render_yaml(jobs))
+        return 0
+    if args.network not in costmodel.NETWORKS:
+        raise UserError(f"--network {args.network!r}: expected one of {', '.join(costmodel.NETWORKS)}")
+    command = args.command_line or ["hvdk8s", *sys.argv[1:]]
+    started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    logs: list[cluster_collect.JobLog] = []
+
+    def save() -> dict[str, Any]:
+        results = cluster_collect.results(settings, logs, network=args.network, command=command, started=started)
+        cluster_collect.write(results, args.out)
+        return results
+
+    if args.cluster == "collect":
+        if args.logs is None:
+            raise UserError("--cluster collect needs --logs DIR, the folder of the jobs' <job>.log files")
+        for job in jobs:
+            path = args.logs / f"{job.name}.log"
+            logs.append(cluster_collect.JobLog(job, path.read_text(errors="replace")) if path.is_file() else
+                        cluster_collect.JobLog(job, "", error=f"no log {path}"))
+        results = save()
+    else:
+        from hvdk8s.cluster import client
+
+        from . import cluster_submit
+
+        cluster = client.connect(args.kubeconfig, args.context)
+        namespace = client.resolve_namespace(args.namespace, base.get("namespace"), cluster.namespace)
+        try:
+            for log in cluster_submit.run_jobs(cluster, namespace, jobs, args.out / "logs", Progress(len(jobs)).step):
+                logs.append(log)
+                atomic.write_json(args.out / "results.json", cluster_collect.results(
+                    settings, logs, network=args.network, command=command, started=started))
+        finally:
+            results = save()  # what was measured, also when a job or the API failed
+    print(f"hvdk8s bench: wrote {args.out / 'results.json'} and {args.out / 'report.md'}", flush=True)
     for failure in results["errors"]:
         print(f"hvdk8s bench: error in {failure['job']}: {failure['error'].splitlines()[0]}", file=sys.stderr)
     return 1 if results["errors"] else 0
