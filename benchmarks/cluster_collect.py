@@ -60,10 +60,12 @@ def marked(text: str) -> list[tuple[str, dict[str, Any]]]:
 
 
 def record_of(log: JobLog) -> tuple[dict[str, Any] | None, str | None]:
-    """The job's result record, or why there is none."""
+    """The job's result record, or why there is none (a job that did not succeed has none)."""
     records = [d for kind, d in marked(log.text) if kind == RECORD]
     job = log.job
     mine = [r for r in records if r.get("job") == job.name and r.get("kind") == job.kind]
+    if log.error and mine:  # a job that failed after its record (teardown): not a measurement to keep
+        return None, log.error
     if len(mine) != 1:
         found = f"{len(mine)} result records" if mine else "no result record"
         return None, f"{log.error + '; ' if log.error else ''}{found} in its log ({MARKER} {RECORD} line)"
