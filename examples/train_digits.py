@@ -72,6 +72,7 @@ def main() -> None:
             initial_epoch=initial_epoch,
             callbacks=callbacks + extra,
             verbose=0,  # hvdk8s's rank-0 progress bar replaces Keras's display
+            shuffle=False,  # the dataset shuffles itself; Keras would ignore True for a tf.data.Dataset, and say so
         )
 
     if args.elastic:
@@ -102,6 +103,7 @@ def main() -> None:
         print(f"test accuracy {accuracy:.4f} (loss {loss:.4f}) on {len(x_test)} held-out digits", flush=True)
         if args.save:
             hvdk8s.save_atomic(model, args.save)
+            print(f"saved the model to {args.save.resolve()}", flush=True)
         if args.metrics_out:
             atomic.write_json(args.metrics_out, {"accuracy": accuracy, "loss": loss, "model": args.model})
 

@@ -19,6 +19,7 @@ from hvdk8s.launcher import cli as launcher_cli
 from hvdk8s.migrate import cli as migrate_cli
 from hvdk8s.mpijob import cli as mpijob_cli
 from hvdk8s.pipeline import cli as pipeline_cli
+from hvdk8s.quiet import quiet_tensorflow
 from hvdk8s.serving import cli as serving_cli, manifests_cli
 
 COMMAND_MODULES = (
@@ -32,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Horovod data-parallel Keras training, locally or as Kubeflow MPIJobs.",
     )
     parser.add_argument("--version", action="version", version=f"hvdk8s {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="keep TensorFlow's start-up INFO/WARNING lines (off by default, in every rank too; "
+                             "also HVDK8S_VERBOSE=1)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.register(sub)
@@ -40,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_tensorflow(verbose=args.verbose)  # before any handler loads TensorFlow or launches ranks
     try:
         return int(args.handler(args) or 0)
     except UserError as err:

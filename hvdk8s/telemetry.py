@@ -95,7 +95,8 @@ class GpuTelemetry(Collector):
 def gpu_telemetry(
     labels: Mapping[str, str], *, rank: int, local_rank: int, cuda_visible_devices: str | None
 ) -> GpuTelemetry | None:
-    """A collector for this rank's GPU, or None (said once) when NVML cannot give one.
+    """A collector for this rank's GPU, or None (said once, except on hosts without NVIDIA's driver library)
+    when NVML cannot give one.
 
     CUDA indices in ``CUDA_VISIBLE_DEVICES`` are taken as NVML indices, true
     for identical GPUs (CUDA orders fastest first, NVML by PCI bus).
@@ -104,6 +105,8 @@ def gpu_telemetry(
     try:
         pynvml.nvmlInit()
         count = pynvml.nvmlDeviceGetCount()
+    except pynvml.NVMLError_LibraryNotFound:
+        return None  # no NVIDIA driver on this host, so no GPU to watch: a CPU machine, nothing to say
     except pynvml.NVMLError as err:
         say(f"GPU telemetry off: NVML unavailable ({err}); training metrics are still exported", host_wide=True)
         return None

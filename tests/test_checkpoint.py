@@ -165,6 +165,11 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert re.search(r"^\[0\] Epoch 12/12: 100%", run_ranks_demo.stdout, re.M)
     assert not re.search(r"^\[1\] (Epoch|test accuracy)", run_ranks_demo.stdout, re.M)  # rank 0 only
+    assert f"[0] saved the model to {out / 'model.keras'}" in run_ranks_demo.stdout
+    # Quiet by default: none of TensorFlow's start-up lines, Keras's shuffle warning or GPU news on a CPU machine.
+    noise = ("absl::InitializeLog", "cpu_feature_guard", "shuffle=True", "GPU telemetry")
+    said = run_ranks_demo.stdout + run_ranks_demo.stderr
+    assert not [line for line in said.splitlines() if any(n in line for n in noise)], said[-3000:]
     return out
 
 

@@ -216,19 +216,16 @@ def test_job_figures_ride_the_metric_average_allreduce_or_take_their_own(
 # --------------------------------------------------------------------------- NVML
 
 
-def test_no_nvml_library_means_no_gpu_metrics_said_once_per_host(caplog: pytest.LogCaptureFixture) -> None:
+def test_no_nvml_library_means_no_gpu_metrics_and_nothing_said(caplog: pytest.LogCaptureFixture) -> None:
+    """A host without NVIDIA's driver library has no GPU to watch: a CPU machine is told nothing about GPUs."""
     if ctypes.util.find_library("nvidia-ml"):
         pytest.skip("this host has libnvidia-ml: the no-NVML path is only real without it")
-    caplog.set_level(logging.WARNING, logger="hvdk8s")
+    caplog.set_level(logging.DEBUG, logger="hvdk8s")
     results = [
         telemetry.gpu_telemetry(LABELS, rank=rank, local_rank=rank, cuda_visible_devices=None) for rank in (0, 1, 0)
     ]
     assert results == [None, None, None]
-    messages = [r.getMessage() for r in caplog.records]
-    assert messages == [
-        "hvdk8s[rank 0]: GPU telemetry off: NVML unavailable (NVML Shared Library Not Found); "
-        "training metrics are still exported"
-    ]
+    assert [r.getMessage() for r in caplog.records] == []
 
 
 # A libnvidia-ml.so.1 with 2 GPUs: GPU 0 reads everything but power (NOT_SUPPORTED,
@@ -417,11 +414,12 @@ def test_rank_0_alone_exports_the_job_aggregate_equal_to_the_epoch_logs(job: dic
     assert not [name for name in worker if name.startswith("hvdk8s_job_")]
 
 
-def test_without_gpu_there_are_no_gpu_metrics_and_it_is_said_once(job: dict) -> None:
+def test_without_gpu_there_are_no_gpu_metrics_and_nothing_said_about_them(job: dict) -> None:
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("this host has libnvidia-ml: a CPU machine without it is what this checks")
     for scrape in job["scrapes"]:
         assert not [name for name in scrape if name.startswith("hvdk8s_gpu_")]
-    said = [line for line in job["output"] if "GPU telemetry off" in line]
-    assert len(said) == 1 and said[0].startswith("[0] hvdk8s[rank 0]: GPU telemetry off: NVML unavailable")
+    assert not [line for line in job["output"] if "GPU" in line]
 
 
 def test_progress_bar_only_on_rank_0_one_line_per_refresh(job: dict) -> None:
