@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -46,6 +46,28 @@ def needs_shared(*relatives: str) -> pytest.MarkDecorator:
     """A mark (for ``pytestmark`` or one test) that skips unless every ``../shared/RELATIVE`` is present."""
     reasons = [r for r in map(shared_missing, relatives) if r]
     return pytest.mark.skipif(bool(reasons), reason="; ".join(reasons))
+
+
+# Reasons given by ``skip_after_call`` during the running test's call (one test at a time per process).
+_SKIP_AFTER_CALL: list[str] = []
+
+
+def skip_after_call(reason: str) -> None:
+    """Skip the running test when its body ends, whatever it did: for material found absent on another thread of
+    this process (a test double's server thread, where ``shared`` raises into the server instead of the test)."""
+    _SKIP_AFTER_CALL.append(reason)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call() -> Generator[None, object, object]:
+    """Turn the call's outcome into ``skip_after_call``'s skip, if one was asked for during it: a test that needed
+    absent material can neither pass nor fail."""
+    _SKIP_AFTER_CALL.clear()
+    try:
+        return (yield)
+    finally:
+        if _SKIP_AFTER_CALL:
+            pytest.skip(_SKIP_AFTER_CALL[0])
 
 
 def hvdk8s_cli(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, run_ranks
+from conftest import REPO, run_ranks, shared
 
-PEER = REPO.parent / "shared" / "peer" / "horovod"
 # Horovod module attributes that are imports, not API.
 NOT_API = {"K", "keras", "tf", "inspect", "version", "warnings", "is_version_greater_equal_than", "callbacks", "elastic"}
 
@@ -264,9 +263,7 @@ def test_momentum_correction_is_horovods_momentum_times_new_over_old_lr_for_the_
 @pytest.mark.parametrize("np_", [2, 1])
 def test_horovods_own_keras_test_file_passes(np_: int, tmp_path: Path) -> None:
     """The contract: Horovod's test_tensorflow2_keras.py (Keras 3 edition), unchanged, via its run.sh."""
-    run_sh = PEER / "run.sh"
-    if not run_sh.exists():
-        pytest.fail(f"{run_sh} missing: the peer files live in ../shared/peer beside the checkout")
+    run_sh = shared("peer/horovod/run.sh")
     venv_bin = str(Path(os.sys.executable).parent)
     env = {**os.environ, "NP": str(np_), "PATH": f"{venv_bin}:{os.environ['PATH']}", "PEER_KEEP": str(tmp_path)}
     proc = subprocess.run(["bash", str(run_sh)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)

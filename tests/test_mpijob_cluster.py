@@ -23,11 +23,11 @@ from hvdk8s.mpijob import SpecError, check_manifest, load_spec, objects_from_fil
 from hvdk8s.mpijob.render import launcher_command
 from hvdk8s.mpijob.trainjob import ANCESTOR_LABEL, checked_render_trainjob
 
+from conftest import shared
 from test_mpijob import BASE, errors_of, launcher, mpirun_of, run_render, worker_pod
 
 pytestmark = pytest.mark.unit
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "shared" / "schemas"
 EXAMPLES = Path(__file__).resolve().parents[1] / "mpijob" / "examples"
 
 
@@ -108,7 +108,7 @@ def test_suspend_and_multikueue_render_as_written():
                                                                     "managedBy": "kueue.x-k8s.io/multikueue"}}))
     run_policy = manifest["spec"]["runPolicy"]
     assert (run_policy["suspend"], run_policy["managedBy"]) == (True, "kueue.x-k8s.io/multikueue")
-    assert crd_errors(manifest) == [] and check_manifest(manifest) == []
+    assert check_manifest(manifest) == [] and crd_errors(manifest) == []
 
 
 # ---- every pod setting ------------------------------------------------------------------
@@ -149,7 +149,7 @@ def test_pod_settings_reach_the_pods_they_are_for():
 @pytest.mark.parametrize("name", ["kueue", "volcano", "rdma"])
 def test_new_examples_fit_crd_pod_schema_and_operator_rules(name: str):
     manifest = yaml.safe_load((EXAMPLES / f"{name}.mpijob.yaml").read_text())
-    assert crd_errors(manifest) == [] and pod_errors(manifest) == [] and check_manifest(manifest) == []
+    assert pod_errors(manifest) == [] and check_manifest(manifest) == [] and crd_errors(manifest) == []
 
 
 def test_broken_pod_objects_fail_the_pod_schema():
@@ -231,7 +231,7 @@ def test_open_mpi_reads_the_no_tree_spawn_setting_from_the_environment(tmp_path:
 
 @cache
 def trainer_validator(file: str) -> Any:
-    crd = yaml.safe_load((SCHEMAS / file).read_text())
+    crd = yaml.safe_load(shared(f"schemas/{file}").read_text())
     return strict_validator(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
 
 
@@ -245,9 +245,9 @@ def trainer_errors(obj: dict[str, Any]) -> list[str]:
 @pytest.mark.parametrize("name", ["cpu", "gpu", "kueue", "volcano", "rdma"])
 def test_trainjob_and_runtime_fit_the_trainer_crds_and_pod_schema(name: str):
     runtime, job = render_trainjob(load_spec(EXAMPLES / f"{name}.yaml"))
-    assert trainer_errors(runtime) == [] and trainer_errors(job) == []
     replicated = runtime["spec"]["template"]["spec"]["replicatedJobs"]
     assert template_errors({r["name"]: r["template"]["spec"]["template"] for r in replicated}) == []
+    assert trainer_errors(runtime) == [] and trainer_errors(job) == []
 
 
 def test_trainjob_follows_trainers_mpi_conventions():
@@ -295,8 +295,8 @@ def test_mpi_operator_only_rules_leave_a_trainjob_alone(fields: dict[str, Any], 
     rendered = list(yaml.safe_load_all(capsys.readouterr().out))
     assert rendered == objects_from_file(job_file, "trainjob")  # what submit --api trainjob sends
     runtime, job = rendered
-    assert trainer_errors(runtime) == [] and trainer_errors(job) == []
     assert job["metadata"]["labels"].get("kueue.x-k8s.io/queue-name") == fields.get("queue")
+    assert trainer_errors(runtime) == [] and trainer_errors(job) == []
 
 
 def test_trainjob_refuses_what_trainer_cannot_express(capsys: pytest.CaptureFixture[str]):

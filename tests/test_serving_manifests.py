@@ -4,7 +4,7 @@ Kubernetes objects are validated with ``kubernetes-validate`` (the upstream
 OpenAPI schemas of each Kubernetes release, shipped in the wheel, strict mode:
 unknown fields fail). The KServe InferenceService's embedded Kubernetes types
 (container, resources, volumes) are validated the same way; the KServe fields
-themselves need the InferenceService CRD in ``shared/schemas`` (see
+themselves need the InferenceService CRD in ``../shared/schemas`` (see
 ``KSERVE_CRD``) and that test is skipped, saying so, where it is absent.
 """
 from __future__ import annotations
@@ -33,13 +33,15 @@ from hvdk8s.serving.manifests_options import (
     validate,
 )
 
+from conftest import shared
+
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "serving" / "examples"
-SCHEMAS = Path(__file__).resolve().parents[2] / "shared" / "schemas"
-KSERVE_CRD = SCHEMAS / "kserve-inferenceservice-crd.yaml"
-MPIJOB_CRD = SCHEMAS / "mpijob-v2beta1-crd.yaml"
+# in ../shared (conftest.shared)
+KSERVE_CRD = "schemas/kserve-inferenceservice-crd.yaml"
+MPIJOB_CRD = "schemas/mpijob-v2beta1-crd.yaml"
 # Oldest and newest Kubernetes releases kubernetes-validate ships schemas for.
 K8S_VERSIONS = ("1.25", "1.37")
 
@@ -368,9 +370,7 @@ def test_broken_kserve_model_container_fails_validation():
 
 def test_strict_crd_validation_rejects_unknown_and_mistyped_fields():
     """The CRD helper the KServe test uses, proven on a real CRD that is present."""
-    if not MPIJOB_CRD.exists():
-        pytest.skip(f"{MPIJOB_CRD} is absent (CI clones shared/ beside the repo)")
-    validator = crd_validator(MPIJOB_CRD, "v2beta1")
+    validator = crd_validator(shared(MPIJOB_CRD), "v2beta1")
     job = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": "j"},
            "spec": {"slotsPerWorker": 1, "mpiReplicaSpecs": {"Launcher": {"replicas": 1, "template": {
                "spec": {"containers": [{"name": "l", "image": "i"}]}}}}}}
@@ -381,9 +381,7 @@ def test_strict_crd_validation_rejects_unknown_and_mistyped_fields():
 
 @pytest.mark.parametrize("variant", ["kserve-pvc", "kserve-s3-gpu-batching"])
 def test_inference_service_validates_against_kserve_crd(variant):
-    if not KSERVE_CRD.exists():
-        pytest.skip(f"no KServe CRD at {KSERVE_CRD}: only the embedded Kubernetes types were validated")
-    validator = crd_validator(KSERVE_CRD, "v1beta1")
+    validator = crd_validator(shared(KSERVE_CRD), "v1beta1")
     isvc = manifests.inference_service(VARIANTS[variant])
     assert [e.message for e in validator.iter_errors(isvc)] == []
     broken = copy.deepcopy(isvc)
