@@ -24,6 +24,7 @@ from hvdk8s.cli import main
 from hvdk8s.mpijob.files import SpecError
 from hvdk8s.pipeline import argo, build, dag as d, load_pipeline, local, rbac, render_workflow
 from hvdk8s.pipeline.load import from_data
+from hvdk8s.serving.manifests_options import TF_SERVING_VERSION
 
 from conftest import REPO, shared
 
@@ -137,7 +138,7 @@ def test_every_serving_problem_is_reported_under_serving_in_the_files_keys(tmp_p
         "serving.autoscaling.scaleMetric: 'gpu' is not one of cpu, memory, concurrency, rps",
         "serving.batching.numBatchThreads: 0 must be at least 1",
         "serving.loggerMode: 'some' is not one of all, request, response",
-        "serving.tfServingVersion: 'latest' is not a release number like 2.18.0",
+        f"serving.tfServingVersion: 'latest' is not a release number like {TF_SERVING_VERSION}",
     ]
 
 
