@@ -51,12 +51,11 @@ MODELS: dict[str, dict[str, float]] = {
     "VGG-16": {"params": 138e6, "gflops": 15.3},
 }
 
-# Per-GPU compute. H100: measured single-GPU training rates (images/s at a batch), read from
-# ../shared/measurements/h100_training_rates.json beside the repository (``gpus``: its bf16 rows).
+# Per-GPU compute. H100: measured single-GPU training rates (images/s at a batch), this package's
+# h100_training_rates.json (``gpus``: its bf16 rows; the file says what was measured, on what and when).
 # P100 has no measurement here: the Horovod paper's era is modelled from an ASSUMED ResNet-50 rate,
 # other models scaled by forward FLOPs.
-H100_RATES_PATH = Path(__file__).resolve().parents[1].parent / "shared" / "measurements" / "h100_training_rates.json"
-H100_MODEL_NAMES = {"resnet50": "ResNet-50", "resnet101": "ResNet-101", "vgg16": "VGG-16"}
+H100_RATES_PATH = Path(__file__).with_name("h100_training_rates.json")
 P100: dict[str, Any] = {"measured": False, "rates": {"ResNet-50": [220.0, 64]}}
 
 
@@ -65,16 +64,16 @@ def gpus(h100_rates: Path = H100_RATES_PATH) -> dict[str, dict[str, Any]]:
     ValueError naming the file when it is missing or lacks a model."""
     try:
         data = json.loads(h100_rates.read_text())
-        rows = [r for r in data["rates"] if r["precision"].startswith("bf16") and r["model"] in H100_MODEL_NAMES]
-        rates = {H100_MODEL_NAMES[r["model"]]: [float(r["images_per_second"]), int(r["batch"])] for r in rows}
+        rows = [r for r in data["rates"] if r["precision"].startswith("bf16") and r["model"] in MODELS]
+        rates = {r["model"]: [float(r["images_per_second"]), int(r["batch"])] for r in rows}
+        source = f"{data['device']}; {data['framework']}; measured {data['measured']}"
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ValueError(f"cost model: cannot read the measured H100 rates from {h100_rates} ({err}); the extrapolation "
-                         "needs that file (the repository's ../shared/measurements/)") from None
+                         "needs that file, part of the hvdk8s.benchmarks package (reinstall hvdk8s)") from None
     missing = sorted(set(MODELS) - set(rates))
     if missing:
         raise ValueError(f"cost model: {h100_rates} has no bf16 rate for {missing}")
-    return {"H100": {"measured": True, "rates": rates, "source": f"{h100_rates.name}, measured {data.get('measured')}"},
-            "P100": P100}
+    return {"H100": {"measured": True, "rates": rates, "source": source}, "P100": P100}
 
 
 BACKWARD_SHARE = 2 / 3  # ASSUMED: backward = 2 x forward, spread over layers by their multiply-adds
@@ -89,7 +88,7 @@ def assumptions(gpu_rates: dict[str, dict[str, Any]]) -> list[str]:
     h100 = ", ".join(f"{m} {rate:,.0f} images/s at batch {batch}" for m, (rate, batch) in gpu_rates["H100"]["rates"].items())
     return [
         "Parameter counts: ResNet-50 25.6M, ResNet-101 44.5M, VGG-16 138M (torchvision model documentation; VGG-16 also Simonyan & Zisserman 2015, Table 2); fp32 gradients, 4 bytes each. Per-layer sizes and multiply-adds: benchmarks/model_layers.json (from keras.applications' definitions).",
-        f"H100 compute per step = batch / MEASURED single-H100 training rate (shared/measurements/h100_training_rates.json, {gpu_rates['H100']['source']}: {h100}; PyTorch eager, bf16 autocast). TensorFlow's rate on the same GPU may differ.",
+        f"H100 compute per step = batch / MEASURED single-H100 training rate (benchmarks/h100_training_rates.json: {gpu_rates['H100']['source']}; {h100}; bf16 autocast). TensorFlow's rate on the same GPU may differ.",
         "P100 compute (the published figures' GPUs, no measurement here): ASSUMED 220 images/s for ResNet-50 at batch 64, other models scaled by forward multiply-adds (ResNet-50 3.8 G, ResNet-101 7.6 G, VGG-16 15.3 G; He et al. 2016).",
         f"Two schedules: 'no overlap' = compute, then one allreduce of all gradients; 'overlapped' = gradients leave in {BUCKET_BYTES >> 20} MiB buckets in reverse layer order as backprop produces them (backward = {BACKWARD_SHARE:.0%} of the step, ASSUMED, spread over layers by multiply-adds), buckets reduced one after another on the ring; the step ends when both compute and the last bucket are done. The bucket size is ASSUMED (PyTorch DDP's default): Horovod fuses what is ready in each 1 ms cycle into allreduces of up to 128 MiB (v0.28.1 defaults), which sends smaller, more frequent allreduces while backprop runs; on a flat ring each pays 2(N-1) alpha, which at hundreds of GPUs NCCL's tree algorithm (not modelled) avoids.",
         f"Parameter servers: one server per {PS_RATIO} workers (ASSUMED ratio), variables split evenly.",

@@ -78,18 +78,32 @@ def test_predictions_follow_the_formulas_and_keep_published_apart() -> None:
     assert all(p["source"] and p["system"] for p in costmodel.PUBLISHED)
 
 
-def test_h100_rates_are_read_from_the_shared_measurements(tmp_path: Path) -> None:
-    path = REPO.parent / "shared" / "measurements" / "h100_training_rates.json"
-    assert costmodel.H100_RATES_PATH == path  # ../shared/measurements beside the repository
-    measured = json.loads(path.read_text())
-    names = {"resnet50": "ResNet-50", "resnet101": "ResNet-101", "vgg16": "VGG-16"}
-    bf16 = {names[r["model"]]: [float(r["images_per_second"]), r["batch"]] for r in measured["rates"] if r["precision"].startswith("bf16")}
-    assert costmodel.gpus()["H100"]["rates"] == bf16
+def test_h100_rates_are_the_packages_own_data_with_their_source(tmp_path: Path) -> None:
+    assert costmodel.H100_RATES_PATH == REPO / "benchmarks" / "h100_training_rates.json"  # package data, beside the code
+    measured = json.loads(costmodel.H100_RATES_PATH.read_text())
+    assert all(measured[key] for key in ("what", "device", "framework", "measured", "unit"))  # what, on what, when
+    bf16 = {"ResNet-50": [3970.0, 256], "ResNet-101": [2642.0, 256], "VGG-16": [3233.0, 128]}
+    h100 = costmodel.gpus()["H100"]
+    assert h100["rates"] == bf16 and "NVIDIA H100" in h100["source"] and "2026-11-22" in h100["source"]
     changed = {**measured, "rates": [{**r, "images_per_second": 2 * r["images_per_second"]} for r in measured["rates"]]}
     (tmp_path / "rates.json").write_text(json.dumps(changed))
     assert costmodel.gpus(tmp_path / "rates.json")["H100"]["rates"]["ResNet-50"] == [2 * bf16["ResNet-50"][0], 256]
     with pytest.raises(ValueError, match=r"cannot read the measured H100 rates from .*missing.json"):
         costmodel.gpus(tmp_path / "missing.json")
+    (tmp_path / "short.json").write_text(json.dumps({**measured, "rates": measured["rates"][:1]}))
+    with pytest.raises(ValueError, match=r"short.json has no bf16 rate for \['ResNet-101', 'VGG-16'\]"):
+        costmodel.gpus(tmp_path / "short.json")
+
+
+def test_h100_rates_carry_the_measurement_record_unchanged() -> None:
+    from conftest import shared
+
+    record = json.loads(shared("measurements/h100_training_rates.json").read_text())
+    names = {"resnet50": "ResNet-50", "resnet101": "ResNet-101", "vgg16": "VGG-16"}
+    ours = json.loads(costmodel.H100_RATES_PATH.read_text())
+    assert ours["measured"] == record["measured"]
+    assert [(r["model"], r["precision"], r["batch"], r["images_per_second"]) for r in ours["rates"]] == [
+        (names[r["model"]], r["precision"], r["batch"], r["images_per_second"]) for r in record["rates"]]
 
 
 def test_the_extrapolation_is_the_ideal_transport_only() -> None:
