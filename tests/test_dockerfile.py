@@ -1,8 +1,8 @@
 """Dockerfile.gpu, without a Docker engine: it installs pyproject.toml's requirements under the
 default stack's constraints (scripts/stacks/), sits on the CUDA TensorFlow was built with and pins
 TensorFlow's CUDA wheels to that CUDA, builds Horovod with scripts/install-horovod.sh (sha-checked
-sdist, the same patch) plus NCCL, agrees with what rendered MPIJobs expect of the image, and passes
-hadolint."""
+sdist, the same patch) plus NCCL, installs hvdk8s as its wheel, has what NCCL's InfiniBand transport loads,
+agrees with what rendered MPIJobs expect of the image, and passes hadolint."""
 from __future__ import annotations
 
 import fnmatch
@@ -118,7 +118,19 @@ def test_installs_pyproject_under_the_default_stack_constraints():
     assert "tensorflow-serving-api" in pins
     assert "--no-deps" in installs[0] and "-c /tmp/cuda-wheels.txt -r /tmp/requirements.txt" in installs[1]
     # hvdk8s itself then adds nothing
-    assert "pip install --no-cache-dir --no-deps ." in run_containing("/app/examples")
+    assert "pip install --no-cache-dir --no-deps /tmp/dist/hvdk8s-*.whl" in run_containing("/app/examples")
+
+
+def test_installs_hvdk8s_as_its_wheel_with_the_package_data():
+    """The image installs the wheel tests/test_installed.py checks, built without build isolation by the venv's own
+    setuptools (which must satisfy pyproject's build requirements), and loads the cost model's data from it."""
+    step = run_containing("/app/examples")
+    assert "pip wheel --no-cache-dir --no-deps --no-build-isolation -w /tmp/dist ." in step
+    assert step.index("pip wheel") < step.index("pip install") < step.index("costmodel.gpus()")
+    assert "python -P -c" in step  # -P: the installed package, not the source folder hvdk8s/ in the WORKDIR
+    pins = dict(pin.split("==") for pin in run_containing("-m venv").split() if "==" in pin)
+    for requirement in map(Requirement, PYPROJECT["build-system"]["requires"]):
+        assert requirement.name in pins and requirement.specifier.contains(pins[requirement.name]), requirement
 
 
 def run_floors(requires: list[str]) -> dict[str, str]:
@@ -228,6 +240,30 @@ def test_image_fits_what_rendered_mpijobs_expect():
         if arg.startswith("/app/examples/")
     }
     assert scripts == {"train_digits.py"} and (REPO / "examples" / "train_digits.py").is_file()
+
+
+def runtime_packages() -> set[str]:
+    """The Debian packages the runtime stage (the image's last FROM) installs."""
+    froms = [i for i, (kw, _) in enumerate(instructions()) if kw == "FROM"]
+    (apt,) = [rest for kw, rest in instructions()[froms[-1]:] if kw == "RUN" and "apt-get install" in rest]
+    listed = apt.split("--no-install-recommends", 1)[1].split("&&", 1)[0]
+    return set(listed.split())
+
+
+def test_image_has_what_nccls_infiniband_transport_loads():
+    """NCCL dlopens libibverbs.so.1, which needs a provider (user-space NIC driver) to see any device: without
+    ibverbs-providers (only a Recommends of libibverbs1) NCCL falls back to TCP sockets across nodes."""
+    packages = runtime_packages()
+    assert {"libibverbs1", "ibverbs-providers", "ibverbs-utils"} <= packages, packages
+    assert {"python3.11", "openmpi-bin", "openssh-server"} <= packages  # the parse found the real list
+    # the RDMA example's pod knobs fit an image whose ranks use verbs: an RDMA device, the node's network,
+    # IPC_LOCK to pin memory, effective because the pods run as root (added capabilities do not reach a
+    # non-root user's processes)
+    spec = load_spec(REPO / "mpijob" / "examples" / "rdma.yaml")
+    assert spec.user is None and "IPC_LOCK" in spec.capabilities and spec.host_network and spec.gpu
+    assert any(name.startswith("rdma/") for name in spec.resources.worker.extra) and "NCCL_IB_HCA" in spec.env
+    pod = render(spec)["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert pod["hostNetwork"] and pod["containers"][0]["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
 
 
 def test_hadolint_clean():
