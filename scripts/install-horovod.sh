@@ -33,7 +33,8 @@ import tensorflow as tf
 print(tf.__version__, "gpu" if tf.test.is_built_with_cuda() else "cpu", f"cp{sys.version_info[0]}{sys.version_info[1]}")
 PY
 ) || die "TensorFlow does not import in $PYTHON: install TensorFlow 2.18-2.21 there first"
-PATCH_SHA=$(sha256sum "$PATCH" | cut -c1-12)
+# Keyed by the hunks alone (from the first "diff" line): a change to the header's prose builds nothing.
+PATCH_SHA=$(sed -n '/^diff /,$p' "$PATCH" | sha256sum | cut -c1-12)
 WHEELS="$CACHE/wheels/horovod-$HOROVOD_VERSION-patch$PATCH_SHA-tf$TF_VERSION-$TF_KIND-$PY_TAG"
 PIP=("$PYTHON" -m pip --disable-pip-version-check -q)
 
