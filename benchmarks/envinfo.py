@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .launch import MPI_MCA, REPO_ROOT
+from .launch import CHECKOUT, MPI_MCA
 
 # Variables that change what the benchmark measures (not every TF_*: Terraform uses that prefix too).
 FLAG_PREFIXES = ("HOROVOD_", "OMPI_", "OMP_", "HVDK8S_", "TF_CPP_", "TF_ENABLE_", "TF_XLA_", "TF_NUM_", "KERAS_")
@@ -53,11 +53,12 @@ def _memory_gib() -> float | None:
 
 
 def git_commit() -> dict[str, Any]:
-    """HEAD of the repository the benchmarks run from, and whether the tree had local changes."""
-    if shutil.which("git") is None:
+    """HEAD of the checkout the benchmarks run from, and whether the tree had local changes (None: an installed
+    package, or no git)."""
+    if CHECKOUT is None or shutil.which("git") is None:
         return {"commit": None, "dirty": None}
-    head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
-    status = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain"], capture_output=True, text=True)
+    head = subprocess.run(["git", "-C", str(CHECKOUT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    status = subprocess.run(["git", "-C", str(CHECKOUT), "status", "--porcelain"], capture_output=True, text=True)
     if head.returncode:
         return {"commit": None, "dirty": None}
     return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip())}

@@ -24,7 +24,16 @@ from . import netns
 from .util import free_ports
 
 PKG = __package__
-REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _checkout() -> Path | None:
+    """The source checkout this package runs from (an editable install, or ``python -m benchmarks`` at its root);
+    None for an installed package, which has no repository around it."""
+    root = Path(__file__).resolve().parents[1]
+    return root if (root / "pyproject.toml").is_file() and (root / "benchmarks" / "launch.py").is_file() else None
+
+
+CHECKOUT = _checkout()
 AGENT = Path(__file__).resolve().parent / "netns_agent.py"
 TF_PORT = 2222  # in the emulated cluster every task has a host (and its ports) to itself
 
@@ -66,9 +75,10 @@ def module_argv(module: str, *args: str, python: str | None = None) -> list[str]
 
 
 def interpreter(python: str = "") -> str:
-    """The Python a job's processes run: this one for "", else ``python`` relative to the repository root
-    (or absolute). Not resolved: a virtual environment's ``bin/python`` is a symlink whose own path makes it that environment."""
-    return str(REPO_ROOT / python) if python else sys.executable
+    """The Python a job's processes run: this one for "", else ``python`` relative to the checkout (where the stack
+    knobs' virtual environments are built), or to the working folder for an installed package, or absolute. Not
+    resolved: a virtual environment's ``bin/python`` is a symlink whose own path makes it that environment."""
+    return str((CHECKOUT or Path.cwd()) / python) if python else sys.executable
 
 
 STACK_PROBE_TIMEOUT_S = 300.0
@@ -102,7 +112,10 @@ def base_env(threads: int | None, extra: Mapping[str, str] | None = None) -> dic
     env = dict(os.environ)
     env.update(
         {
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH", "")])),
+            # ``python -m benchmarks`` at the checkout's root: its ranks import ``benchmarks`` from there too. As
+            # ``hvdk8s.benchmarks`` (installed, or editable) the package is importable as it is: nothing added.
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(CHECKOUT) if CHECKOUT and PKG == "benchmarks" else "",
+                                                        env.get("PYTHONPATH", "")])),
             "PYTHONUNBUFFERED": "1",
             "TF_CPP_MIN_LOG_LEVEL": "2",
             "CUDA_VISIBLE_DEVICES": "",
