@@ -11,8 +11,10 @@ from typing import Any
 
 from . import costmodel
 from .stats import summary
+from .synthetic import PEER_OF
 
 REFERENCE = "horovod"  # the raw horovod.tensorflow loop every ratio is taken against
+PEER_TOLERANCE = 0.25  # ``agrees``: how far apart two synthetic scripts' median rates may be and still agree
 
 
 def busbw_factor(n: int) -> float:
@@ -242,12 +244,16 @@ def with_ratio_to_hvdk8s(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def synthetic(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Horovod's synthetic benchmarks, per (section, knob, model, N): each script's per-launch img/s per rank (the
     median of its timed iterations) summarised over launches, hvdk8s's launch over the raw loop's of the same round,
-    and in the knob study each script's launch over the baseline's of the same round (``*_vs_baseline``)."""
+    in the knob study each script's launch over the baseline's of the same round (``*_vs_baseline``), and where
+    Horovod's own scripts ran (``synthetic_peer``) each of the suite's scripts over its peer's launch of the same round
+    (``raw_over_peer``, ``hvdk8s_over_peer``) and whether they agree (``*_agrees_with_peer``, ``agrees``)."""
     rates: dict[tuple[str, str, str, int, int], dict[str, float]] = defaultdict(dict)
+    pooled: dict[tuple[str, str, str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     batch: dict[str, int] = {}
     for run in raw:
         key = (run["section"], run["knob"], run["model"], run["workers"], run["round"])
         rates[key][run["script"]] = statistics.median(run["iter_img_per_s_per_rank"])
+        pooled[key[:4]][run["script"]] += run["iter_img_per_s_per_rank"]
         batch[run["model"]] = run["batch_per_rank"]
     rows: dict[tuple[str, str, str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for (section, knob, model, n, r), rate in sorted(rates.items()):
@@ -259,8 +265,24 @@ def synthetic(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 row[f"{who}_vs_baseline"].append(v / base)
         if "raw" in rate and "hvdk8s" in rate:
             row["hvdk8s_over_raw"].append(rate["hvdk8s"] / rate["raw"])
+        for ours, peer in PEER_OF.items():
+            if ours in rate and peer in rate:
+                row[f"{ours}_over_peer"].append(rate[ours] / rate[peer])
     return [{"section": section, "knob": knob, "model": model, "workers": n, "batch_per_rank": batch[model],
-             **{k: summary(v) for k, v in d.items()}} for (section, knob, model, n), d in rows.items()]
+             **{k: summary(v) for k, v in d.items()},
+             **{f"{ours}_agrees_with_peer": agrees(its[ours], its[peer]) for ours, peer in PEER_OF.items()
+                if (its := pooled[(section, knob, model, n)]).get(ours) and its.get(peer)}}
+            for (section, knob, model, n), d in rows.items()]
+
+
+def agrees(ours: list[float], peer: list[float], tolerance: float = PEER_TOLERANCE) -> bool:
+    """Whether two scripts' per-iteration rates (every timed iteration of every launch, interleaved launches) say the
+    same speed: their medians within ``tolerance`` of each other (the larger at most 1 + tolerance times the smaller),
+    or their ranges [min, max] overlapping. Either is enough, so a load change between launches on a shared machine
+    (which widens both ranges alike when the launches alternate) does not fail it; a script doing other work, a
+    different model, image size or step, lands outside both when it costs more than the tolerance and the noise."""
+    low, high = sorted((statistics.median(ours), statistics.median(peer)))
+    return high <= (1 + tolerance) * low or (min(ours) <= max(peer) and min(peer) <= max(ours))
 
 
 def allreduce(raw_runs: list[dict[str, Any]], memcopy: dict[str, Any] | None) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from hvdk8s import atomic, figures
 
-from .analysis import GRADIENT_TENSOR, busbw_factor
+from .analysis import GRADIENT_TENSOR, PEER_TOLERANCE, busbw_factor
 from .settings import STRATEGY_LABELS
 from .stats import summary
 
@@ -412,14 +412,28 @@ def _synthetic_section(rows: list[dict[str, Any]], settings: dict[str, Any], wha
     knob_rows = [r for r in rows if r["section"] == "knobs"]
     if not rows:
         return ""
-    out = [
-        "## Horovod's synthetic benchmarks: the raw loop and hvdk8s on Horovod's own scripts (" + MEASURED + ")",
-        "",
+    # A results file written before the suite had its own versions of the scripts has no synthetic_peer setting.
+    own = "synthetic_peer" in settings
+    scripts = (
+        "The benchmark of Horovod's `examples/tensorflow2/tensorflow2_synthetic_benchmark.py` and "
+        "`tensorflow2_keras_synthetic_benchmark.py` (v0.28.1: a `keras.applications` model built with `weights=None`, "
+        "one random batch of 224×224×3 images, SGD at learning rate 0.01, rank 0 printing img/s per rank of every timed "
+        "iteration), written in this suite with those scripts' flags: the raw `horovod.tensorflow` loop "
+        "(`python -m hvdk8s.benchmarks.synthetic_loop`: a `tf.function` step with `DistributedGradientTape`, rank 0's "
+        "variables broadcast after the first step) and Keras `fit` on hvdk8s (`synthetic_fit`: `DistributedOptimizer`, "
+        "Horovod's broadcast and metric-average callbacks)."
+        if own else
         "Horovod's `examples/tensorflow2/tensorflow2_synthetic_benchmark.py` (the raw `horovod.tensorflow` loop, with the "
         "fixes Keras 3 forces: one `hvd.allreduce` per gradient in place of `DistributedGradientTape`, whose "
         "`Variable.ref()` Keras 3 variables lack, and `opt.variables` as a list) against "
         "`tensorflow2_keras_synthetic_benchmark.py` as `hvdk8s migrate` ports it; both copied into "
-        "`benchmarks/horovod_examples/` with their origin and every change marked. Each launch runs one script under "
+        "`benchmarks/horovod_examples/` with their origin and every change marked."
+    )
+    out = [
+        "## Horovod's synthetic benchmarks: the raw loop and hvdk8s" + ("" if own else " on Horovod's own scripts")
+        + " (" + MEASURED + ")",
+        "",
+        scripts + " Each launch runs one script under "
         "mpirun with `--no-cuda` as a user runs it: the suite sets no thread count, so the raw loop keeps TensorFlow's "
         "defaults and hvdk8s applies `hvdk8s.init`'s CPU thread policy. img/s per rank is the median of the launch's "
         f"{num(settings['synthetic_iters'])} timed iterations of {num(settings['synthetic_batches_per_iter'])} batches "
@@ -432,6 +446,21 @@ def _synthetic_section(rows: list[dict[str, Any]], settings: dict[str, Any], wha
         out += [table(["model", "batch per rank", "N", "raw loop img/s per rank", "hvdk8s img/s per rank", "hvdk8s / raw loop, per round"],
                       [[r["model"], num(r["batch_per_rank"]), num(r["workers"]), over_launches(r.get("raw")),
                         over_launches(r.get("hvdk8s")), over_launches(r.get("hvdk8s_over_raw"))] for r in main]), ""]
+    if peer := [r for r in main if "raw_over_peer" in r or "hvdk8s_over_peer" in r]:
+        agree = {True: "yes", False: "no", None: "–"}
+        out += [
+            "Horovod's own scripts in the same rounds, with the same flags (setting `synthetic_peer`: their folder): the raw "
+            "one with the two changes Keras 3 forces (`DistributedGradientTape` given the Keras variables' `tf.Variable`s, "
+            "`opt.variables` as a list), the Keras one as `hvdk8s migrate` ports it, both run from a temporary copy. "
+            "Each of the suite's scripts over Horovod's launch of the same round; they agree when the medians of all "
+            f"their timed iterations are within {PEER_TOLERANCE:.0%} of each other or those iterations' ranges overlap.",
+            "",
+            table(["model", "N", "raw loop / Horovod's raw script, per round", "agrees",
+                   "hvdk8s fit / Horovod's Keras script migrated, per round", "agrees"],
+                  [[r["model"], num(r["workers"]), over_launches(r.get("raw_over_peer")), agree[r.get("raw_agrees_with_peer")],
+                    over_launches(r.get("hvdk8s_over_peer")), agree[r.get("hvdk8s_agrees_with_peer")]] for r in peer]),
+            "",
+        ]
     if knob_rows:
         out += [
             "Knob study on these scripts (N=2): every knob round launches both scripts with the baseline and with each "

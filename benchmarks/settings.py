@@ -121,6 +121,9 @@ class Settings:
     synthetic_rounds: int = 3
     synthetic_batches_per_iter: int = 10
     synthetic_iters: int = 3
+    # a folder with Horovod's own two synthetic scripts (its examples/tensorflow2): each round launches them too, and
+    # the report says whether the suite's versions agree with them ("": not run)
+    synthetic_peer: str = ""
     # Horovod, Open MPI and stack knobs (``knobs``), each measured against the defaults in the same round
     knobs: tuple[str, ...] = ()
     knob_rounds: int = 2
@@ -229,6 +232,8 @@ def validate(s: Settings) -> None:
                  "knob_rounds", "emulated_train_steps", "synthetic_rounds", "synthetic_iters"):
         if getattr(s, name) < 1:
             raise ValueError(f"{name}={getattr(s, name)}: too small")
+    if s.synthetic_peer and not s.synthetic_models:
+        raise ValueError(f"synthetic_peer={s.synthetic_peer!r}: no {synthetic.PREFIX}<Model> workload to compare Horovod's scripts with")
     if s.synthetic_batches_per_iter < 2:
         raise ValueError(f"synthetic_batches_per_iter={s.synthetic_batches_per_iter}: at least 2 (the raw loop's first step "
                          "and at least one warm-up batch make its warm-up iteration)")

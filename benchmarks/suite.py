@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 import json
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -74,9 +75,10 @@ def training_configs(s: Settings) -> list[tuple[int, str, int]]:
 
 def synthetic_configs(s: Settings) -> list[tuple[int, int, str, str]]:
     """(round, N, model, script) of Horovod's synthetic benchmarks: every model and N in each round, the raw loop
-    and hvdk8s back to back, alternating which goes first (``synthetic.order``)."""
+    and hvdk8s (each beside Horovod's own script with ``synthetic_peer``) back to back, alternating which goes first
+    (``synthetic.order``)."""
     return [(r, n, model, which) for r in range(s.synthetic_rounds) for n in s.ranks for model in s.synthetic_models
-            for which in synthetic.order(r)]
+            for which in synthetic.order(r, peer=bool(s.synthetic_peer))]
 
 
 def knob_synthetic_configs(s: Settings, r: int) -> list[tuple[str, str]]:
@@ -130,8 +132,10 @@ def job_count(s: Settings, emulated: bool) -> int:
 
 class Suite:
     def __init__(self, settings: Settings, out_dir: Path, command: list[str]) -> None:
-        """Refuses (``ValueError``) a stack knob that cannot run, or missing H100 rates, before anything is started or written."""
+        """Refuses (``ValueError``) a stack knob that cannot run, Horovod's scripts missing from ``synthetic_peer`` or
+        not running on Keras 3 as ported, or missing H100 rates, before anything is started or written."""
         stacks = check_stacks(settings)
+        self.peer_sources = synthetic.peer_sources(Path(settings.synthetic_peer)) if settings.synthetic_peer else {}
         costmodel.gpus()  # the measured H100 rates the report extrapolates from: missing, nothing is started
         self.s = settings
         self.out = out_dir
@@ -212,26 +216,36 @@ class Suite:
             if run:
                 self.results["raw"]["training"].append({**run, "round": r})
 
-    def _synthetic_job(self, name: str, model: str, which: str, n: int, knob: knobs.Knob) -> dict[str, Any]:
-        """One launch of one of Horovod's synthetic scripts, as a user runs it (no thread count from the suite)."""
-        s = self.s
-        argv = [interpreter(knob.python), "-u", str(synthetic.script(which)),
-                *synthetic.script_args(which, model, s.synthetic_batches_per_iter, s.synthetic_iters)]
+    def _synthetic_job(self, name: str, model: str, which: str, n: int, knob: knobs.Knob, peers: Path | None = None) -> dict[str, Any]:
+        """One launch of one synthetic script (the suite's, or Horovod's own from ``peers``), as a user runs it
+        (no thread count from the suite)."""
+        s, python = self.s, interpreter(knob.python)
+        args = synthetic.script_args(which, model, s.synthetic_batches_per_iter, s.synthetic_iters)
+        if which in synthetic.MODULES:
+            argv = module_argv(synthetic.MODULES[which], *args, python=python)
+        else:
+            assert peers is not None, which
+            argv = [python, "-u", str(peers / synthetic.PEER_FILES[which]), *args]
         stats = self.launcher.mpi(name, n, argv, env=knob.env, mca=knob.mca, own_threads=True)
         rates = synthetic.iter_rates((self.out / stats.log).read_text(errors="replace"), which, s.synthetic_iters)
         return {"model": model, "script": which, "workers": n, "batch_per_rank": synthetic.batch(model),
                 "batches_per_iter": s.synthetic_batches_per_iter, "iter_img_per_s_per_rank": rates, "job": stats.to_json()}
 
     def synthetic(self) -> None:
-        """Horovod's synthetic benchmarks: the raw loop's script and the hvdk8s port, alternating, every round."""
+        """Horovod's synthetic benchmarks: the raw loop and hvdk8s's fit, alternating, every round; with
+        ``synthetic_peer``, Horovod's own scripts beside them, from a temporary folder that lasts the section."""
         base = knobs.KNOBS[knobs.BASELINE]
-        for r, n, model, which in synthetic_configs(self.s):
-            run = self._attempt(
-                f"horovod-synthetic {model} {which} N={n} round {r + 1}/{self.s.synthetic_rounds}",
-                lambda: self._synthetic_job(f"synthetic-{model}-{which}-n{n}-r{r}", model, which, n, base),
-            )
-            if run:
-                self.results["raw"]["synthetic"].append({**run, "section": "synthetic", "round": r, "knob": knobs.BASELINE})
+        with tempfile.TemporaryDirectory(prefix="hvdk8s-horovod-scripts-") as tmp:
+            peers = Path(tmp)
+            for which, text in self.peer_sources.items():
+                (peers / synthetic.PEER_FILES[which]).write_text(text)
+            for r, n, model, which in synthetic_configs(self.s):
+                run = self._attempt(
+                    f"horovod-synthetic {model} {which} N={n} round {r + 1}/{self.s.synthetic_rounds}",
+                    lambda: self._synthetic_job(f"synthetic-{model}-{which}-n{n}-r{r}", model, which, n, base, peers),
+                )
+                if run:
+                    self.results["raw"]["synthetic"].append({**run, "section": "synthetic", "round": r, "knob": knobs.BASELINE})
 
     def profile(self) -> None:
         """Per-phase breakdown of hvdk8s's and the raw loop's step at N=2, and a Horovod timeline of hvdk8s's."""

@@ -5,6 +5,7 @@ Fast (no TensorFlow, no processes); the end-to-end run is tests/test_benchmarks.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import subprocess
@@ -519,6 +520,26 @@ def test_synthetic_scripts_run_the_same_steps_and_alternate_which_goes_first() -
     only = preset("quick", workloads=("horovod-synthetic:ResNet50",), knobs=("threads_tf",), knob_rounds=1, emulated_rates=())
     assert suite.training_configs(only) == []  # no suite workload: no training launches
     assert suite.job_count(only, emulated=False) == len(suite.synthetic_configs(only)) + 3 + 2 * 2  # + allreduce + 2 knobs x 2 scripts
+    # Horovod's own scripts beside the suite's, each next to its counterpart; the knob study runs only the suite's
+    peer = dataclasses.replace(only, synthetic_rounds=2, ranks=(1,), synthetic_peer="/horovod/examples/tensorflow2")
+    assert [which for _r, _n, _m, which in suite.synthetic_configs(peer)] == [
+        "raw", "horovod_raw", "hvdk8s", "horovod_keras", "horovod_keras", "hvdk8s", "horovod_raw", "raw"]
+    assert suite.knob_synthetic_configs(peer, 0) == [("ResNet50", "raw"), ("ResNet50", "hvdk8s")]
+    with pytest.raises(ValueError, match="synthetic_peer='x': no horovod-synthetic:<Model> workload"):
+        preset("quick", workloads=("cnn",), synthetic_peer="x")
+
+
+def test_synthetic_modules_take_horovods_flags_and_the_loop_a_thread_count() -> None:
+    from hvdk8s.benchmarks import synthetic
+
+    loop = synthetic.parser(loop=True).parse_args([*synthetic.script_args("raw", "ResNet50", 5, 3), "--intra-op-threads", "1"])
+    fit = synthetic.parser(loop=False).parse_args(synthetic.script_args("hvdk8s", "ResNet50", 5, 3))
+    assert (loop.model, loop.batch_size, loop.num_warmup_batches, loop.num_iters, loop.no_cuda, loop.intra_op_threads) == (
+        "ResNet50", 4, 4, 3, True, 1)
+    assert (fit.model, fit.num_batches_per_iter, fit.num_iters) == ("ResNet50", 5, 4)
+    assert synthetic.parser(loop=True).parse_args([]).intra_op_threads == 0  # TensorFlow's default pool
+    assert synthetic.iteration_line(2, 7.0184, "CPU") == "Iter #2: 7.018 img/sec per CPU"
+    assert synthetic.summary_lines([1.0, 3.0], 2, "CPU") == ["Img/sec per CPU: 2.000 +-1.960", "Total img/sec on 2 CPU(s): 4.000 +-3.920"]
 
 
 def test_synthetic_rates_are_rank_zeros_timed_iterations() -> None:
@@ -528,28 +549,28 @@ def test_synthetic_rates_are_rank_zeros_timed_iterations() -> None:
     log = ("[1,0]<stdout>:Iter #0: 0.334 img/sec per CPU\n[1,1]<stderr>:a warning\n"
            "[1,0]<stdout>:Iter #1: 3.273 img/sec per CPU[1,0]<stdout>:\n[1,0]<stdout>:Iter #2: 2.702 img/sec per CPU\n")
     assert synthetic.iter_rates(log, "hvdk8s", 2) == [3.273, 2.702]  # the Keras version's epoch 0 is its warm-up
-    assert synthetic.iter_rates("Iter #0: 5.950 img/sec per CPU\nIter #1: 7.018 img/sec per CPU\n", "raw", 2) == [5.95, 7.018]
-    with pytest.raises(ValueError, match="tensorflow2_synthetic_benchmark.py: expected 3 timed iterations in its output, found 2"):
-        synthetic.iter_rates("Iter #0: 5.950 img/sec per CPU\nIter #1: 7.018 img/sec per CPU\n", "raw", 3)
+    assert synthetic.iter_rates(log, "horovod_keras", 2) == [3.273, 2.702]
+    two = "Iter #0: 5.950 img/sec per CPU\nIter #1: 7.0 img/sec per CPU\n"  # Horovod's own scripts print one decimal
+    assert synthetic.iter_rates(two, "raw", 2) == synthetic.iter_rates(two, "horovod_raw", 2) == [5.95, 7.0]
+    with pytest.raises(ValueError, match="synthetic_loop: expected 3 timed iterations in its output, found 2"):
+        synthetic.iter_rates(two, "raw", 3)
+    with pytest.raises(ValueError, match="tensorflow2_synthetic_benchmark.py: expected 3 timed iterations"):
+        synthetic.iter_rates(two, "horovod_raw", 3)
 
 
-def test_synthetic_scripts_differ_from_horovods_only_where_marked() -> None:
-    import difflib
-
+def test_horovods_scripts_refused_naming_the_file_where_they_cannot_run_as_ported(tmp_path: Path) -> None:
     from hvdk8s.benchmarks import synthetic
 
-    mirror = REPO.parent / ".mirror" / "horovod+horovod" / "repo"
-    for which, name in synthetic.SCRIPTS.items():
-        ours = synthetic.script(which).read_text().splitlines()
-        assert "2626dc87a3a8eb8fb7d2216198ce45bce0f9e65a" in ours[1] and f"examples/tensorflow2/{name}" in ours[0]
-        upstream = subprocess.run(["git", "-C", str(mirror), "show", f"2626dc87a3a8eb8fb7d2216198ce45bce0f9e65a:examples/tensorflow2/{name}"],
-                                  capture_output=True, text=True)
-        if upstream.returncode:
-            pytest.skip("Horovod's repository is not mirrored here")
-        theirs = upstream.stdout.splitlines()
-        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=theirs, b=ours, autojunk=False).get_opcodes():
-            if tag != "equal" and j1 > 4:  # below the origin header: every change carries its marker
-                assert any("hvdk8s bench:" in line for line in ours[max(0, j1 - 4):j2]), (name, ours[j1:j2])
+    with pytest.raises(ValueError, match=r"cannot read Horovod's tensorflow2_synthetic_benchmark.py in .*expected Horovod's examples"):
+        synthetic.peer_sources(tmp_path)
+    (tmp_path / "tensorflow2_synthetic_benchmark.py").write_text("grads = tape.gradient(loss, model.trainable_variables)\n")
+    (tmp_path / "tensorflow2_keras_synthetic_benchmark.py").write_text("import horovod.tensorflow.keras as hvd\n")
+    with pytest.raises(ValueError, match=r"tensorflow2_synthetic_benchmark.py: expected `opt.variables\(\)` once .*found it 0 times"):
+        synthetic.peer_sources(tmp_path)
+    (tmp_path / "tensorflow2_synthetic_benchmark.py").write_text("g = tape.gradient(loss, model.trainable_variables)\nopt.variables()\n")
+    sources = synthetic.peer_sources(tmp_path)
+    assert sources["horovod_raw"] == "g = tape.gradient(loss, [v.value for v in model.trainable_variables])\nopt.variables\n"
+    assert sources["horovod_keras"] == "import hvdk8s as hvd\n"  # as hvdk8s migrate ports it
 
 
 def _synthetic_run(section: str, knob: str, script: str, n: int, r: int, rates: list[float]) -> dict:
@@ -572,6 +593,29 @@ def test_synthetic_ratio_per_round_then_min_max_and_knobs_against_the_same_round
     assert tf_knob["hvdk8s_vs_baseline"]["median"] == 1.5 and tf_knob["raw_vs_baseline"]["median"] == 1.0
     assert tf_knob["hvdk8s_over_raw"]["median"] == 0.75
     assert report.over_launches(main["hvdk8s_over_raw"]) == "1 [0.9–1.1] (2)"
+    assert not any("peer" in key for row in rows.values() for key in row)  # no Horovod scripts, no comparison
+
+
+def test_the_suites_synthetic_scripts_are_compared_with_horovods_per_round_and_over_all_iterations() -> None:
+    raw = [_synthetic_run("synthetic", "baseline", which, 1, r, rates) for which, r, rates in [
+        ("raw", 0, [2.0, 2.2]), ("horovod_raw", 0, [2.0, 2.0]), ("raw", 1, [1.0]), ("horovod_raw", 1, [1.25]),
+        ("hvdk8s", 0, [4.0]), ("horovod_keras", 0, [2.0]), ("hvdk8s", 1, [4.2]), ("horovod_keras", 1, [2.1])]]
+    [row] = analysis.synthetic(raw)
+    assert row["raw_over_peer"]["min"] == pytest.approx(0.8) and row["raw_over_peer"]["max"] == pytest.approx(1.05)
+    assert row["raw_agrees_with_peer"] is True and row["hvdk8s_agrees_with_peer"] is False  # twice the rate: not the same work
+    lines = report._synthetic_section([row], {"synthetic_iters": 2, "synthetic_batches_per_iter": 3, "synthetic_peer": "x"}, {}).splitlines()
+    assert "| ResNet50 | 1 | 0.925 [0.8–1.05] (2) | yes | 2 [2–2] (2) | no |" in lines
+    assert any("`python -m hvdk8s.benchmarks.synthetic_loop`" in line for line in lines)
+
+
+@pytest.mark.parametrize(("ours", "peer", "same"), [
+    ([10.0, 11.0, 12.0], [12.4, 13.0, 14.0], True),  # medians 11 and 13: within 25%
+    ([5.0, 10.0, 11.0], [14.0, 15.0, 16.0], False),  # medians 10 and 15: 1.5x, ranges apart
+    ([5.0, 10.0, 14.5], [14.0, 15.0, 16.0], True),  # 1.5x, but a slow spell in both reaches the other's range
+    ([20.0, 21.0, 22.0], [10.0, 10.5, 11.0], False),  # twice as fast, steady: not the same benchmark
+])
+def test_two_scripts_agree_when_medians_are_close_or_their_ranges_overlap(ours: list[float], peer: list[float], same: bool) -> None:
+    assert analysis.agrees(ours, peer) is same and analysis.agrees(peer, ours) is same
 
 
 def test_presets_state_their_job_counts_and_brief_is_the_headline_only() -> None:
