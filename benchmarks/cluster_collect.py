@@ -80,10 +80,11 @@ def results(settings: Settings, logs: Iterable[JobLog], *, network: str, command
     """results.json of a cluster run (schema of a local run's, plus ``raw.cluster`` and ``cluster``)."""
     raw: dict[str, Any] = {"training": [], "synthetic": [], "allreduce": [], "memcopy": None,
                            "emulated": {"skipped": NOT_EMULATED, "rates": []}, "profile": None, "knobs": [],
-                           "cluster": {"network": network, "allreduce": [], "pods": []}}
+                           "cluster": {"network": network, "allreduce": [], "pods": [], "placement": {}}}
     errors, environment = [], None
     for log in logs:
         job = log.job
+        raw["cluster"]["placement"][job.name] = dict(log.pods)
         for kind, host in marked(log.text):
             if kind == HOST and host.get("job") == job.name:
                 raw["cluster"]["pods"].append(host | {"node": host.get("node") or log.pods.get(host.get("pod", ""))})
@@ -123,10 +124,12 @@ def derived(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def cluster(raw: dict[str, Any]) -> dict[str, Any]:
-    """Nodes, GPU models and pods seen; the allreduce's bus bandwidth, measured and as the cost model predicts it
-    on the named network (its line rate and assumed latency, ``costmodel.NETWORKS``; ring, no fixed cost)."""
+    """Nodes (those the processes reported and those the API placed the jobs' pods on), GPU models and pods seen;
+    the allreduce's bus bandwidth, measured and as the cost model predicts it on the named network (its line rate
+    and assumed latency, ``costmodel.NETWORKS``; ring, no fixed cost)."""
     pods = raw["pods"]
-    nodes = sorted({p["node"] for p in pods if p.get("node")})
+    placed = {node for on in raw["placement"].values() for node in on.values()}
+    nodes = sorted({p["node"] for p in pods if p.get("node")} | placed)
     gpus: dict[str, set[str]] = {}
     for p in pods:
         for model in p.get("gpus") or []:
@@ -140,7 +143,6 @@ def cluster(raw: dict[str, Any]) -> dict[str, Any]:
                              "measured_over_predicted": point["busbw_bytes_per_s"] / predicted})
     return {"nodes": nodes, "pods": len({(p["job"], p["pod"]) for p in pods}),
             "gpus": {model: sorted(on) for model, on in sorted(gpus.items())},
-            "max_workers": max([p["workers"] for p in rows] + [0]),
             "network": raw["network"], "network_note": net["note"], "allreduce": rows}
 
 
@@ -166,11 +168,14 @@ def section(results: dict[str, Any]) -> str:
         "TensorFlow as Training Operator TFJobs (N Workers; the PS strategy with a Chief coordinator and one parameter "
         "server besides), all from the same image and job file with the same settings. N counts worker pods, one "
         f"process each: {', '.join(report.num(n) for n in ns) or '–'}. Each job's rank 0 (Chief, worker 0) wrote its "
-        "record to its log; each process its pod, node and GPUs.",
+        "record to its log, and each process whose log was kept its pod, node and GPUs (every rank of an MPIJob, "
+        "the TFJob's Chief or worker 0).",
         "",
-        report.table(["job", "task: pod on node (GPUs)"],
+        report.table(["job", "task reporting: pod on node (GPUs)", "every pod on its node (as the API placed them)"],
                      [[job, "; ".join(f"{p['task']}: {p['pod']} on {p.get('node') or '?'}"
-                                      f" ({', '.join(p.get('gpus') or []) or 'no GPU'})" for p in pods)]
+                                      f" ({', '.join(p.get('gpus') or []) or 'no GPU'})" for p in pods),
+                       ", ".join(f"{pod} on {node}" for pod, node in raw["cluster"]["placement"].get(job, {}).items())
+                       or "–"]
                       for job, pods in by_job.items()]),
         "",
     ]

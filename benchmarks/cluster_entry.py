@@ -27,6 +27,7 @@ from typing import Any
 MARKER = "HVDK8S-BENCH"
 HOST, RECORD = "HOST", "RECORD"
 NODE_ENV = "HVDK8S_NODE_NAME"  # the pod's node, from the downward API (spec.nodeName)
+TF_PORT = 2222  # the TFJob's tfjob-port
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -59,6 +60,15 @@ def task() -> str:
     return "single"
 
 
+def one_task_cluster(strategy: str | None) -> None:
+    """A TFJob of one task gets no TF_CONFIG (the Training Operator's isDistributed, release-1.9
+    ``pkg/controller.v1/tensorflow/util.go``), without which MultiWorkerMirrored runs with no task index and so
+    no chief to write the result: give it the one-worker cluster a local run gives it."""
+    if strategy == "tf_mwms" and "TF_CONFIG" not in os.environ:
+        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"localhost:{TF_PORT}"]},
+                                              "task": {"type": "worker", "index": 0}})
+
+
 def host_info(job: str) -> dict[str, Any]:
     return {"job": job, "task": task(), "pod": socket.gethostname(), "node": os.environ.get(NODE_ENV) or None,
             "gpus": gpu_models(), "cpu_count": os.cpu_count()}
@@ -70,6 +80,7 @@ def emit(kind: str, data: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    one_task_cluster(args.strategy)
     emit(HOST, host_info(args.job_name))
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="hvdk8s-bench-") as tmp:

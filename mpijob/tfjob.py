@@ -1,8 +1,8 @@
 """JobSpec -> Kubeflow Training Operator TFJob (kubeflow.org/v1): distributed TensorFlow as Kubeflow runs it.
 
-Why a TFJob and not a Trainer v2 TrainJob: Trainer v2 ships runtimes for PyTorch, DeepSpeed, MLX and JAX,
-none for TensorFlow, and nothing in it writes ``TF_CONFIG``; a TrainingRuntime that did would be hvdk8s's own
-invention. The Training Operator's TFJob (release-1.9, the last line that has it) is what the Kubeflow
+Why a TFJob and not a Trainer v2 TrainJob: Trainer v2's ML policies (``pkg/runtime/framework/plugins``: torch,
+MPI, JAX, XGBoost, Flux, plain) and its runtimes have nothing for TensorFlow, and nothing in it writes
+``TF_CONFIG``; a TrainingRuntime whose init step did would be hvdk8s's own invention. The Training Operator's TFJob (release-1.9, the last line that has it) is what the Kubeflow
 material describes for distributed TensorFlow: PS / Chief / Worker replicas, and the operator writes
 ``TF_CONFIG`` into every pod (``pkg/controller.v1/tensorflow/tensorflow.go`` genTFConfigJSONStr: the cluster
 spec's keys are the replica types lowercased, each task ``<job>-<type>-<index>.<namespace>.svc:<port>``, the

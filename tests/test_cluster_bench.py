@@ -4,6 +4,7 @@ Submitting through the API double and the run on network-namespace pods: tests/t
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ import yaml
 from test_mpijob_schema import crd_errors, template_errors
 from test_tfjob import tfjob_crd_errors
 
-from hvdk8s.benchmarks import cli, cluster_collect, cluster_jobs, envinfo
+from hvdk8s.benchmarks import cli, cluster_collect, cluster_entry, cluster_jobs, envinfo
 from hvdk8s.benchmarks.cluster_entry import MARKER
 from hvdk8s.benchmarks.settings import preset
 
@@ -209,3 +210,17 @@ def test_the_report_is_the_local_runs_with_the_cluster_in_place_of_the_machine(t
     (tmp_path / "report.md").unlink()
     assert cli.main(["--report-only", str(tmp_path / "results.json")]) == 0
     assert (tmp_path / "report.md").read_text() == md
+
+
+def test_a_one_task_tfjob_gets_the_one_worker_cluster_a_local_run_gives_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Training Operator writes no TF_CONFIG for a one-task TFJob (tests/controllers/training_operator.py,
+    ``distributed``); MultiWorkerMirrored would then have no chief to write the result."""
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    cluster_entry.one_task_cluster("tf_ps")
+    assert "TF_CONFIG" not in os.environ
+    cluster_entry.one_task_cluster("tf_mwms")
+    assert json.loads(os.environ["TF_CONFIG"]) == {"cluster": {"worker": ["localhost:2222"]},
+                                                   "task": {"type": "worker", "index": 0}}
+    monkeypatch.setenv("TF_CONFIG", "{}")  # the operator's own, for a job of more tasks, is left as it is
+    cluster_entry.one_task_cluster("tf_mwms")
+    assert os.environ["TF_CONFIG"] == "{}"

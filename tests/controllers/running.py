@@ -55,6 +55,7 @@ class OperatedDouble(KubeDouble):
             self.resources[(TFJOBS.group, TFJOBS.version, TFJOBS.plural)] = TFJOBS
         self.runner = runner
         self.ran: list[str] = []  # jobs in the order their pods started
+        self._ended: dict[tuple[str, str], threading.Event] = {}  # set once every pod of the job has ended
 
     def _create(self, request: Request, res: Resource, ns: str) -> Response:
         response = super()._create(request, res, ns)
@@ -65,6 +66,7 @@ class OperatedDouble(KubeDouble):
     # ---------------------------------------------------------------- one job, start to end
     def _operate_job(self, res: Resource, job: dict[str, Any]) -> None:
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        self._ended[(ns, name)] = threading.Event()
         if res is MPIJOBS:  # the launcher is started once every worker runs (WaitForWorkersReady)
             made = mpi_operator.sync(job, ready_workers=len(mpi_operator.sync(job, 0).workers))
             assert made.launcher is not None
@@ -103,21 +105,30 @@ class OperatedDouble(KubeDouble):
         else:
             gone = set(training_operator.deleted_on_finish(job, phases))
             doomed = [p for p in running if p["metadata"]["name"] in gone]
-        self._remove_pods(ns, doomed)
+        self._remove_pods(ns, doomed, exits)
         done = "successfully completed." if verdict == "Succeeded" else "has failed."
         self._condition(res, ns, name, verdict, verdict, f"{job['kind']} {ns}/{name} {done}")
         left = [p for p in running if p not in doomed]  # kept by the clean-up policy: until the job is deleted
         while left and not self._gone(res, ns, name):
             time.sleep(0.5)
-        self._remove_pods(ns, left)
-        for _ in running:  # the killed pods' runs return
-            exits.get(timeout=60)
+        self._remove_pods(ns, left, exits)
         self.runner.finish(job)
+        self._ended[(ns, name)].set()
 
-    def _remove_pods(self, ns: str, pods: list[dict[str, Any]]) -> None:
+    def _finish_delete(self, res: Resource, ns: str, name: str) -> None:
+        """Foreground deletion ends once the job's pods are gone: their processes too."""
+        if ended := self._ended.get((ns, name)):
+            ended.wait(JOB_SECONDS)
+        super()._finish_delete(res, ns, name)
+
+    def _remove_pods(self, ns: str, pods: list[dict[str, Any]], exits: queue.Queue[tuple[str, int]]) -> None:
+        """Delete pods: their processes killed, and gone, before the double stops listing them."""
         for pod in pods:
             self.runner.kill(pod)
-            with self._cond:
+        for _ in pods:
+            exits.get(timeout=60)
+        with self._cond:
+            for pod in pods:
                 self.pods.pop((ns, pod["metadata"]["name"]), None)
 
     # ---------------------------------------------------------------- helpers (state under self._cond)
