@@ -10,7 +10,8 @@ from typing import Any
 
 from hvdk8s import doctor
 from hvdk8s.errors import UserError
-from hvdk8s.serving.savedmodel import PREPROCESSING  # stdlib-only module: keeps the CLI fast
+from hvdk8s.serving.address import GRPC_ADDRESS, GRPC_PORT, HOST, REST_PORT, REST_URL  # stdlib-only modules:
+from hvdk8s.serving.savedmodel import PREPROCESSING  # they keep the CLI fast
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -55,14 +56,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="model base path (its integer sub-folders are versions)")
     serve.add_argument("--model_base_path", type=Path, metavar="PATH", help="TF Serving's spelling of MODEL_BASE_PATH")
     serve.add_argument("--name", "--model_name", dest="name", help="model name in URLs (default: the folder name)")
-    serve.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 for all)")
+    serve.add_argument("--host", default=HOST, help="address to bind (default %(default)s; 0.0.0.0 for all)")
     serve.add_argument("--port", type=_positive(int, zero=True),
-                       help="with MODEL_BASE_PATH: the REST port (default 8501); with TF Serving's --model_base_path "
-                       "or --model_config_file: the gRPC port (default 8500); 0: any free port")
+                       help=f"with MODEL_BASE_PATH: the REST port (default {REST_PORT}); with TF Serving's "
+                       f"--model_base_path or --model_config_file: the gRPC port (default {GRPC_PORT}); 0: any free port")
     serve.add_argument("--rest_api_port", type=_positive(int, zero=True), metavar="PORT",
-                       help="REST port (default 8501; 0: any free port, where TF Serving would turn REST off)")
+                       help=f"REST port (default {REST_PORT}; 0: any free port, where TF Serving would turn REST off)")
     serve.add_argument("--grpc-port", type=_positive(int, zero=True),
-                       help="gRPC port (default 8500; any free port when the REST port is 0)")
+                       help=f"gRPC port (default {GRPC_PORT}; any free port when the REST port is 0)")
     serve.add_argument("--grpc_socket_path", metavar="PATH", help="also serve gRPC on this Unix socket")
     serve.add_argument("--grpc_channel_arguments", default="", metavar="K=V,...",
                        help="gRPC server arguments, e.g. grpc.max_connection_age_ms=2000 (ints where they parse)")
@@ -122,7 +123,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     predict.add_argument("images", nargs="+", type=Path, help="JPEG or PNG files")
     predict.add_argument(
-        "--url", required=True, help="server root, e.g. http://127.0.0.1:8501 (with --grpc: 127.0.0.1:8500)"
+        "--url", help=f"server root (default: hvdk8s serve's, {REST_URL}; with --grpc {GRPC_ADDRESS})"
     )
     _target_options(predict)
     predict.set_defaults(handler=_predict)
@@ -133,7 +134,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Keep CONCURRENCY :predict requests in flight for --requests N or --duration S and print "
         "requests/s, latency p50/p90/p99/max and errors by status; exit 1 if an --max-* threshold is missed.",
     )
-    load.add_argument("url", metavar="URL", help="http://host:8501 (REST) or host:8500 (with --grpc)")
+    load.add_argument("url", metavar="URL", nargs="?",
+                      help=f"http://host:port (REST) or host:port (with --grpc); default: hvdk8s serve's, {REST_URL} "
+                      f"or {GRPC_ADDRESS}")
     _target_options(load)
     load.add_argument("--concurrency", type=_positive(int), default=8, help="requests in flight (default 8)")
     bound = load.add_mutually_exclusive_group()
@@ -321,11 +324,11 @@ def serve_ports(args: argparse.Namespace) -> tuple[int, int | None]:
     if tf_serving:
         if args.port is not None and args.grpc_port is not None:
             raise UserError("--port and --grpc-port both set the gRPC port (TF Serving's flags: --port is gRPC)")
-        rest = args.rest_api_port if args.rest_api_port is not None else 8501
+        rest = args.rest_api_port if args.rest_api_port is not None else REST_PORT
         return rest, args.port if args.port is not None else args.grpc_port
     if args.port is not None and args.rest_api_port is not None:
         raise UserError("--port and --rest_api_port both set the REST port with MODEL_BASE_PATH")
-    rest = next((p for p in (args.port, args.rest_api_port) if p is not None), 8501)
+    rest = next((p for p in (args.port, args.rest_api_port) if p is not None), REST_PORT)
     return rest, args.grpc_port
 
 
@@ -340,6 +343,11 @@ def _read_images(paths: list[Path], flag: str) -> list[bytes]:
     return [p.read_bytes() for p in paths]
 
 
+def _url(args: argparse.Namespace) -> str:
+    """The server address given, else hvdk8s serve's default one for the API chosen."""
+    return args.url or (GRPC_ADDRESS if args.grpc else REST_URL)
+
+
 def _predict(args: argparse.Namespace) -> int:
     from hvdk8s.serving import client
 
@@ -352,7 +360,7 @@ def _predict(args: argparse.Namespace) -> int:
             send = grpc_client.predict
         else:
             send = client.predict
-        predictions = send(args.url, images, model=args.model, version=args.version, signature=args.signature)
+        predictions = send(_url(args), images, model=args.model, version=args.version, signature=args.signature)
     except (client.PredictError, ValueError) as err:
         raise UserError(str(err)) from None
     for path, prediction in zip(args.images, predictions):
@@ -361,7 +369,7 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def _loadtest(args: argparse.Namespace) -> int:
-    from hvdk8s.serving import loadtest
+    from hvdk8s.serving import client, loadtest
 
     if args.max_error_rate is not None and not 0 <= args.max_error_rate <= 1:
         raise UserError(f"--max-error-rate {args.max_error_rate}: must be between 0 and 1")
@@ -369,7 +377,7 @@ def _loadtest(args: argparse.Namespace) -> int:
         _require_serving_api()
     try:
         result = loadtest.run(
-            args.url,
+            _url(args),
             args.model,
             grpc=args.grpc,
             concurrency=args.concurrency,
@@ -383,7 +391,7 @@ def _loadtest(args: argparse.Namespace) -> int:
             slo=loadtest.Slo(args.max_p99_ms, args.max_error_rate),
             progress=sys.stderr.isatty(),
         )
-    except ValueError as err:
+    except (client.PredictError, ValueError) as err:
         raise UserError(str(err)) from None
     print(result.table())
     if args.json:

@@ -12,9 +12,21 @@ from typing import Any
 
 import requests
 
+from hvdk8s.serving import address
+
 
 class PredictError(Exception):
     """The server refused or failed the request; the message is its ``error`` text."""
+
+
+class NothingAnswers(PredictError):
+    """No server accepts connections at the address given; the message says whether ``hvdk8s serve`` runs."""
+
+
+def raise_if_nothing_answers(url: str) -> None:
+    """``NothingAnswers`` when no connection to ``url`` (a REST URL or a gRPC host:port) opens."""
+    if message := address.nothing_answers(url):
+        raise NothingAnswers(message)
 
 
 def predict_url(url: str, model: str, version: int | None = None) -> str:
@@ -47,6 +59,9 @@ def predict(
     target = predict_url(url, model, version)
     try:
         response = requests.post(target, json=request_body(images, signature), timeout=timeout)
+    except requests.ConnectionError as err:
+        raise_if_nothing_answers(url)
+        raise PredictError(f"{target}: {err}") from None
     except requests.RequestException as err:
         raise PredictError(f"{target}: {err}") from None
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hvdk8s.serving.client import PredictError, as_predictions
+from hvdk8s.serving.client import PredictError, as_predictions, raise_if_nothing_answers
 from hvdk8s.serving.savedmodel import IMAGE_INPUT
 
 
@@ -68,6 +68,8 @@ def predict(
         try:
             response = stub.Predict(predict_request(images, model, version, signature), timeout=timeout)
         except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.UNAVAILABLE:
+                raise_if_nothing_answers(address)
             raise PredictError(f"{address}: {err.code().name}: {err.details()}") from None
     outputs = {name: tf.make_ndarray(tensor) for name, tensor in response.outputs.items()}
     try:

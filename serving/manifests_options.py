@@ -14,14 +14,13 @@ from decimal import Decimal
 from typing import Any
 
 from hvdk8s.k8s import FieldError, SpecError, invalid, join, name_problem, required
+from hvdk8s.serving.address import GRPC_PORT as GRPC_PORT, REST_PORT as REST_PORT  # TF Serving's, the container's
 
 # tensorflow/serving publishes X.Y.Z and X.Y.Z-gpu tags per TF Serving release.
 # 2.18.0 matches the TensorFlow 2.18 used for training; there is no 2.18.1
 # TF Serving release (its version bump was never merged upstream).
 TF_SERVING_VERSION = "2.18.0"
 TF_SERVING_IMAGE = "tensorflow/serving"
-GRPC_PORT = 8500
-REST_PORT = 8501
 METRICS_PATH = "/monitoring/prometheus/metrics"
 
 # The HorizontalPodAutoscaler scales a plain Deployment on resource metrics;

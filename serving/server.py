@@ -40,6 +40,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from hvdk8s.serving import examples, rest
+from hvdk8s.serving.address import GRPC_PORT, HOST, REST_PORT
 from hvdk8s.serving.batching import BatchingParameters
 from hvdk8s.serving.core import ServingCore, tensorflow_threads
 from hvdk8s.serving.monitoring import Metrics
@@ -244,10 +245,6 @@ def _error_returned(call: Callable[[], tuple]) -> tuple | rest.ServingError:
         return err
 
 
-REST_PORT = 8501  # TF Serving's REST port
-GRPC_PORT = 8500  # TF Serving's gRPC port
-
-
 def default_grpc_port(port: int) -> int:
     """The gRPC port when none is given: TF Serving's, or any free one when the REST port is 0 (so a server
     started for tests never clashes on 8500)."""
@@ -260,7 +257,7 @@ def serve(
     name: str | None = None,
     model_config_file: str | os.PathLike[str] | None = None,
     config_poll_seconds: float = 0,
-    host: str = "127.0.0.1",
+    host: str = HOST,
     port: int = REST_PORT,
     grpc_port: int | None = None,
     grpc_socket_path: str | None = None,

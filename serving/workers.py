@@ -33,6 +33,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from hvdk8s.serving import server
+from hvdk8s.serving.address import HOST, REST_PORT
 
 STOP_GRACE_S = 30.0
 """How long a stopping worker may take to drain before it is killed."""
@@ -48,7 +49,7 @@ def serve(workers: int, **options: Any) -> None:
         raise ValueError(f"--workers {workers}: must be at least 1")
     if options.get("grpc_socket_path"):
         raise ValueError("--grpc_socket_path is one Unix socket, which one process serves: use it with --workers 1")
-    host, port = options.get("host", "127.0.0.1"), options.get("port", server.REST_PORT)
+    host, port = options.get("host", HOST), options.get("port", REST_PORT)
     grpc_port = options.get("grpc_port")
     grpc_port = server.default_grpc_port(port) if grpc_port is None else grpc_port
     with reserved(host, port) as rest_port, reserved(host, grpc_port) as rpc_port:
