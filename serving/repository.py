@@ -16,14 +16,16 @@ longer aspired (core/aspired_versions_manager.cc).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import re
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,16 +54,22 @@ def image_check() -> tuple[str, Callable[[bytes], bool]] | None:
 
     TensorFlow 2.18 decodes JPEG, PNG, GIF and BMP, 2.21 also WebP and JPEG XL; its own message says
     which, so one refused decode of a non-image tells both. None (no check) if it names a format
-    without a known signature: then TensorFlow alone decides.
+    without a known signature: then TensorFlow alone decides. TensorFlow logs that refusal
+    (``local_rendezvous.cc ... Unknown image file format``), which a user would read as their
+    image being broken, so the line is dropped; and the aborted rendezvous it leaves would log
+    ``ABORTED: Shutdown`` at exit unless cleared.
     """
     import tensorflow as tf
 
-    try:
-        tf.io.decode_image(b"hvdk8s")
-    except tf.errors.InvalidArgumentError as err:
-        match = _UNKNOWN_FORMAT.search(str(err.message))
-    else:
-        return None
+    with _stderr_without(b"Unknown image file format"):
+        try:
+            tf.io.decode_image(b"hvdk8s")
+        except tf.errors.InvalidArgumentError as err:
+            match = _UNKNOWN_FORMAT.search(str(err.message))
+        else:
+            return None
+        finally:
+            tf.experimental.async_clear_error()
     if match is None:
         return None
     names = match.group(1).split(", ")
@@ -69,6 +77,24 @@ def image_check() -> tuple[str, Callable[[bytes], bool]] | None:
         return None
     tests = [IMAGE_SIGNATURES[name] for name in names]
     return match.group(0), lambda data: any(test(data) for test in tests)
+
+
+@contextlib.contextmanager
+def _stderr_without(marker: bytes) -> Iterator[None]:
+    """Hold what the process writes to its stderr while the block runs (file descriptor 2, where TensorFlow's
+    C++ logging writes), then write it there without the lines that contain ``marker``."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            os.write(2, b"".join(line for line in held if marker not in line))
 
 
 @dataclass

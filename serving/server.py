@@ -45,7 +45,7 @@ from hvdk8s.serving.batching import BatchingParameters
 from hvdk8s.serving.core import ServingCore, tensorflow_threads
 from hvdk8s.serving.monitoring import Metrics
 from hvdk8s.serving.registry import ConfigWatcher, ModelConfig, Models
-from hvdk8s.serving.repository import VersionPolicy
+from hvdk8s.serving.repository import VersionPolicy, image_check
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 INLINE_BYTES = 64 * 1024
@@ -313,6 +313,7 @@ def serve(
     log.info("TensorFlow threads (0: TensorFlow picks): intra-op %d, inter-op %d",
              tf.config.threading.get_intra_op_parallelism_threads(),
              tf.config.threading.get_inter_op_parallelism_threads())
+    image_check()  # while no other thread writes to stderr: it holds stderr back for a moment
 
     sock = listen(host, port, reuse_port)
     models = Models(configs)

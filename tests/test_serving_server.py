@@ -15,7 +15,7 @@ import pytest
 from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 
 from hvdk8s.benchmarks.serving import MALFORMED_BODIES
-from hvdk8s.serving import loadtest, rest, server
+from hvdk8s.serving import client, loadtest, rest, server
 from hvdk8s.serving.batching import BatchingParameters
 from hvdk8s.serving.client import request_body
 from hvdk8s.serving.core import ServingCore, tensorflow_threads
@@ -206,6 +206,20 @@ def test_image_bytes_refused_before_tensorflow_in_tensorflows_own_words(base_pat
     else:  # a format this TensorFlow decodes (WebP from 2.19 on): only decoding tells it is broken
         assert data.startswith((b"\x89PNG", b"GIF8")) or (data.startswith(b"RIFF") and "WebP" in _decodable())
     servable.check("predict_tensor", {"images": np.zeros((1, 28, 28, 1), "float32")})  # other signatures: unchecked
+
+
+def test_a_valid_image_leaves_no_image_error_in_the_servers_log(base_path, tmp_path, monkeypatch):
+    """Issue #37: every server's first request logged TensorFlow's "Unknown image file format" (the server's own
+    probe of the formats TensorFlow decodes), and its exit "ABORTED: Shutdown", though only a PNG was sent.
+    With TensorFlow's warnings on, as ``hvdk8s --verbose`` has them."""
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+    log = tmp_path / "serve.log"
+    with running(base_path, log) as served:
+        prediction = client.predict(served.url, [loadtest.digits_png(1)[0]])
+    assert len(prediction[0]["probabilities"]) == 10
+    text = log.read_text()
+    assert "TensorFlow threads" in text  # the log is the server's
+    assert "Unknown image file format" not in text and "local_rendezvous" not in text, text
 
 
 def _start(*args: str) -> tuple[subprocess.Popen, str]:
