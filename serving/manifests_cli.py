@@ -19,6 +19,7 @@ from hvdk8s.serving.manifests_options import (
     OptionsError,
     Resources,
     ServingOptions,
+    installed_tf_serving_version,
     validate,
 )
 
@@ -47,8 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                      help="instead of the volume: gs://BUCKET/PATH (TF Serving reads it), or with --kserve also "
                           "s3://, pvc://, https:// (KServe's storage initializer downloads it)")
     p.add_argument("-n", "--namespace", help="namespace to put in the manifests (default: kubectl's)")
-    p.add_argument("--tf-serving-version", default=TF_SERVING_VERSION, metavar="X.Y.Z",
-                   help="tensorflow/serving image tag (default: %(default)s; -gpu is added for GPUs)")
+    p.add_argument("--tf-serving-version", metavar="X.Y.Z",
+                   help="tensorflow/serving image tag, -gpu added for GPUs (default: the release matching the "
+                   f"installed TensorFlow, which exports the models: X.Y.0 for TensorFlow X.Y; {TF_SERVING_VERSION} "
+                   "where none is installed)")
     res = p.add_argument_group("resources (per pod)")
     res.add_argument("--cpu-request", default=d_res.cpu_request, help="(default: %(default)s)")
     res.add_argument("--cpu-limit", default=d_res.cpu_limit, help="(default: %(default)s; 'none' for no limit)")
@@ -103,7 +106,8 @@ def options_from_args(args: argparse.Namespace) -> ServingOptions:
             storage_uri=args.storage_uri,
             pvc_claim=args.pvc,
             namespace=args.namespace,
-            tf_serving_version=args.tf_serving_version,
+            tf_serving_version=(installed_tf_serving_version() if args.tf_serving_version is None
+                                else args.tf_serving_version),
             resources=Resources(cpu_request=args.cpu_request, memory_request=args.memory_request,
                                 cpu_limit=_limit(args.cpu_limit), memory_limit=_limit(args.memory_limit),
                                 gpus=args.gpus),

@@ -16,10 +16,11 @@ from typing import Any
 from hvdk8s.k8s import FieldError, SpecError, invalid, join, name_problem, required
 from hvdk8s.serving.address import GRPC_PORT as GRPC_PORT, REST_PORT as REST_PORT  # TF Serving's, the container's
 
-# tensorflow/serving publishes X.Y.Z and X.Y.Z-gpu tags per TF Serving release.
-# 2.18.0 matches the TensorFlow 2.18 used for training; there is no 2.18.1
-# TF Serving release (its version bump was never merged upstream).
-TF_SERVING_VERSION = "2.18.0"
+# tensorflow/serving publishes X.Y.Z and X.Y.Z-gpu tags per TF Serving release: an X.Y.0 built on each
+# TensorFlow X.Y (2.18.0 through 2.21.0), patch releases for some (2.19.1; never 2.18.1).
+TF_SERVING_VERSION = "2.21.0"
+"""The release matching the default stack's TensorFlow (2.21, what `make setup` and the GPU image export with):
+``ServingOptions``' default, and the command line's where no TensorFlow is installed."""
 TF_SERVING_IMAGE = "tensorflow/serving"
 METRICS_PATH = "/monitoring/prometheus/metrics"
 
@@ -38,6 +39,30 @@ KSERVE_NAME_MAX = 63 - len("-predictor")
 _REL_PATH = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*")
 _URI = re.compile(r"([a-z][a-z0-9+.-]*)://([^/\s]+)(/\S*)?")
 _VERSION = re.compile(r"\d+\.\d+\.\d+")
+
+
+def tf_serving_release(tensorflow_version: str) -> str:
+    """The TF Serving release built on TensorFlow ``tensorflow_version``'s major.minor: 2.21.1 -> 2.21.0.
+
+    TF Serving loads SavedModels its own TensorFlow can run; one built on an
+    older TensorFlow can lack ops (or op attributes) a newer one writes.
+    """
+    match = re.match(r"(\d+)\.(\d+)", tensorflow_version)
+    if match is None:
+        raise ValueError(f"TensorFlow version {tensorflow_version!r}: expected MAJOR.MINOR[.PATCH]")
+    return f"{match[1]}.{match[2]}.0"
+
+
+def installed_tf_serving_version() -> str:
+    """The release matching the TensorFlow installed here, the one ``hvdk8s export`` writes SavedModels with,
+    from the metadata of the distribution whose top-level package is ``tensorflow`` (``tensorflow``,
+    ``tensorflow-cpu``, ...; importing it takes seconds); ``TF_SERVING_VERSION`` where there is none.
+    The command lines' default, read there, never while rendering."""
+    from importlib import metadata
+
+    version = next((d.version for d in metadata.distributions()
+                    if "tensorflow" in (d.read_text("top_level.txt") or "").split()), None)
+    return TF_SERVING_VERSION if version is None else tf_serving_release(version)
 
 
 @dataclass(frozen=True)

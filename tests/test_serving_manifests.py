@@ -25,11 +25,14 @@ from hvdk8s.errors import UserError
 from hvdk8s.k8s import SpecError
 from hvdk8s.serving import manifests, manifests_cli
 from hvdk8s.serving.manifests_options import (
+    TF_SERVING_VERSION,
     Autoscaling,
     Batching,
     OptionsError,
     Resources,
     ServingOptions,
+    installed_tf_serving_version,
+    tf_serving_release,
     validate,
 )
 
@@ -152,7 +155,7 @@ def test_default_tf_serving_manifests_exactly():
                             "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [{
             "name": "tensorflow-serving",
-            "image": "tensorflow/serving:2.18.0",
+            "image": "tensorflow/serving:2.21.0",
             "command": ["/usr/bin/tensorflow_model_server"],
             "args": ["--port=8500", "--rest_api_port=8501", "--model_name=digits", "--model_base_path=/models/digits",
                      "--monitoring_config_file=/etc/tfserving/monitoring_config.txt"],
@@ -191,7 +194,7 @@ def test_gcs_gpu_batching_variant():
         "num_batch_threads { value: 4 }\nmax_enqueued_batches { value: 100 }\n")}
     pod = dep["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    assert container["image"] == "tensorflow/serving:2.18.0-gpu"
+    assert container["image"] == "tensorflow/serving:2.21.0-gpu"
     assert container["args"] == [
         "--port=8500", "--rest_api_port=8501", "--model_name=digits", "--model_base_path=gs://b/digits",
         "--monitoring_config_file=/etc/tfserving/monitoring_config.txt",
@@ -237,7 +240,7 @@ def test_kserve_inference_service_exactly():
             "logger": {"mode": "response", "url": "http://logger.ml.svc"},
             "model": {
                 "modelFormat": {"name": "tensorflow"},
-                "runtimeVersion": "2.18.0",
+                "runtimeVersion": "2.21.0",
                 "storageUri": "pvc://model-store/digits",
                 "args": ["--monitoring_config_file=/etc/tfserving/monitoring_config.txt"],
                 "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}},
@@ -253,7 +256,7 @@ def test_kserve_gpu_s3_scale_to_zero_variant():
     assert (predictor["minReplicas"], predictor["scaleMetric"], predictor["scaleTarget"]) == (0, "rps", 50)
     assert "logger" not in predictor
     model = predictor["model"]
-    assert (model["runtimeVersion"], model["storageUri"]) == ("2.18.0-gpu", "s3://b/digits")
+    assert (model["runtimeVersion"], model["storageUri"]) == ("2.21.0-gpu", "s3://b/digits")
     assert model["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert model["args"][1:] == ["--enable_batching=true",
                                  "--batching_parameters_file=/etc/tfserving/batching_parameters.txt"]
@@ -496,7 +499,8 @@ def test_cli_prints_the_same_stream_it_writes(tmp_path, capsys):
     assert run_cli("digits", "--model-base-path", "digits", "-o", str(tmp_path)) == 0
     assert [p.name for p in tmp_path.iterdir()] == ["digits-tfserving.yaml"]
     assert (tmp_path / "digits-tfserving.yaml").read_text() == printed
-    assert list(yaml.safe_load_all(printed)) == manifests.render(VARIANTS["pvc"])
+    assert list(yaml.safe_load_all(printed)) == manifests.render(
+        replace(VARIANTS["pvc"], tf_serving_version=installed_tf_serving_version()))
 
 
 def test_cli_maps_every_flag(capsys):
@@ -521,6 +525,47 @@ def test_cli_maps_every_flag(capsys):
                                                "limits": {"memory": "6Gi", "nvidia.com/gpu": 2}}
 
 
+@pytest.mark.parametrize(("tensorflow", "release"), [
+    ("2.21.0", "2.21.0"), ("2.18.1", "2.18.0"), ("2.22.0rc1", "2.22.0"), ("2.20.0-dev20250601", "2.20.0"), ("3.0", "3.0.0"),
+])
+def test_the_tf_serving_release_built_on_a_tensorflow(tensorflow, release):
+    assert tf_serving_release(tensorflow) == release
+
+
+def test_a_tensorflow_version_that_is_none_is_refused():
+    with pytest.raises(ValueError, match="TensorFlow version 'nightly': expected MAJOR.MINOR"):
+        tf_serving_release("nightly")
+
+
+def test_cli_defaults_to_the_release_of_the_installed_tensorflow(capsys):
+    """Issue #37: the manifests said 2.18.0 while the default stack exports with TensorFlow 2.21."""
+    import tensorflow as tf  # what `hvdk8s export` here writes SavedModels with
+
+    release = ".".join(tf.__version__.split(".")[:2]) + ".0"
+    run_cli("digits", "--model-base-path", "digits")
+    deployment = next(o for o in yaml.safe_load_all(capsys.readouterr().out) if o["kind"] == "Deployment")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == f"tensorflow/serving:{release}"
+    run_cli("digits", "--model-base-path", "digits", "--kserve", "--gpu")
+    isvc = next(o for o in yaml.safe_load_all(capsys.readouterr().out) if o["kind"] == "InferenceService")
+    assert isvc["spec"]["predictor"]["model"]["runtimeVersion"] == f"{release}-gpu"
+
+
+def test_without_tensorflow_the_default_stacks_release(monkeypatch):
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda: iter(()))
+    assert installed_tf_serving_version() == TF_SERVING_VERSION
+
+
+def test_the_fixed_default_is_the_default_stacks_release():
+    """``ServingOptions``' default (and the CLI's without TensorFlow) is the release of the stack `make setup`
+    installs and the GPU image is built with."""
+    setup = (REPO / "scripts" / "setup.sh").read_text()
+    dockerfile = (REPO / "Dockerfile.gpu").read_text()
+    stacks = {setup.split("TF_STACK=${HVDK8S_TF:-")[1].split("}")[0], dockerfile.split("ARG TF_STACK=")[1].split()[0]}
+    assert {tf_serving_release(stack) for stack in stacks} == {TF_SERVING_VERSION}
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["digits"], "give the model's location"),
     (["digits", "--model-base-path", "d", "--storage-uri", "gs://b/m"], "not both"),
@@ -535,7 +580,9 @@ def test_cli_errors_are_user_errors(argv, message, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_checked_in_examples_match_the_renderer(tmp_path):
+def test_checked_in_examples_match_the_renderer(tmp_path, monkeypatch):
+    # the examples show the default stack's release, whichever TensorFlow runs this test
+    monkeypatch.setattr(manifests_cli, "installed_tf_serving_version", lambda: TF_SERVING_VERSION)
     assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(EXAMPLE_ARGS)
     for name, argv in EXAMPLE_ARGS.items():
         run_cli(*argv, "-o", str(tmp_path))
