@@ -40,7 +40,7 @@ LAYERS = [
 def _staged_package(root: Path) -> list[str]:
     """Copy the package folders into ``root/hvdk8s``; return the subpackages' import names."""
     package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    ignore = shutil.ignore_patterns("__pycache__", "examples", "reports", "horovod_examples")
+    ignore = shutil.ignore_patterns("__pycache__", "examples", "reports")
     for name, folder in package_dirs.items():
         shutil.copytree(REPO / folder, root / name.replace(".", "/"), ignore=ignore)
     return [name for name in package_dirs if name != "hvdk8s"]

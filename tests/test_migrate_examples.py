@@ -1,8 +1,8 @@
 """Horovod's Keras examples run on hvdk8s after ``hvdk8s migrate --write``, on 2 ranks.
 
-Each test copies an example, as published in Horovod's repository, into a temporary folder, migrates the
-copy and trains it with ``hvdk8s run``: three from ../shared/peer/horovod/examples (never into the repo), and
-``keras_imagenet_resnet50.py`` from tests/horovod_examples (origin in its first line). The scripts are
+Each test copies an example, as published in Horovod's repository, from ../shared/peer/horovod/examples into a
+temporary folder (never into the repository), migrates the copy and trains it with ``hvdk8s run``; without
+../shared every test here skips, naming it. The scripts are
 changed by ``migrate`` only; the harness on PYTHONPATH (tests/horovod_examples/sitecustomize.py) serves
 scikit-learn's digits as MNIST or as 32x32 ImageNet-style folders and caps ``fit`` at
 HVDK8S_EXAMPLE_MAX_EPOCHS epochs of HVDK8S_EXAMPLE_MAX_STEPS steps, so the 24- and 90-epoch examples fit the
@@ -16,15 +16,16 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from conftest import HVDK8S, REPO, discovery_script, job_env, output_of
+from conftest import HVDK8S, SHARED, discovery_script, job_env, needs_shared, output_of
 
-EXAMPLES = REPO.parent / "shared" / "peer" / "horovod" / "examples"
+pytestmark = needs_shared("peer/horovod/examples")
+EXAMPLES = SHARED / "peer" / "horovod" / "examples"
 HARNESS = Path(__file__).resolve().parent / "horovod_examples"
 
 
-def migrated(tmp_path: Path, name: str, examples: Path = EXAMPLES) -> Path:
+def migrated(tmp_path: Path, name: str) -> Path:
     """A migrated copy of example ``name`` in ``tmp_path``; migrate must leave nothing to do by hand."""
-    script = shutil.copy(examples / name, tmp_path / name)
+    script = shutil.copy(EXAMPLES / name, tmp_path / name)
     proc = subprocess.run([HVDK8S, "migrate", "--write", name], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "import hvdk8s as hvd" in Path(script).read_text()
@@ -75,7 +76,7 @@ def test_keras_imagenet_resnet50_resumes_from_its_default_checkpoint(tmp_path: P
     """The example's default ``--checkpoint-format`` (``./checkpoint-{epoch}.h5``, rewritten to .keras by migrate):
     a second run finds epoch 1's checkpoint, ``hvd.load_model`` restores model and optimizer on rank 0, the
     broadcast reaches rank 1, and training goes on at epoch 2 with the optimizer's step count carried over."""
-    migrated(tmp_path, "keras_imagenet_resnet50.py", HARNESS)
+    migrated(tmp_path, "keras_imagenet_resnet50.py")
     env = {**example_env(2, 2), "HVDK8S_EXAMPLE_IMAGES": "64"}
     argv = ["-np", "2", "keras_imagenet_resnet50.py", "--batch-size", "8", "--val-batch-size", "8"]
     run_example(tmp_path, [*argv, "--epochs", "1"], env)  # Keras prints no "Epoch 1/1" header for one epoch
