@@ -19,7 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "export",
         help="export a .keras model as the next TensorFlow Serving version",
         description="Write MODEL as BASE_PATH/<version>/ (SavedModel, written atomically) with a "
-        "serving_default signature taking JPEG/PNG bytes and a predict_tensor signature.",
+        "serving_default signature taking JPEG/PNG bytes and a predict_tensor signature. Its answers carry "
+        "probabilities and classes, and with --class-names each class's name.",
     )
     export.add_argument("model", type=Path, help=".keras file")
     export.add_argument("--base-path", type=Path, required=True, help="model base path, e.g. models/digits")
@@ -164,7 +165,10 @@ def _target_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _export_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--class-names", help="comma-separated names, one per model output")
+    parser.add_argument("--class-names", metavar="NAMES",
+                        help="comma-separated names, one per model output in order, e.g. 0,1,2,3,4,5,6,7,8,9 for "
+                        "the digits: answers then name their class (`hvdk8s predict` prints it); without, they "
+                        "give its number only")
     parser.add_argument(
         "--preprocessing",
         choices=sorted(PREPROCESSING),
@@ -212,6 +216,9 @@ def _export(args: argparse.Namespace) -> int:
     except (ValueError, FileExistsError) as err:
         raise UserError(str(err)) from None
     print(f"exported {args.model} as {path}")
+    if args.class_names is None:
+        print(f"hvdk8s export: without --class-names the answers give class numbers only; name the "
+              f"{model.outputs[0].shape[-1]} classes in output order with --class-names NAME,NAME,...", file=sys.stderr)
     return 0
 
 

@@ -211,6 +211,9 @@ def test_export_cli(tmp_path, trained, capsys):
     assert serving.read_metadata(base / "7")["class_names"] == WORD_NAMES
     assert cli("export", str(model_file), "--base-path", str(base), "--version", "7") == 2
     assert "hvdk8s export: error: version 7 already exists" in capsys.readouterr().err
+    assert cli("export", str(model_file), "--base-path", str(base)) == 0
+    assert capsys.readouterr().err == ("hvdk8s export: without --class-names the answers give class numbers only; "
+                                       "name the 10 classes in output order with --class-names NAME,NAME,...\n")
     assert cli("export", str(tmp_path / "missing.keras"), "--base-path", str(base)) == 2
     assert "missing.keras: no such file" in capsys.readouterr().err
 
