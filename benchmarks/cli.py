@@ -262,8 +262,11 @@ def _cluster(args: argparse.Namespace) -> int:
                 logs.append(log)
                 atomic.write_json(args.out / "results.json", cluster_collect.results(
                     settings, logs, network=args.network, command=command, started=started))
-        finally:
-            results = save()  # what was measured, also when a job or the API failed
+        except BaseException:  # the API or Ctrl-C: the report of what was measured, then the error
+            if logs:
+                save()
+            raise
+        results = save()
     print(f"hvdk8s bench: wrote {args.out / 'results.json'} and {args.out / 'report.md'}", flush=True)
     for failure in results["errors"]:
         print(f"hvdk8s bench: error in {failure['job']}: {failure['error'].splitlines()[0]}", file=sys.stderr)

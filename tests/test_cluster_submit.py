@@ -90,6 +90,7 @@ def test_without_the_training_operator_nothing_is_created_and_the_user_is_told(t
     with OperatedDouble(ScriptedPods(), training_operator=False) as double:
         assert submit(double, tmp_path) == 2
         assert double.ran == [] and not [r for r in double.requests if r[0] == "POST"]
+    assert not (tmp_path / "out" / "results.json").exists()  # nothing ran, nothing to report
     err = capsys.readouterr().err
     assert "the cluster does not serve kubeflow.org/v1 TFJobs: the Kubeflow Training Operator is not installed" in err
 
