@@ -22,6 +22,8 @@ def host_port(address: str) -> tuple[str, int]:
         parts = urllib.parse.urlsplit(address)
         return parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
     host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"address {address!r}: expected http://host:port (REST) or host:port (gRPC)")
     return host.strip("[]"), int(port)
 
 

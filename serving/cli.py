@@ -382,9 +382,11 @@ def _loadtest(args: argparse.Namespace) -> int:
         raise UserError(f"--max-error-rate {args.max_error_rate}: must be between 0 and 1")
     if args.grpc:
         _require_serving_api()
+    url = _url(args)
     try:
+        client.raise_if_nothing_answers(url)  # else every request would count as a connection error, and no more
         result = loadtest.run(
-            _url(args),
+            url,
             args.model,
             grpc=args.grpc,
             concurrency=args.concurrency,

@@ -111,3 +111,9 @@ def test_an_address_elsewhere_asks_about_that_machine() -> None:
                                              ("[::1]:8500", ("::1", 8500))])
 def test_host_port(given: str, expected: tuple[str, int]) -> None:
     assert address.host_port(given) == expected
+
+
+@pytest.mark.parametrize("given", ["127.0.0.1", "localhost:http", ":8500"])
+def test_an_address_without_host_and_port_is_refused(given: str) -> None:
+    with pytest.raises(ValueError, match=f"address {given!r}: expected http://host:port"):
+        address.host_port(given)
