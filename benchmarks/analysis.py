@@ -10,6 +10,7 @@ from collections import defaultdict
 from typing import Any
 
 from . import costmodel
+from .settings import THREAD_STRATEGIES
 from .stats import summary
 from .synthetic import PEER_OF
 
@@ -86,6 +87,8 @@ def ratios(raw: list[dict[str, Any]]) -> dict[str, Any]:
     ``time_to_accuracy``: the same per-round ratio for the time-to-accuracy rate;
     ``time_to_accuracy_paired``: hvdk8s's over the raw loop's epochs that
     alternated with its own in the same launch (same epochs, same load).
+    ``thread_policy`` (where measured): the raw loop at hvdk8s's thread split over the raw loop at
+    TensorFlow's default pools, launch over launch of the same round: the thread policy's own gain.
     """
     paired: dict[tuple[str, str, int], list[float]] = defaultdict(list)
     tta_paired: dict[int, list[float]] = defaultdict(list)
@@ -100,7 +103,10 @@ def ratios(raw: list[dict[str, Any]]) -> dict[str, Any]:
             tta[(strategy, n, r)] = tta_rate(t)
             if t.get("paired_raw_epoch_seconds"):
                 tta_paired[n].append(sum(t["paired_raw_epoch_seconds"]) / t["curve"][-1]["train_seconds"])
-    rounds = per_round_ratios(launch_rates(raw), REFERENCE)
+    rates = launch_rates(raw)
+    rounds = per_round_ratios(rates, REFERENCE)
+    tf_default, split = THREAD_STRATEGIES
+    threads = {(wl, n): v for (wl, st, n), v in per_round_ratios(rates, tf_default).items() if st == split}
     tta_rounds: dict[tuple[str, int], list[float]] = defaultdict(list)
     for (strategy, n, r), rate in sorted(tta.items()):
         ref = tta.get((REFERENCE, n, r))
@@ -113,6 +119,8 @@ def ratios(raw: list[dict[str, Any]]) -> dict[str, Any]:
         # only where measured: results from before the pairing derive as they did
         **({"time_to_accuracy_paired": [{"workers": n, "ratio": summary(v)} for n, v in sorted(tta_paired.items())]}
            if tta_paired else {}),
+        **({"thread_policy": [{"workload": wl, "workers": n, "ratio": summary(v)} for (wl, n), v in sorted(threads.items())]}
+           if threads else {}),
     }
 
 

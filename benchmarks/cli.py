@@ -12,7 +12,7 @@ from typing import Any
 from hvdk8s.errors import UserError
 
 from .knobs import KNOBS, settings_names, stacks
-from .settings import DEFAULT_STRATEGIES, STRATEGIES
+from .settings import DEFAULT_STRATEGIES, QUICK_STRATEGIES, STRATEGIES
 
 _SIZE = re.compile(r"^(\d+)\s*([kmg]?)(i?b)?$", re.I)
 _SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -47,7 +47,8 @@ def _knobs(text: str) -> tuple[str, ...]:
 
 # flag -> (settings field, parser, help)
 OVERRIDES: dict[str, tuple[str, Callable[[str], Any], str]] = {
-    "--strategies": ("strategies", _list(str.strip, "--strategies"), f"comma list of {','.join(STRATEGIES)} (default: {','.join(DEFAULT_STRATEGIES)})"),
+    "--strategies": ("strategies", _list(str.strip, "--strategies"), f"comma list of {','.join(STRATEGIES)} (default: {','.join(DEFAULT_STRATEGIES)}; "
+                     f"--quick: {','.join(QUICK_STRATEGIES)})"),
     "--workloads": ("workloads", _list(str.strip, "--workloads"), "comma list of cnn,mlp and Horovod's synthetic benchmarks "
                     "as horovod-synthetic:<keras.applications model>, e.g. horovod-synthetic:MobileNetV2,horovod-synthetic:ResNet50"),
     "--ranks": ("ranks", _list(int, "--ranks"), "worker counts N, must include 1 (default 1,2)"),
@@ -95,25 +96,35 @@ def _jobs(preset: str) -> int:
     return job_count(PRESETS[preset], emulated=bool(PRESETS[preset].emulated_rates))
 
 
+def _minutes(jobs: int) -> str:
+    """``about 8 min``: ``suite.estimate_seconds``, rounded up to a minute."""
+    from .suite import estimate_seconds
+
+    return f"about {-(-estimate_seconds(jobs) // 60)} min"
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
         help="benchmark hvdk8s against raw Horovod and TF strategies; write results.json, report.md, plots",
         description="Measure training throughput, scaling efficiency, time to accuracy, allreduce bandwidth and "
         "bandwidth-limited (network-namespace) clusters side by side, fit an alpha-beta cost model and "
-        "extrapolate it. The run prints each job as it starts ([bench k/total]); a job takes about 20 s on an idle 2-core "
-        "machine and about a minute on a slower, shared one.",
+        "extrapolate it. The run prints the job count and an estimate of its time first, then each job as it starts "
+        "([bench k/total]); a job takes about 20 s on an idle 2-core machine and up to a minute on a slower, shared one.",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="preset", action="store_const", const="quick",
-                      help=f"short run: {_jobs('quick')} jobs (+1 with --profile), about 20 s to a minute each on 2 "
-                           "cores (default: full)")
+                      help=f"the strategy comparison: hvdk8s, the raw loop (also at TensorFlow's default threads and at "
+                           f"hvdk8s's thread split), MultiWorkerMirrored and parameter server at N=1,2, 2 rounds, and the "
+                           f"allreduce microbenchmark; no emulated links: {_jobs('quick')} jobs (+1 with --profile), "
+                           f"{_minutes(_jobs('quick'))} on an idle 2-core machine (default: full)")
     mode.add_argument("--brief", dest="preset", action="store_const", const="brief",
                       help=f"the headline only, {_jobs('brief')} jobs: hvdk8s / raw loop in alternating windows at N=1 and N=2 "
-                           "(3 rounds) and the allreduce microbenchmark; no time to accuracy, no emulated links; under ten "
-                           "minutes on 2 cores")
+                           "(3 rounds), the raw loop at TensorFlow's default threads and at hvdk8s's split at N=2, and the "
+                           f"allreduce microbenchmark; no time to accuracy, no emulated links; {_minutes(_jobs('brief'))} "
+                           "on an idle 2-core machine")
     mode.add_argument("--full", dest="preset", action="store_const", const="full",
-                      help=f"longer windows, 3 rounds: {_jobs('full')} jobs, about three times --quick")
+                      help=f"longer windows, 3 rounds, every default strategy and emulated links: {_jobs('full')} jobs")
     p.set_defaults(preset="full")
     p.add_argument("--out", type=Path, default=Path("out/bench"), help="output folder (default out/bench)")
     p.add_argument("--no-tta", dest="tta", action="store_false", default=None, help="skip time to accuracy")
@@ -199,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
                               args.out)
         print(f"hvdk8s bench: wrote {paths['markdown']}", flush=True)
         return 0
+    from . import suite as suite_module
     from .suite import Suite
 
     settings = settings_from_args(args)
@@ -206,6 +218,9 @@ def run(args: argparse.Namespace) -> int:
         suite = Suite(settings, args.out, args.command_line or ["hvdk8s", *sys.argv[1:]])
     except ValueError as err:  # a stack knob's interpreter is missing or broken, or the H100 rates: nothing was started
         raise UserError(str(err)) from None
+    jobs = suite.progress.total
+    print(f"hvdk8s bench: {jobs} jobs, {_minutes(jobs)} (an estimate: {suite_module.JOB_SECONDS} s a job on an idle 2-core "
+          "machine; longer where other processes share the cores)", file=sys.stderr, flush=True)
     results = suite.run()
     paths = report.write(results, args.out)
     print(f"hvdk8s bench: wrote {args.out / 'results.json'} and {paths['markdown']}", flush=True)

@@ -95,7 +95,7 @@ def label(strategy: str) -> str:
 
 
 COLORS = dict(zip(STRATEGY_LABELS, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:cyan",
-                                     "tab:olive", "tab:pink", "tab:brown"), strict=True))
+                                     "tab:olive", "tab:pink", "tab:brown", "tab:gray", "gold"), strict=True))
 
 
 # --- plots -------------------------------------------------------------------------------------
@@ -345,11 +345,12 @@ def _by_n(rows: list[dict[str, Any]], key: Any, ratio: str = "ratio") -> tuple[l
 
 
 def _headline(d: dict[str, Any]) -> list[str]:
-    """hvdk8s / raw loop wherever both ran: alternating windows on this machine's shared memory and on every
-    emulated link, then Horovod's synthetic scripts; one column per N."""
-    rows = [{**p, "where": "shared memory, alternating windows"} for p in d["ratios"]["paired"] if p["strategy"] == "hvdk8s"]
+    """hvdk8s / raw loop wherever both ran: alternating windows (equal threads: one process) on this machine's shared
+    memory and on every emulated link, then Horovod's synthetic scripts; one column per N."""
+    rows = [{**p, "where": "shared memory, alternating windows, equal threads"} for p in d["ratios"]["paired"]
+            if p["strategy"] == "hvdk8s"]
     for rate in d["emulated"].get("rates", []):
-        rows += [{**p, "where": f"emulated {rate['rate']} links, alternating windows"}
+        rows += [{**p, "where": f"emulated {rate['rate']} links, alternating windows, equal threads"}
                  for p in rate.get("training_paired", []) if p["strategy"] == "hvdk8s"]
     rows += [{"workload": f"horovod-synthetic:{p['model']}", "workers": p["workers"], "ratio": p.get("hvdk8s_over_raw"),
               "where": "Horovod's scripts, separate launches"} for p in d.get("synthetic", []) if p["section"] == "synthetic"]
@@ -357,10 +358,32 @@ def _headline(d: dict[str, Any]) -> list[str]:
     return [table(["workload", "measured as", *[f"hvdk8s / raw loop, N={n}" for n in ns]], table_rows)] if rows else []
 
 
+def _thread_policy(rows: list[dict[str, Any]]) -> list[str]:
+    """The thread policy's own gain (``analysis.ratios``' ``thread_policy``), after the equal-thread headline."""
+    if not rows:
+        return []
+    ns, table_rows = _by_n(rows, lambda r: (r["workload"],))
+    return [
+        "**The thread policy's own gain**, on CPU ranks: the raw loop at hvdk8s's thread split (`hvdk8s.threads`, "
+        "default policy: cores / local_size intra-op threads per rank) over the raw loop at TensorFlow's default pools "
+        "(as many threads as cores in every rank, so ranks on one host oversubscribe them: what a raw-loop user gets), "
+        "separate launches of the same round, the suite setting no thread count for either. The alternating-window "
+        "rows above compare hvdk8s and the raw loop at equal threads; this is what hvdk8s's default thread policy adds "
+        "on top of them on CPU, and what a raw-loop user gets with one `tf.config.threading."
+        "set_intra_op_parallelism_threads` line. On GPU ranks `hvdk8s.init` pins the rank's GPU and applies no thread "
+        "policy (hvdk8s/runtime.py), so there only the equal-thread ratio applies. Rows from Horovod's scripts run each "
+        "script at its own threads (the raw loop at TensorFlow's defaults), so they include this gain.",
+        "",
+        table(["workload", *[f"raw loop, split / TensorFlow's defaults, N={n}" for n in ns]], table_rows),
+        "",
+    ]
+
+
 def _ratio_section(d: dict[str, Any]) -> str:
     r = d["ratios"]
     headline = _headline(d)
-    if not (r["paired"] or r["rounds"] or headline):
+    threads = _thread_policy(r.get("thread_policy", []))
+    if not (r["paired"] or r["rounds"] or headline or threads):
         return ""
     out: list[str] = [
         "## Summary: throughput relative to the raw Horovod loop (" + MEASURED + ")",
@@ -376,6 +399,7 @@ def _ratio_section(d: dict[str, Any]) -> str:
         "rate over the raw loop's launch in the same round.",
         "",
         *([*headline, ""] if headline else []),
+        *threads,
     ]
     if r["paired"]:
         ns, rows = _by_n(r["paired"], lambda p: (p["workload"], label(p["strategy"])))

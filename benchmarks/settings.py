@@ -17,7 +17,8 @@ from .knobs import names as knob_names
 from .netns import parse_rate
 
 STRATEGIES = (
-    "single", "hvdk8s", "horovod", "tf_mwms", "tf_ps", "hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_eager64k", "hvdk8s_spe"
+    "single", "hvdk8s", "horovod", "tf_mwms", "tf_ps", "hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_eager64k", "hvdk8s_spe",
+    "horovod_tfdefault", "horovod_split",
 )
 STRATEGY_LABELS = {
     "single": "single process (Keras fit)",
@@ -29,9 +30,16 @@ STRATEGY_LABELS = {
     "hvdk8s_rd": "hvdk8s, Open MPI recursive-doubling allreduce (openMpi.allreduceAlgorithm)",
     "hvdk8s_eager64k": "hvdk8s, Open MPI's own 64 KiB TCP eager limit (openMpi.tcpEagerLimit: 65536)",
     "hvdk8s_spe": "hvdk8s, Keras steps_per_execution=5 (batch callbacks every 5 steps: its own row)",
+    "horovod_tfdefault": "raw horovod.tensorflow loop at TensorFlow's default thread pools (what a user gets)",
+    "horovod_split": "raw horovod.tensorflow loop at hvdk8s's CPU thread split (cores / local_size intra-op threads)",
 }
 # Strategies launched by mpirun; the TF ones are TF_CONFIG clusters.
-HOROVOD_STRATEGIES = ("hvdk8s", "horovod", "hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_eager64k", "hvdk8s_spe")
+# The raw loop at the thread pools a user gets by default, and at hvdk8s's split (hvdk8s.threads): the suite sets no
+# thread count for them, so their ratio is the thread policy's own gain; at N=1 the split is TensorFlow's default.
+THREAD_STRATEGIES = ("horovod_tfdefault", "horovod_split")
+# The raw horovod.tensorflow loop, whatever its threads
+RAW_LOOP_STRATEGIES = ("horovod", *THREAD_STRATEGIES)
+HOROVOD_STRATEGIES = ("hvdk8s", *RAW_LOOP_STRATEGIES, "hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_eager64k", "hvdk8s_spe")
 # hvdk8s under Keras fit, and the variants that differ from it only in settings
 HVDK8S_STRATEGIES = ("hvdk8s", "hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_eager64k", "hvdk8s_spe")
 # Keras compile(steps_per_execution=K): K steps per compiled call, so windows and warm-up are multiples of K.
@@ -40,17 +48,20 @@ STEPS_PER_EXECUTION = {"hvdk8s_spe": 5}
 PAIRED_STRATEGIES = ("hvdk8s", "hvdk8s_spe")
 # No time-to-accuracy run: Keras 3.8 runs a whole K-step call at the end of an epoch whose
 # length is not a multiple of K, so its epochs would not be the others' epochs.
-NO_TTA = ("hvdk8s_spe",)
+NO_TTA = ("hvdk8s_spe", *THREAD_STRATEGIES)
 # Open MPI parameters of a strategy's launches (over the knob's): the job spec's transport settings.
 STRATEGY_MCA = {
     "hvdk8s_rd": transport_mca("recursive_doubling"),
     "hvdk8s_eager64k": transport_mca(tcp_eager_limit=MIN_TCP_EAGER_LIMIT),
 }
 ONE_PROCESS_ONLY = ("single",)
-# One rank does no allreduce: nothing to compress, no algorithm or transport to choose.
-MANY_PROCESSES_ONLY = ("hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_eager64k")
+# One rank does no allreduce: nothing to compress, no algorithm or transport to choose; and its thread split is
+# TensorFlow's default pool.
+MANY_PROCESSES_ONLY = ("hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_eager64k", *THREAD_STRATEGIES)
 # Main training section's default: the rest are measured where they matter, on emulated links.
-DEFAULT_STRATEGIES = ("single", "hvdk8s", "horovod", "tf_mwms", "tf_ps", "hvdk8s_fp16", "hvdk8s_spe")
+DEFAULT_STRATEGIES = ("single", "hvdk8s", "horovod", "tf_mwms", "tf_ps", "hvdk8s_fp16", "hvdk8s_spe", *THREAD_STRATEGIES)
+# --quick: the four strategies people choose between, and the thread policy's own row
+QUICK_STRATEGIES = ("hvdk8s", "horovod", "tf_mwms", "tf_ps", *THREAD_STRATEGIES)
 WORKLOADS = ("cnn", "mlp")
 
 
@@ -168,12 +179,13 @@ class Settings:
 
 
 PRESETS: dict[str, Settings] = {
-    # 62 jobs with --profile: 22 minutes on an idle 2-core machine (about 20 s a job, 1de9d70), about an hour on a
-    # slower, shared 2-core VM (about a minute a job).
-    "quick": Settings(preset="quick", rounds=2, models=2, windows=2),
+    # The strategy comparison: the four strategies and the thread policy's row at N=1,2, two interleaved rounds,
+    # one model per launch; no emulated links, no fp16/steps_per_execution rows (23 jobs; see docs/benchmarks.md).
+    "quick": Settings(preset="quick", strategies=QUICK_STRATEGIES, rounds=2, models=1, windows=3, emulated_rates=()),
     # The headline only: hvdk8s with the raw loop's windows alternating in the same launches, N=1 and N=2, three
-    # rounds, and the allreduce microbenchmark; no time to accuracy, no emulated links (9 jobs, under ten minutes).
-    "brief": Settings(preset="brief", strategies=("hvdk8s",), rounds=3, models=2, windows=2, tta=False, emulated_rates=(),
+    # rounds, the thread policy's row at N=2, and the allreduce microbenchmark; no time to accuracy, no emulated links
+    # (15 jobs, about ten minutes).
+    "brief": Settings(preset="brief", strategies=("hvdk8s", *THREAD_STRATEGIES), rounds=3, models=2, windows=2, tta=False, emulated_rates=(),
                       allreduce_sizes=tuple(4 ** k * 1024 for k in range(0, 8, 2)), allreduce_repeats=2),
     # Longer windows, three interleaved launches per configuration, bigger
     # messages and the 4096-wide MLP (134 MB of fp32 gradients).
@@ -243,7 +255,7 @@ def validate(s: Settings) -> None:
         raise ValueError(f"tta_target={s.tta_target}: must be in (0, 1]")
     if any(n < 2 for n in s.emulated_workers) or s.emulated_train_workers < 1:
         raise ValueError("emulated_workers: the cluster needs at least 2 workers")
-    bad = [x for x in s.emulated_train_strategies if x not in STRATEGIES or x == "single"]
+    bad = [x for x in s.emulated_train_strategies if x not in STRATEGIES or x == "single" or x in THREAD_STRATEGIES]
     if bad:
         raise ValueError(f"emulated_train_strategies: unsupported {bad}")
     if s.emulated_train_workers < 2 and (bad := [x for x in s.emulated_train_strategies if x in MANY_PROCESSES_ONLY]):

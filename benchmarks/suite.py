@@ -29,6 +29,7 @@ from .settings import (
     ONE_PROCESS_ONLY,
     STRATEGY_LABELS,
     STRATEGY_MCA,
+    THREAD_STRATEGIES,
     Settings,
 )
 
@@ -37,6 +38,9 @@ SMALL_MESSAGE = 64 << 10  # sizes re-measured at a short Horovod cycle time
 FAST_CYCLE = "cycle_0.1ms"
 LINK_PROBE_BYTES = 64 << 20
 LINK_PROBE_PINGS = 200
+# What ``estimate_seconds`` assumes a job takes: launches of 9-38 s on an idle 2-core machine in the committed runs
+# (benchmarks/reports/example, headline: about 20 s on average, start-up and model build included).
+JOB_SECONDS = 20
 
 
 class Progress:
@@ -126,8 +130,15 @@ def job_count(s: Settings, emulated: bool) -> int:
     count = len(training_configs(s)) + len(synthetic_configs(s)) + 3 + profile + knob_jobs
     if emulated:
         per_rate = 1 + 2 * len(s.emulated_workers)
-        count += per_rate * len(s.emulated_rates) + len(emulated_train_configs(s)) * len(s.emulated_train_rates)
+        trained_on = [rate for rate in s.emulated_rates if rate in s.emulated_train_rates]
+        count += per_rate * len(s.emulated_rates) + len(emulated_train_configs(s)) * len(trained_on)
     return count
+
+
+def estimate_seconds(jobs: int) -> int:
+    """A rough wall time for ``jobs`` jobs on an idle 2-core machine (``JOB_SECONDS`` each): an estimate, longer
+    where other processes share the cores."""
+    return jobs * JOB_SECONDS
 
 
 class Suite:
@@ -183,7 +194,7 @@ class Suite:
         self, name: str, settings: Settings, strategy: str, n: int, *, tta: bool, seed: int, cluster: Any = None,
         knob: knobs.Knob | None = None, profile: bool = False,
     ) -> dict[str, Any]:
-        own_threads = bool(knob and knob.thread_policy)
+        own_threads = bool(knob and knob.thread_policy) or strategy in THREAD_STRATEGIES
         # the profile may also break down Horovod's synthetic models' steps (in the suite's harnesses, at equal threads)
         workloads = settings.profiled_workloads if profile else settings.suite_workloads
         job = self._job_file(name, {"settings": settings.to_json(), "workloads": list(workloads), "tta": tta,

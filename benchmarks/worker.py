@@ -19,7 +19,7 @@ from typing import Any
 
 from hvdk8s import atomic
 
-from .settings import HVDK8S_STRATEGIES, PAIRED_STRATEGIES, STEPS_PER_EXECUTION, Settings
+from .settings import HVDK8S_STRATEGIES, PAIRED_STRATEGIES, RAW_LOOP_STRATEGIES, STEPS_PER_EXECUTION, Settings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,11 +46,21 @@ def serve(threads: int) -> None:
     server.join()
 
 
+def split_threads(local_size: int) -> None:
+    """hvdk8s's default CPU thread policy (``hvdk8s.threads``), applied to a raw-loop process as a user would with
+    ``tf.config.threading``; like ``hvdk8s.init``, only where there is no GPU."""
+    from hvdk8s.runtime import _set_pools
+    from hvdk8s.threads import DEFAULT_CPU_THREAD_POLICY, thread_pools
+
+    _set_pools(*thread_pools(DEFAULT_CPU_THREAD_POLICY, os.cpu_count() or 1, local_size))
+
+
 class Runtime:
     """Strategy-level set-up done once per process, before any model exists."""
 
     def __init__(self, strategy: str, threads: int | None) -> None:
-        """``threads`` None: no thread count (a thread-policy knob: ``hvdk8s.init``'s policy, TensorFlow's defaults elsewhere)."""
+        """``threads`` None: no thread count (a thread-policy knob: ``hvdk8s.init``'s policy; the raw loop's
+        ``THREAD_STRATEGIES``: TensorFlow's defaults, or hvdk8s's split for ``horovod_split``)."""
         self.name = strategy
         self.strategy: Any = None
         self.coordinator: Any = None
@@ -67,11 +77,13 @@ class Runtime:
             set_threads(threads)
         import tensorflow as tf
 
-        if strategy == "horovod":
+        if strategy in RAW_LOOP_STRATEGIES:
             import horovod.tensorflow as hvd
 
             hvd.init()
             self.workers, self.chief = hvd.size(), hvd.rank() == 0
+            if strategy == "horovod_split" and not tf.config.list_physical_devices("GPU"):
+                split_threads(hvd.local_size())
         elif strategy == "tf_mwms":
             ring = tf.distribute.experimental.CommunicationOptions(
                 implementation=tf.distribute.experimental.CommunicationImplementation.RING
@@ -95,7 +107,7 @@ class Runtime:
         if name == "single" or name in HVDK8S_STRATEGIES:
             return trainers.KerasFitTrainer(model_fn, dataset_fn, lr, use_hvdk8s=name != "single",
                                             fp16=name == "hvdk8s_fp16", steps_per_execution=STEPS_PER_EXECUTION.get(name, 1))
-        if name == "horovod":
+        if name in RAW_LOOP_STRATEGIES:
             return trainers.HorovodLoopTrainer(model_fn, dataset_fn, lr)
         if name == "tf_mwms":
             return trainers.MirroredTrainer(self.strategy, model_fn, dataset_fn, lr, batch)

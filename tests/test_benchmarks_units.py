@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hvdk8s.benchmarks import analysis, cli, costmodel, knobs, launch, netns, report, stats, suite
-from hvdk8s.benchmarks.settings import PRESETS, preset
+from hvdk8s.benchmarks.settings import NO_TTA, PRESETS, preset
 from hvdk8s.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -268,6 +268,41 @@ def test_training_configs_interleave_rounds_single_only_at_one_fp16_only_above()
     ]
 
 
+def test_the_raw_loop_at_both_thread_pools_runs_only_where_they_differ_and_without_time_to_accuracy() -> None:
+    s = preset("quick", strategies=("horovod", "horovod_tfdefault", "horovod_split"), ranks=(1, 2), rounds=1)
+    # at one rank hvdk8s's split is TensorFlow's default pool
+    assert suite.training_configs(s) == [(0, "horovod", 1), (0, "horovod", 2), (0, "horovod_tfdefault", 2), (0, "horovod_split", 2)]
+    assert {"horovod_tfdefault", "horovod_split"} <= set(NO_TTA)
+    with pytest.raises(ValueError, match="emulated_train_strategies: unsupported"):
+        preset("quick", emulated_train_strategies=("horovod_split",))
+
+
+def test_the_thread_policys_gain_is_the_split_raw_loop_over_the_default_one_of_the_same_round() -> None:
+    raw = [_run("horovod_tfdefault", 2, [2.0], 100, 0), _run("horovod_split", 2, [1.0], 100, 0),
+           _run("horovod_tfdefault", 2, [1.0], 100, 1), _run("horovod_split", 2, [1.25], 100, 1),
+           _run("horovod_split", 2, [1.0], 100, 2),  # no default-pool launch in its round: no ratio
+           _run("horovod", 2, [1.0], 100, 0), _run("hvdk8s", 2, [1.0], 100, 0, paired=[1.0])]
+    [row] = analysis.ratios(raw)["thread_policy"]
+    assert row["workload"] == "cnn" and row["workers"] == 2
+    assert row["ratio"]["n"] == 2 and row["ratio"]["min"] == pytest.approx(0.8) and row["ratio"]["max"] == 2.0
+    assert "thread_policy" not in analysis.ratios(raw[5:])  # results without these launches derive as before
+
+
+def test_the_thread_policy_row_follows_the_equal_thread_headline_and_says_gpu_ranks_do_not_get_it() -> None:
+    two = {"n": 3, "median": 1.1, "q1": 1.05, "q3": 1.15, "min": 1.02, "max": 1.2, "spread": 0.1}
+    one = {"n": 3, "median": 0.95, "q1": 0.95, "q3": 0.95, "min": 0.94, "max": 0.96, "spread": 0.02}
+    d = {"ratios": {"paired": [{"workload": "cnn", "strategy": "hvdk8s", "workers": 2, "ratio": one}], "rounds": [],
+                    "time_to_accuracy": [], "thread_policy": [{"workload": "cnn", "workers": 2, "ratio": two}]},
+         "emulated": {}, "synthetic": []}
+    lines = report._ratio_section(d).splitlines()
+    equal = lines.index("| cnn | shared memory, alternating windows, equal threads | 0.95 [0.94–0.96] (3) |")
+    policy = lines.index("| cnn | 1.1 [1.02–1.2] (3) |")
+    assert equal < policy and "| workload | raw loop, split / TensorFlow's defaults, N=2 |" in lines
+    gain = next(line for line in lines if line.startswith("**The thread policy's own gain**"))
+    assert "On GPU ranks `hvdk8s.init` pins the rank's GPU and applies no thread policy" in gain
+    assert "The thread policy" not in report._ratio_section({**d, "ratios": {**d["ratios"], "thread_policy": []}})
+
+
 def test_emulated_training_interleaves_rounds() -> None:
     s = preset("quick", emulated_train_strategies=("hvdk8s", "tf_mwms"), rounds=2)
     assert suite.emulated_train_configs(s) == [(0, "hvdk8s"), (0, "tf_mwms"), (1, "hvdk8s"), (1, "tf_mwms")]
@@ -304,7 +339,7 @@ def test_the_profile_breaks_down_every_workload_or_the_ones_named() -> None:
         (("--emulated-rates", "1gbit", "--emulated-train-rates", "10gbit"), "not among emulated_rates"),
         (("--knobs", "cycle_5ms,turbo"), "knobs: unknown"),
         (("--workloads", "cnn", "--profile-workloads", "cnn,mlp"), r"profile_workloads: \['mlp'\] not among workloads \['cnn'\]"),
-        (("--steps", "12"), r"steps=12: hvdk8s_spe runs 5 steps per compiled call"),  # hvdk8s_spe is a default strategy
+        (("--strategies", "hvdk8s_spe", "--steps", "12"), r"steps=12: hvdk8s_spe runs 5 steps per compiled call"),
         (("--strategies", "hvdk8s", "--emulated-train-strategies", "hvdk8s_spe", "--emulated-train-steps", "7"),
          r"emulated_train_steps=7: hvdk8s_spe"),
     ],
@@ -620,11 +655,17 @@ def test_two_scripts_agree_when_medians_are_close_or_their_ranges_overlap(ours: 
 
 def test_presets_state_their_job_counts_and_brief_is_the_headline_only() -> None:
     brief = PRESETS["brief"]
-    assert suite.job_count(brief, emulated=False) == 2 * 3 + 3  # N=1,2 x 3 rounds of hvdk8s (raw loop alternating) + allreduce
-    assert brief.strategies == ("hvdk8s",) and not brief.tta and brief.emulated_rates == ()
-    assert suite.job_count(PRESETS["quick"], emulated=True) == 61
-    text = cli_help()
-    assert "61 jobs (+1 with --profile)" in text and "9 jobs" in text and "85 jobs" in text
+    # N=1,2 x 3 rounds of hvdk8s (raw loop alternating), the raw loop at both thread pools at N=2 x 3 rounds, allreduce
+    assert suite.job_count(brief, emulated=False) == 2 * 3 + 2 * 3 + 3
+    assert brief.strategies == ("hvdk8s", "horovod_tfdefault", "horovod_split") and not brief.tta and brief.emulated_rates == ()
+    quick = PRESETS["quick"]
+    # the four strategies at N=1,2 and the thread policy's two at N=2, 2 rounds, + allreduce; no emulated links
+    assert quick.emulated_rates == () and set(quick.strategies) == {"hvdk8s", "horovod", "tf_mwms", "tf_ps",
+                                                                    "horovod_tfdefault", "horovod_split"}
+    assert suite.job_count(quick, emulated=True) == (4 * 2 + 2) * 2 + 3 == 23
+    assert suite.estimate_seconds(23) == 23 * suite.JOB_SECONDS
+    text = " ".join(cli_help().split())
+    assert "23 jobs (+1 with --profile), about 8 min" in text and "15 jobs" in text and "91 jobs" in text
 
 
 def cli_help() -> str:
@@ -641,8 +682,8 @@ def test_headline_puts_emulated_links_and_horovods_scripts_beside_shared_memory_
          "synthetic": [{"section": "synthetic", "knob": "baseline", "model": "ResNet50", "workers": 2, "hvdk8s_over_raw": two}]}
     lines = report._ratio_section(d).splitlines()
     assert "| workload | measured as | hvdk8s / raw loop, N=1 | hvdk8s / raw loop, N=2 |" in lines
-    assert "| mlp | shared memory, alternating windows | 1.5 (1) | 0.98 [0.96–1] (3) |" in lines
-    assert "| mlp | emulated 1gbit links, alternating windows | – | 0.98 [0.96–1] (3) |" in lines
+    assert "| mlp | shared memory, alternating windows, equal threads | 1.5 (1) | 0.98 [0.96–1] (3) |" in lines
+    assert "| mlp | emulated 1gbit links, alternating windows, equal threads | – | 0.98 [0.96–1] (3) |" in lines
     assert "| horovod-synthetic:ResNet50 | Horovod's scripts, separate launches | – | 0.98 [0.96–1] (3) |" in lines
 
 
