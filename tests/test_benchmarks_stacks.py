@@ -13,11 +13,12 @@ import sys
 from typing import Any
 
 import pytest
-from test_benchmarks import untraced_cells
 
 from hvdk8s.benchmarks import analysis, knobs, report
 from hvdk8s.benchmarks.settings import preset
 from hvdk8s.benchmarks.suite import Suite
+
+from test_benchmarks import untraced_cells
 
 
 @pytest.fixture(scope="module")

@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 import yaml
-from test_mpijob_schema import crd_errors, template_errors
-from test_tfjob import tfjob_crd_errors
 
 from hvdk8s.benchmarks import cli, cluster_collect, cluster_entry, cluster_jobs, envinfo
 from hvdk8s.benchmarks.cluster_entry import MARKER
 from hvdk8s.benchmarks.settings import preset
+
+from test_mpijob_schema import crd_errors, template_errors
+from test_tfjob import tfjob_crd_errors
 
 pytestmark = pytest.mark.unit
 

@@ -9,13 +9,12 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from test_cluster_bench import host, record
-
 from hvdk8s.benchmarks import cli, cluster_jobs
 from hvdk8s.benchmarks.cluster_entry import MARKER, parse_args
 
 from controllers import training_operator
 from controllers.running import OperatedDouble
+from test_cluster_bench import host, record
 
 SETTINGS = ("--workloads", "mlp", "--ranks", "1,2", "--rounds", "1", "--no-tta", "--sizes", "4K", "--quick")
 

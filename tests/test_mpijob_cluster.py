@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 import yaml
-from test_mpijob_schema import crd_errors, pod_errors, strict_validator, template_errors
 
 from hvdk8s.launcher.hosts import private_identity
 from hvdk8s.mpijob import SpecError, check_manifest, load_spec, objects_from_file, render, render_trainjob
@@ -25,6 +24,7 @@ from hvdk8s.mpijob.trainjob import ANCESTOR_LABEL, checked_render_trainjob
 
 from conftest import shared
 from test_mpijob import BASE, errors_of, launcher, mpirun_of, run_render, worker_pod
+from test_mpijob_schema import crd_errors, pod_errors, strict_validator, template_errors
 
 pytestmark = pytest.mark.unit
 

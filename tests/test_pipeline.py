@@ -17,8 +17,6 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from test_mpijob_schema import crd_errors as mpijob_crd_errors
-from test_serving_manifests import KSERVE_CRD, crd_validator
 
 from hvdk8s.cli import main
 from hvdk8s.mpijob.files import SpecError
@@ -27,6 +25,8 @@ from hvdk8s.pipeline.load import from_data
 from hvdk8s.serving.manifests_options import TF_SERVING_VERSION
 
 from conftest import REPO, shared
+from test_mpijob_schema import crd_errors as mpijob_crd_errors
+from test_serving_manifests import KSERVE_CRD, crd_validator
 
 EXAMPLE = REPO / "pipeline" / "examples" / "digits.yaml"
 KUBE_VERSION = kubernetes_validate.latest_version()

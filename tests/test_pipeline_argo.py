@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import yaml
-from test_pipeline import EXAMPLE, minimal
 
 from hvdk8s.mpijob.files import SpecError
 from hvdk8s.mpijob.validate import check_manifest
@@ -26,6 +25,7 @@ from hvdk8s.pipeline import build, load_pipeline, rbac, render_workflow
 from hvdk8s.pipeline.load import from_data
 
 from argo_model import DEADLINE_MESSAGE, DELETED_MESSAGE, Cluster, Node, Run, match_conditions, parse_selector
+from test_pipeline import EXAMPLE, minimal
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_pipeline import EXAMPLE, argo_validator
 from werkzeug.routing import Map, Rule
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
@@ -25,6 +24,7 @@ from hvdk8s.errors import UserError
 from hvdk8s.pipeline import argo, load_pipeline, submit
 
 from kube_double import ApiError, _json, _QuietHandler, answer, metadata_causes, schema_causes
+from test_pipeline import EXAMPLE, argo_validator
 
 pytestmark = pytest.mark.unit
 

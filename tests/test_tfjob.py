@@ -9,7 +9,6 @@ from typing import Any
 
 import jsonschema
 import pytest
-from test_mpijob_schema import strict_validator, template_errors
 
 from hvdk8s.cluster.kubeerrors import TFJOBS, Action, api_error_message
 from hvdk8s.k8s import SpecError
@@ -19,6 +18,7 @@ from hvdk8s.mpijob.tfjob import checked_render_tfjob, render_tfjob, tfjob_proble
 from conftest import shared
 from controllers import training_operator as operator
 from kube_double import crd_schema
+from test_mpijob_schema import strict_validator, template_errors
 
 pytestmark = pytest.mark.unit
 
