@@ -257,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"worker {args.strategy}: {name} done", flush=True)
     if job.get("tta"):
         result["time_to_accuracy"] = time_to_accuracy(rt, settings, seed)
+    import tensorflow as tf
+
+    # the pools this process ran with (0: TensorFlow's default), so a report can show what each strategy had
+    result["threads"] = {"intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
+                         "inter_op": tf.config.threading.get_inter_op_parallelism_threads()}
     result["wall_seconds"] = time.time() - started
     from .envinfo import stack_versions
 
