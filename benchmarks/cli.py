@@ -84,6 +84,9 @@ OVERRIDES: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "--synthetic-rounds": ("synthetic_rounds", int, "launches of each Horovod synthetic script per model and N"),
     "--synthetic-batches": ("synthetic_batches_per_iter", int, "batches per timed iteration of Horovod's synthetic scripts"),
     "--synthetic-iters": ("synthetic_iters", int, "timed iterations per launch of Horovod's synthetic scripts"),
+    "--synthetic-peer": ("synthetic_peer", str, "folder of Horovod's own examples/tensorflow2 scripts: each round "
+                         "also runs its two synthetic benchmarks (the raw one with the two Keras 3 fixes, the Keras one "
+                         "after hvdk8s migrate) and the report says whether the suite's agree with them"),
     "--timeout": ("launch_timeout_s", float, "seconds before a job is killed"),
 }
 

@@ -320,6 +320,8 @@ def test_cli_flags_override_the_preset() -> None:
     assert s.preset == "quick" and s.strategies == ("single", "tf_ps")
     assert s.allreduce_sizes == (4096, 1 << 20) and s.emulated_rates == () and s.tta is False
     assert cli.settings_from_args(_bench_args()).preset == "full" and PRESETS["full"].rounds == 3
+    peer = _bench_args("--quick", "--workloads", "horovod-synthetic:MobileNetV2", "--synthetic-peer", "/horovod/examples")
+    assert cli.settings_from_args(peer).synthetic_peer == "/horovod/examples"
 
 
 def test_the_profile_breaks_down_every_workload_or_the_ones_named() -> None:
