@@ -123,11 +123,23 @@ def emulated_train_configs(s: Settings) -> list[tuple[int, str]]:
     return [(r, strategy) for r in range(s.rounds) for strategy in s.emulated_train_strategies]
 
 
+def allreduce_configs(s: Settings) -> list[tuple[str, dict[str, str], list[int], list[int]]]:
+    """The allreduce microbenchmark's launches as (label, env, sizes, fusion tensor bytes): default, fusion off and
+    a fast cycle, each only where it has something to measure (``--sizes none --fusion-bytes none`` launches none)."""
+    fusion = list(s.fusion_tensor_bytes)
+    small = [b for b in s.allreduce_sizes if b <= SMALL_MESSAGE]
+    configs = [
+        ("default", {}, list(s.allreduce_sizes), fusion),
+        ("off", {"HOROVOD_FUSION_THRESHOLD": "0"}, [], fusion),
+        (FAST_CYCLE, {"HOROVOD_CYCLE_TIME": "0.1"}, small, []),  # is Horovod's cycle the small-message floor?
+    ]
+    return [c for c in configs if c[2] or c[3]]
+
+
 def job_count(s: Settings, emulated: bool) -> int:
     knob_jobs = sum((1 if s.suite_workloads else 0) + len(knob_synthetic_configs(s, r)) for r, _ in knob_configs(s))
     profile = int(s.profile)
-    # + allreduce: default, fusion off, fast cycle
-    count = len(training_configs(s)) + len(synthetic_configs(s)) + 3 + profile + knob_jobs
+    count = len(training_configs(s)) + len(synthetic_configs(s)) + len(allreduce_configs(s)) + profile + knob_jobs
     if emulated:
         per_rate = 1 + 2 * len(s.emulated_workers)
         trained_on = [rate for rate in s.emulated_rates if rate in s.emulated_train_rates]
@@ -301,13 +313,8 @@ class Suite:
 
     def allreduce(self) -> None:
         self.results["raw"]["memcopy"] = memcopy.copy_rate(self.s.memcopy_bytes, self.s.allreduce_repeats)
-        n, fusion = self.s.allreduce_ranks, list(self.s.fusion_tensor_bytes)
-        small = [b for b in self.s.allreduce_sizes if b <= SMALL_MESSAGE]
-        for label, env, sizes, tensors in (
-            ("default", {}, list(self.s.allreduce_sizes), fusion),
-            ("off", {"HOROVOD_FUSION_THRESHOLD": "0"}, [], fusion),
-            (FAST_CYCLE, {"HOROVOD_CYCLE_TIME": "0.1"}, small, []),  # is Horovod's cycle the small-message floor?
-        ):
+        n = self.s.allreduce_ranks
+        for label, env, sizes, tensors in allreduce_configs(self.s):
             run = self._attempt(
                 f"allreduce N={n} {label}",
                 lambda: self._allreduce_job(f"allreduce-{label}", n, sizes, tensors, env),
