@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from hvdk8s.k8s import FieldError, SpecError, at_least, invalid
 from hvdk8s.serving import rest
 
 log = logging.getLogger("hvdk8s.serving")
@@ -83,21 +84,33 @@ class BatchingParameters:
         return self.max_batch_size
 
     def __post_init__(self) -> None:
-        for name in ("max_batch_size", "num_batch_threads", "max_enqueued_batches"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"batching parameter {name}: {getattr(self, name)} must be at least 1")
-        execution = self.max_execution_batch_size
-        if execution is not None and not 1 <= execution <= self.max_batch_size:
-            # session_bundle_config.proto: max_batch_size should be at least max_execution_batch_size
-            raise ValueError(f"batching parameter max_execution_batch_size: {execution} must be between 1 and "
-                             f"max_batch_size ({self.max_batch_size})")
-        if self.batch_timeout_micros < 0:
-            raise ValueError(f"batching parameter batch_timeout_micros: {self.batch_timeout_micros} is negative")
-        sizes = self.allowed_batch_sizes
-        if sizes and (list(sizes) != sorted(set(sizes)) or sizes[-1] != self.max_batch_size or sizes[0] < 1):
-            # TF Serving's rule (session_bundle_config.proto)
-            raise ValueError(f"batching parameter allowed_batch_sizes {list(sizes)}: must be positive, increasing "
-                             f"and end with max_batch_size ({self.max_batch_size})")
+        if errors := validate(self):
+            raise BatchingParametersError("batching parameters", errors)
+
+
+class BatchingParametersError(SpecError, ValueError):
+    """Batching parameters TF Serving would refuse, every problem under its field's name (the file's too).
+
+    Also a ``ValueError``, which its callers caught before the errors were collected.
+    """
+
+
+def validate(params: BatchingParameters) -> list[FieldError]:
+    """Every problem of ``params``, each under its field's name, which TF Serving's file spells the same."""
+    errors: list[FieldError] = []
+    for name in ("max_batch_size", "num_batch_threads", "max_enqueued_batches"):
+        errors += at_least(name, getattr(params, name), 1)
+    errors += at_least("batch_timeout_micros", params.batch_timeout_micros, 0)
+    largest = f"max_batch_size ({params.max_batch_size})"
+    execution = params.max_execution_batch_size
+    if execution is not None and not 1 <= execution <= params.max_batch_size:
+        # session_bundle_config.proto: max_batch_size should be at least max_execution_batch_size
+        errors.append(invalid("max_execution_batch_size", f"{execution} must be between 1 and {largest}"))
+    sizes = params.allowed_batch_sizes
+    if sizes and (list(sizes) != sorted(set(sizes)) or sizes[-1] != params.max_batch_size or sizes[0] < 1):
+        # TF Serving's rule (session_bundle_config.proto)
+        errors.append(invalid("allowed_batch_sizes", f"{list(sizes)} must be positive, increasing and end with {largest}"))
+    return errors
 
 
 def parse_parameters(text: str, source: str = "batching parameters") -> BatchingParameters:
@@ -122,8 +135,8 @@ def parse_parameters(text: str, source: str = "batching parameters") -> Batching
             given[f.name] = getattr(message, f.name).value
     try:
         return BatchingParameters(**given)
-    except ValueError as err:
-        raise ValueError(f"{source}: {err}") from None
+    except BatchingParametersError as err:
+        raise BatchingParametersError(source, err.field_errors) from None
 
 
 def read_parameters_file(path: str | os.PathLike[str]) -> BatchingParameters:

@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 
 from hvdk8s.serving import rest
-from hvdk8s.serving.batching import Batcher, BatchingParameters, parse_parameters, read_parameters_file
+from hvdk8s.serving.batching import (
+    Batcher,
+    BatchingParameters,
+    BatchingParametersError,
+    parse_parameters,
+    read_parameters_file,
+    validate,
+)
 from hvdk8s.serving.manifests import batching_parameters_text
 from hvdk8s.serving.manifests_options import Batching
 
@@ -114,9 +121,9 @@ def test_every_field_of_the_text_format():
         ("max_batch_size { value: 8 }\nbatch_size { value: 4 }", 'f.txt: 2:1 : Message type '
          '"tensorflow.serving.BatchingParameters" has no field named "batch_size".'),
         ("max_batch_size { value: eight }", "f.txt: 1:25 : "),
-        ("allowed_batch_sizes: 4\nallowed_batch_sizes: 2", "allowed_batch_sizes [4, 2]: must be positive, increasing"),
+        ("allowed_batch_sizes: 4\nallowed_batch_sizes: 2", "allowed_batch_sizes: [4, 2] must be positive, increasing"),
         ("max_batch_size { value: 8 }\nallowed_batch_sizes: 4", "end with max_batch_size (8)"),
-        ("num_batch_threads { value: 0 }", "num_batch_threads: 0 must be at least 1"),
+        ("num_batch_threads { value: 0 }", "f.txt: invalid:\n  num_batch_threads: must be >= 1, got 0"),
         ("max_batch_size { value: 4 }\nmax_execution_batch_size { value: 8 }",
          "max_execution_batch_size: 8 must be between 1 and max_batch_size (4)"),
     ],
@@ -125,6 +132,49 @@ def test_malformed_parameter_files_name_the_line(text, message):
     with pytest.raises(ValueError) as err:
         parse_parameters(text, source="f.txt")
     assert str(err.value).startswith("f.txt") and message in str(err.value)
+
+
+BAD_PARAMETERS = """
+    max_batch_size { value: 4 }
+    num_batch_threads { value: 0 }
+    max_enqueued_batches { value: 0 }
+    batch_timeout_micros { value: -5 }
+    max_execution_batch_size { value: 8 }
+    allowed_batch_sizes: 4
+    allowed_batch_sizes: 2
+"""
+BAD_PARAMETERS_ERRORS = [
+    "num_batch_threads: must be >= 1, got 0",
+    "max_enqueued_batches: must be >= 1, got 0",
+    "batch_timeout_micros: must be >= 0, got -5",
+    "max_execution_batch_size: 8 must be between 1 and max_batch_size (4)",
+    "allowed_batch_sizes: [4, 2] must be positive, increasing and end with max_batch_size (4)",
+]
+
+
+def test_every_bad_parameter_is_reported_at_once_under_its_field():
+    with pytest.raises(BatchingParametersError) as err:
+        parse_parameters(BAD_PARAMETERS, source="f.txt")
+    assert err.value.errors == BAD_PARAMETERS_ERRORS
+    assert str(err.value) == "f.txt: invalid:\n  " + "\n  ".join(BAD_PARAMETERS_ERRORS)
+    assert isinstance(err.value, ValueError)  # what callers caught before the errors were collected
+    assert [e.kind for e in err.value.field_errors] == ["Invalid"] * 5
+    with pytest.raises(BatchingParametersError) as built:  # API callers get the same list
+        BatchingParameters(max_batch_size=0, num_batch_threads=0, batch_timeout_micros=-1)
+    assert str(built.value) == ("batching parameters: invalid:\n  max_batch_size: must be >= 1, got 0\n"
+                                "  num_batch_threads: must be >= 1, got 0\n  batch_timeout_micros: must be >= 0, got -1")
+    assert validate(BatchingParameters()) == []
+
+
+def test_serve_lists_every_bad_parameter_of_the_file_without_a_traceback(tmp_path, capsys):
+    import hvdk8s.cli
+
+    (path := tmp_path / "batching.txt").write_text(BAD_PARAMETERS)
+    argv = ["serve", str(tmp_path), "--enable_batching=true", "--batching_parameters_file", str(path)]
+    assert hvdk8s.cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (f"hvdk8s serve: error: --batching_parameters_file {path}: invalid:\n  "
+                   + "\n  ".join(BAD_PARAMETERS_ERRORS) + "\n")
 
 
 def test_concurrent_requests_share_batches_and_get_their_own_rows():
