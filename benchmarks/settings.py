@@ -7,9 +7,11 @@ command on the same commit to reproduce it). Pure data: nothing here imports Ten
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hvdk8s.k8s import FieldError, SpecError, at_least, invalid, join
 from hvdk8s.launcher.mpirun import MIN_TCP_EAGER_LIMIT, transport_mca
 
 from . import synthetic
@@ -212,67 +214,98 @@ PRESETS: dict[str, Settings] = {
 
 
 def preset(name: str, **overrides: Any) -> Settings:
-    """A preset with ``overrides`` applied (None values are ignored)."""
+    """A preset with ``overrides`` applied (None values are ignored); ``SettingsError`` lists every bad field."""
     try:
         base = PRESETS[name]
     except KeyError:
         raise ValueError(f"preset {name!r}: expected one of {sorted(PRESETS)}") from None
     given = {k: v for k, v in overrides.items() if v is not None}
     settings = dataclasses.replace(base, **given)
-    validate(settings)
+    if errors := validate(settings):
+        raise SettingsError(settings, errors)
     return settings
 
 
-def validate(s: Settings) -> None:
-    """Reject settings that would produce a meaningless or unfinishable run."""
-    bad = [x for x in s.strategies if x not in STRATEGIES]
-    if bad:
-        raise ValueError(f"strategies: unknown {bad}; expected some of {STRATEGIES}")
-    bad = [x for x in s.workloads if x not in WORKLOADS and not x.startswith(synthetic.PREFIX)]
-    if bad:
-        raise ValueError(f"workloads: unknown {bad}; expected some of {WORKLOADS} or {synthetic.PREFIX}<Model>")
+class SettingsError(SpecError, ValueError):
+    """Settings no run can use, every problem under its field's name; ``settings`` are the settings as given, for
+    a caller whose users name the fields otherwise (``validate(err.settings, spell=...)``, e.g. as flags).
+
+    Also a ``ValueError``, which its callers caught before the errors were collected.
+    """
+
+    def __init__(self, settings: Settings, field_errors: list[FieldError]):
+        super().__init__("settings", field_errors)
+        self.settings = settings
+
+
+# Counts with a lower bound: field -> (least value, why, or "")
+_LEAST: dict[str, tuple[int, str]] = {
+    "warmup_steps": (1, "the first step traces the model and is never timed"),
+    **{name: (1, "") for name in ("steps", "windows", "models", "rounds", "threads_per_rank", "allreduce_repeats",
+                                  "tta_max_epochs", "profile_steps", "knob_rounds", "emulated_train_steps",
+                                  "synthetic_rounds", "synthetic_iters", "emulated_train_workers")},
+    "synthetic_batches_per_iter": (2, "the raw loop's first step and at least one warm-up batch make its warm-up "
+                                      "iteration"),
+    "allreduce_ranks": (2, "busbw needs at least 2 ranks"),
+}
+
+
+def validate(s: Settings, path: str = "", spell: Callable[[str], str] = str) -> list[FieldError]:
+    """Every problem that would make a run meaningless or unfinishable, each at ``path`` plus the field as ``spell``
+    writes it (the field's name by default; a command line's flag). Other fields a problem refers to are written
+    the same way."""
+    def at(name: str) -> str:
+        return join(path, spell(name))
+
+    errors: list[FieldError] = []
+    if bad := [x for x in s.strategies if x not in STRATEGIES]:
+        errors.append(FieldError("NotSupported", at("strategies"),
+                                 f"unknown {bad}; expected some of {', '.join(STRATEGIES)}"))
+    if bad := [x for x in s.workloads if x not in WORKLOADS and not x.startswith(synthetic.PREFIX)]:
+        errors.append(FieldError("NotSupported", at("workloads"),
+                                 f"unknown {bad}; expected some of {', '.join(WORKLOADS)} or {synthetic.PREFIX}<Model>"))
     for w in s.workloads:
-        synthetic.model_of(w)  # a malformed model name fails here
-    bad = [x for x in s.profile_workloads if x not in s.workloads]
-    if bad:
-        raise ValueError(f"profile_workloads: {bad} not among workloads {list(s.workloads)}")
-    if s.warmup_steps < 1:
-        raise ValueError("warmup_steps: at least 1 (the first step traces the model and is never timed)")
+        try:
+            synthetic.model_of(w)  # a malformed model name fails here
+        except ValueError as err:
+            errors.append(invalid(at("workloads"), str(err)))
+    if bad := [x for x in s.profile_workloads if x not in s.workloads]:
+        errors.append(invalid(at("profile_workloads"), f"{bad} not among {at('workloads')} {list(s.workloads)}"))
     if not s.ranks or min(s.ranks) < 1 or 1 not in s.ranks:
-        raise ValueError(f"ranks {list(s.ranks)}: must include 1 (the baseline of E(N)) and be >= 1")
-    for name in ("steps", "windows", "models", "rounds", "threads_per_rank", "allreduce_repeats", "tta_max_epochs", "profile_steps",
-                 "knob_rounds", "emulated_train_steps", "synthetic_rounds", "synthetic_iters"):
-        if getattr(s, name) < 1:
-            raise ValueError(f"{name}={getattr(s, name)}: too small")
-    if s.synthetic_peer and not s.synthetic_models:
-        raise ValueError(f"synthetic_peer={s.synthetic_peer!r}: no {synthetic.PREFIX}<Model> workload to compare Horovod's scripts with")
-    if s.synthetic_batches_per_iter < 2:
-        raise ValueError(f"synthetic_batches_per_iter={s.synthetic_batches_per_iter}: at least 2 (the raw loop's first step "
-                         "and at least one warm-up batch make its warm-up iteration)")
-    if s.allreduce_ranks < 2:
-        raise ValueError("allreduce_ranks: busbw needs at least 2 ranks")
+        errors.append(invalid(at("ranks"), f"{list(s.ranks)} must include 1 (the baseline of E(N)) and be >= 1"))
+    for name, (least, why) in _LEAST.items():
+        errors += [invalid(e.path, f"{e.detail} ({why})" if why else e.detail)
+                   for e in at_least(at(name), getattr(s, name), least)]
+    if s.synthetic_peer and not any(w.startswith(synthetic.PREFIX) for w in s.workloads):  # a bad one: reported above
+        errors.append(invalid(at("synthetic_peer"), f"{s.synthetic_peer!r}: no {synthetic.PREFIX}<Model> workload in "
+                              f"{at('workloads')} to compare Horovod's scripts with"))
     if not 0 < s.tta_target <= 1:
-        raise ValueError(f"tta_target={s.tta_target}: must be in (0, 1]")
-    if any(n < 2 for n in s.emulated_workers) or s.emulated_train_workers < 1:
-        raise ValueError("emulated_workers: the cluster needs at least 2 workers")
-    bad = [x for x in s.emulated_train_strategies if x not in STRATEGIES or x == "single" or x in THREAD_STRATEGIES]
-    if bad:
-        raise ValueError(f"emulated_train_strategies: unsupported {bad}")
-    if s.emulated_train_workers < 2 and (bad := [x for x in s.emulated_train_strategies if x in MANY_PROCESSES_ONLY]):
-        raise ValueError(f"emulated_train_strategies {bad}: need emulated_train_workers >= 2")
+        errors.append(invalid(at("tta_target"), f"{s.tta_target} must be in (0, 1]"))
+    if any(n < 2 for n in s.emulated_workers):
+        errors.append(invalid(at("emulated_workers"), f"{list(s.emulated_workers)}: the cluster needs at least 2 workers"))
+    emulated = tuple(x for x in STRATEGIES if x != "single" and x not in THREAD_STRATEGIES)
+    if bad := [x for x in s.emulated_train_strategies if x not in emulated]:
+        errors.append(FieldError("NotSupported", at("emulated_train_strategies"),
+                                 f"unsupported {bad}; expected some of {', '.join(emulated)}"))
+    many = [x for x in s.emulated_train_strategies if x in MANY_PROCESSES_ONLY and x in emulated]
+    if s.emulated_train_workers < 2 and many:
+        errors.append(invalid(at("emulated_train_strategies"), f"{many} need {at('emulated_train_workers')} >= 2"))
     for strategy, k in STEPS_PER_EXECUTION.items():
         counts = {"warmup_steps": s.warmup_steps, "steps": s.steps}
         if strategy in s.emulated_train_strategies:
             counts["emulated_train_steps"] = s.emulated_train_steps
-        bad = [f"{name}={n}" for name, n in counts.items() if n % k]
-        if strategy in s.strategies + s.emulated_train_strategies and bad:
-            raise ValueError(f"{', '.join(bad)}: {strategy} runs {k} steps per compiled call, so these must be multiples of {k}")
+        if strategy in s.strategies + s.emulated_train_strategies:
+            errors += [invalid(at(name), f"{n} is not a multiple of {k}: {strategy} runs {k} steps per compiled call")
+                       for name, n in counts.items() if n >= 1 and n % k]  # below 1: reported above
     for rate in s.emulated_rates:
-        parse_rate(rate)  # a typo fails here, not after minutes of training
+        try:
+            parse_rate(rate)  # a typo fails here, not after minutes of training
+        except ValueError as err:
+            errors.append(invalid(at("emulated_rates"), str(err)))
     if s.emulated_train_strategies and s.emulated_rates:
-        missing = [r for r in s.emulated_train_rates if r not in s.emulated_rates]
-        if missing:
-            raise ValueError(f"emulated_train_rates {missing}: not among emulated_rates {list(s.emulated_rates)}")
-    bad = [k for k in s.knobs if k not in knob_names()]
-    if bad:
-        raise ValueError(f"knobs: unknown {bad}; expected some of {knob_names()}")
+        if missing := [r for r in s.emulated_train_rates if r not in s.emulated_rates]:
+            errors.append(invalid(at("emulated_train_rates"),
+                                  f"{missing} not among {at('emulated_rates')} {list(s.emulated_rates)}"))
+    if bad := [k for k in s.knobs if k not in knob_names()]:
+        errors.append(FieldError("NotSupported", at("knobs"), f"unknown {bad}; expected some of {', '.join(knob_names())}"))
+    return errors

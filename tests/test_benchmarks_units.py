@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hvdk8s.benchmarks import analysis, cli, costmodel, knobs, launch, netns, report, stats, suite
-from hvdk8s.benchmarks.settings import NO_TTA, PRESETS, preset
+from hvdk8s.benchmarks.settings import NO_TTA, PRESETS, STRATEGIES, SettingsError, preset, validate
 from hvdk8s.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -341,14 +341,73 @@ def test_the_profile_breaks_down_every_workload_or_the_ones_named() -> None:
         (("--emulated-rates", "1gbit", "--emulated-train-rates", "10gbit"), "not among emulated_rates"),
         (("--knobs", "cycle_5ms,turbo"), "knobs: unknown"),
         (("--workloads", "cnn", "--profile-workloads", "cnn,mlp"), r"profile_workloads: \['mlp'\] not among workloads \['cnn'\]"),
-        (("--strategies", "hvdk8s_spe", "--steps", "12"), r"steps=12: hvdk8s_spe runs 5 steps per compiled call"),
+        (("--strategies", "hvdk8s_spe", "--steps", "12"), r"\n  steps: 12 is not a multiple of 5: hvdk8s_spe runs 5 steps "
+         "per compiled call"),
         (("--strategies", "hvdk8s", "--emulated-train-strategies", "hvdk8s_spe", "--emulated-train-steps", "7"),
-         r"emulated_train_steps=7: hvdk8s_spe"),
+         r"\n  emulated_train_steps: 7 is not a multiple of 5: hvdk8s_spe"),
     ],
 )
 def test_cli_rejects_bad_settings_naming_the_field(argv: tuple[str, ...], message: str) -> None:
     with pytest.raises(UserError, match=message):
         cli.settings_from_args(_bench_args("--quick", *argv))
+
+
+# Settings wrong in many ways at once, as flags, and every problem each names (in validate's order)
+MANY_BAD = ("--quick", "--strategies", "single,nccl,hvdk8s_spe", "--ranks", "2", "--rounds", "0", "--steps", "12",
+            "--tta-target", "1.5", "--emulated-rates", "1gbit,fast", "--emulated-train-rates", "10gbit", "--knobs", "turbo")
+MANY_BAD_ERRORS = [
+    "strategies: unknown ['nccl']; expected some of " + ", ".join(STRATEGIES),
+    "ranks: [2] must include 1 (the baseline of E(N)) and be >= 1",
+    "rounds: must be >= 1, got 0",
+    "tta_target: 1.5 must be in (0, 1]",
+    "steps: 12 is not a multiple of 5: hvdk8s_spe runs 5 steps per compiled call",
+    "emulated_rates: link rate 'fast': expected a tc rate such as 1gbit, 10gbit or 500mbit",
+    "emulated_train_rates: ['10gbit'] not among emulated_rates ['1gbit', 'fast']",
+    "knobs: unknown ['turbo']; expected some of " + ", ".join(knobs.names()),
+]
+
+
+def test_every_bad_setting_is_reported_at_once_under_its_field() -> None:
+    with pytest.raises(SettingsError) as err:  # MANY_BAD's settings
+        preset("quick", strategies=("single", "nccl", "hvdk8s_spe"), ranks=(2,), rounds=0, steps=12, tta_target=1.5,
+               emulated_rates=("1gbit", "fast"), emulated_train_rates=("10gbit",), knobs=("turbo",))
+    assert err.value.errors == MANY_BAD_ERRORS
+    assert str(err.value) == "settings: invalid:\n  " + "\n  ".join(MANY_BAD_ERRORS)
+    assert isinstance(err.value, ValueError) and isinstance(err.value, UserError)
+    kinds = [e.kind for e in err.value.field_errors]
+    assert kinds == ["NotSupported", "Invalid", "Invalid", "Invalid", "Invalid", "Invalid", "Invalid", "NotSupported"]
+    # under another spelling of the fields (a caller's flags), fields a problem refers to spelled the same way
+    flags = [str(e) for e in validate(err.value.settings, spell=lambda name: "--" + name.replace("_", "-"))]
+    assert flags[-2] == "--emulated-train-rates: ['10gbit'] not among --emulated-rates ['1gbit', 'fast']"
+    assert validate(PRESETS["full"]) == [] and validate(PRESETS["quick"], "bench") == []
+
+
+def test_settings_checks_that_overlap_report_each_problem_once() -> None:
+    with pytest.raises(SettingsError) as err:
+        preset("quick", workloads=("cnn", "horovod-synthetic:resnet-50"), profile_workloads=("mlp",), synthetic_peer="x",
+               emulated_train_strategies=("horovod_split", "hvdk8s_fp16"), emulated_train_workers=0, warmup_steps=-5,
+               strategies=("hvdk8s_spe",), emulated_workers=(1, 2), synthetic_batches_per_iter=1, allreduce_ranks=1)
+    assert err.value.errors == [
+        "workloads: workload 'horovod-synthetic:resnet-50': expected horovod-synthetic:<a keras.applications model, "
+        "e.g. ResNet50>",
+        "profile_workloads: ['mlp'] not among workloads ['cnn', 'horovod-synthetic:resnet-50']",
+        "warmup_steps: must be >= 1, got -5 (the first step traces the model and is never timed)",
+        "emulated_train_workers: must be >= 1, got 0",
+        "synthetic_batches_per_iter: must be >= 2, got 1 (the raw loop's first step and at least one warm-up batch "
+        "make its warm-up iteration)",
+        "allreduce_ranks: must be >= 2, got 1 (busbw needs at least 2 ranks)",
+        "emulated_workers: [1, 2]: the cluster needs at least 2 workers",
+        "emulated_train_strategies: unsupported ['horovod_split']; expected some of hvdk8s, horovod, tf_mwms, tf_ps, "
+        "hvdk8s_fp16, hvdk8s_rd, hvdk8s_eager64k, hvdk8s_spe",
+        "emulated_train_strategies: ['hvdk8s_fp16'] need emulated_train_workers >= 2",
+    ]
+
+
+def test_the_cli_lists_every_bad_setting_without_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    import hvdk8s.cli
+
+    assert hvdk8s.cli.main(["bench", *MANY_BAD]) == 2
+    assert capsys.readouterr().err == "hvdk8s bench: error: settings: invalid:\n  " + "\n  ".join(MANY_BAD_ERRORS) + "\n"
 
 
 def test_bad_arguments_are_refused_before_any_work(tmp_path: Path) -> None:
@@ -562,7 +621,7 @@ def test_synthetic_scripts_run_the_same_steps_and_alternate_which_goes_first() -
     assert [which for _r, _n, _m, which in suite.synthetic_configs(peer)] == [
         "raw", "horovod_raw", "hvdk8s", "horovod_keras", "horovod_keras", "hvdk8s", "horovod_raw", "raw"]
     assert suite.knob_synthetic_configs(peer, 0) == [("ResNet50", "raw"), ("ResNet50", "hvdk8s")]
-    with pytest.raises(ValueError, match="synthetic_peer='x': no horovod-synthetic:<Model> workload"):
+    with pytest.raises(ValueError, match="synthetic_peer: 'x': no horovod-synthetic:<Model> workload in workloads"):
         preset("quick", workloads=("cnn",), synthetic_peer="x")
 
 
