@@ -64,15 +64,18 @@ def _is_this_machine(host: str) -> bool:
 
 def local_servers() -> list[tuple[int, str]]:
     """The ``hvdk8s serve`` processes on this machine, (pid, command line) each, from Linux's /proc (none where
-    there is no /proc). ``hvdk8s serve`` and ``python -m hvdk8s.cli serve`` both count."""
+    there is no /proc). ``hvdk8s serve`` and ``python -m hvdk8s.cli serve`` both count, with global options
+    (``hvdk8s --verbose serve``) before the command."""
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             argv = cmdline.read_bytes().decode(errors="replace").rstrip("\0").split("\0")
         except OSError:  # the process ended meanwhile, or is not ours to read
             continue
-        for i, arg in enumerate(argv[:-1]):
-            if (Path(arg).name == "hvdk8s" or arg == "hvdk8s.cli") and argv[i + 1] == "serve":
-                found.append((int(cmdline.parent.name), " ".join(["hvdk8s", *argv[i + 1:]])))
+        for i, arg in enumerate(argv):
+            if Path(arg).name == "hvdk8s" or arg == "hvdk8s.cli":
+                rest = argv[i + 1:]
+                if next((a for a in rest if not a.startswith("-")), None) == "serve":
+                    found.append((int(cmdline.parent.name), " ".join(["hvdk8s", *rest])))
                 break
     return sorted(found)

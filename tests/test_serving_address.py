@@ -80,15 +80,25 @@ def test_whether_hvdk8s_serve_runs_here(monkeypatch: pytest.MonkeyPatch) -> None
         "4242: hvdk8s serve models/digits --port 9000): give the address it printed when it started")
 
 
-def test_local_servers_finds_an_hvdk8s_serve_command_line() -> None:
-    # a process whose command line holds `hvdk8s serve ...`, as `python -c CODE hvdk8s serve ...` has it
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "hvdk8s", "serve", "models/x"],
+@pytest.mark.parametrize("words", [["serve", "models/x"], ["--verbose", "serve", "models/x"], ["-v", "serve", "m"]])
+def test_local_servers_finds_an_hvdk8s_serve_command_line(words: list[str]) -> None:
+    # a process whose command line holds `hvdk8s [global options] serve ...`, as `python -c CODE hvdk8s ...` has it
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "hvdk8s", *words],
                             stdin=subprocess.PIPE)
     try:
-        assert (proc.pid, "hvdk8s serve models/x") in address.local_servers()
+        assert (proc.pid, " ".join(["hvdk8s", *words])) in address.local_servers()
     finally:
         proc.communicate(b"", timeout=30)
     assert proc.pid not in dict(address.local_servers())
+
+
+def test_local_servers_leaves_other_hvdk8s_commands_out() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", "hvdk8s", "-v", "predict", "serve"],
+                            stdin=subprocess.PIPE)
+    try:
+        assert proc.pid not in dict(address.local_servers())
+    finally:
+        proc.communicate(b"", timeout=30)
 
 
 def test_something_answering_leaves_the_clients_own_error() -> None:
