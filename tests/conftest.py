@@ -70,6 +70,20 @@ def pytest_runtest_call() -> Generator[None, object, object]:
             pytest.skip(_SKIP_AFTER_CALL[0])
 
 
+@pytest.fixture(autouse=True)
+def _cli_leaves_the_log_level_alone() -> Iterator[None]:
+    """Restore TensorFlow's log level after each test: ``hvdk8s.cli.main`` sets it in its process's environment
+    (``quiet.quiet_tensorflow``), as a command should, and many tests call ``main`` in this process."""
+    names = ("TF_CPP_MIN_LOG_LEVEL", "HVDK8S_VERBOSE")
+    before = {name: os.environ.get(name) for name in names}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def hvdk8s_cli(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run ``hvdk8s ARGS`` from the repo root; fail the test with its output on error."""
     proc = subprocess.run(
