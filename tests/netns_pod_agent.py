@@ -24,7 +24,9 @@ def main(argv: list[str]) -> None:
     if argv[0] not in pods:
         raise SystemExit(f"netns_pod_agent: {argv[0]!r} is not one of this job's pods ({', '.join(pods)})")
     pod = pods[argv[0]]
-    os.environ.pop("HVDK8S_NODE_NAME", None)  # the launcher's node: ssh would not carry its environment over
+    # The rest of the launcher's environment stands in for the worker pod's own (the same image and variables);
+    # its node name does not: sshd starts the command in a fresh environment, without the launcher's variables.
+    os.environ.pop("HVDK8S_NODE_NAME", None)
     os.execvp("ip", ["ip", "netns", "exec", pod["netns"], "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec sh -c "$1"',
                      pod["hostname"], " ".join(argv[1:])])
 
