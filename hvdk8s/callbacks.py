@@ -56,6 +56,18 @@ class BroadcastGlobalVariablesCallback(DistributedFitCallback):
     diverge (a ``train_step`` of the model's own may reduce them itself, with
     ``DistributedGradientTape``). As a ``DistributedFitCallback``, it gives a
     distributed model Horovod's step when ``fit`` begins.
+
+    Args:
+        root_rank: The rank whose variables every rank takes (usually 0).
+        device: Accepted for Horovod compatibility; not used.
+        local_variables: A variable, or several, to leave out of the broadcast (see
+            ``register_local_var``); None for none.
+
+    Example:
+        ```python
+        model.fit(dataset, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                      hvd.callbacks.MetricAverageCallback()])
+        ```
     """
 
     def __init__(self, root_rank: int, device: str = "", local_variables: Any = None) -> None:
@@ -72,7 +84,11 @@ class BroadcastGlobalVariablesCallback(DistributedFitCallback):
             self.register_local_var(var)
 
     def register_local_var(self, var: Any) -> None:
-        """Leave ``var`` out of the broadcast."""
+        """Leave ``var`` out of the broadcast, so each rank keeps its own value.
+
+        Args:
+            var: A Keras variable or the ``tf.Variable`` behind one.
+        """
         self._local_vars.add(variable_key(var))
 
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -110,6 +126,10 @@ class MetricAverageCallback(DistributedFitCallback):
     stopping, checkpoints, TensorBoard). ``device`` is accepted for Horovod
     compatibility. Callbacks after it can put per-rank epoch figures into the
     same allreduce (``add_figures``), so an epoch end costs one collective.
+    Every rank must have it in its list: the allreduce waits for all of them.
+
+    Args:
+        device: Accepted for Horovod compatibility; not used.
     """
 
     def __init__(self, device: str = "") -> None:
@@ -121,7 +141,10 @@ class MetricAverageCallback(DistributedFitCallback):
         """Average ``source()``'s figures with the logs at each epoch end; their means go into the logs.
 
         Every rank must add the same sources, returning the same keys; a later
-        source's key wins over an earlier one's.
+        source's key wins over an earlier one's. Adding a source twice adds it once.
+
+        Args:
+            source: Called at each epoch end; returns this rank's figures by name.
         """
         if source not in self.figures:
             self.figures.append(source)
@@ -172,7 +195,34 @@ class LearningRateScheduleCallback(DistributedFitCallback):
     rates once per epoch, and each step sets the next batch's rate after its
     update (or the loss scale's skip), so a batch starts with Horovod's rate
     in the variable (the first batch's is assigned when it starts). Other
-    optimizers get Horovod's per-batch assignment.
+    optimizers get Horovod's per-batch assignment. The rate of each epoch goes
+    into the epoch logs as ``lr``.
+
+    Args:
+        initial_lr: The rate at the start of training, already scaled by ``size()``.
+        multiplier: A constant ``m`` (the rate is ``initial_lr * m ** (epoch - start_epoch)``), or a function
+            of the (possibly fractional) epoch returning the factor.
+        start_epoch: First epoch the schedule applies to.
+        end_epoch: Epoch at which it stops applying (exclusive); None for no end.
+        staircase: Change the rate once per epoch (at its first batch) rather than at every batch.
+        momentum_correction: Scale SGD's momentum by ``new_lr / old_lr`` when the rate changes (see above).
+        steps_per_epoch: Batches per epoch, needed without ``staircase``; None takes ``fit``'s number of
+            steps when training begins.
+
+    Raises:
+        ValueError: ``initial_lr`` is None; or, when training begins without ``staircase``, the number of
+            steps per epoch is neither given nor known to ``fit`` (a dataset of unknown length).
+
+    Example:
+        ```python
+        # a 5-epoch warm-up, then x0.1 every 30 epochs (initial_lr already scaled by size())
+        lr = 0.0125 * hvd.size()
+        callbacks = [
+            hvd.callbacks.LearningRateWarmupCallback(lr, warmup_epochs=5),
+            hvd.callbacks.LearningRateScheduleCallback(lr, multiplier=lambda epoch: 0.1 ** (epoch // 30),
+                                                       start_epoch=5),
+        ]
+        ```
     """
 
     def __init__(
@@ -275,7 +325,27 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     Horovod's formula, per batch: ``lr = initial_lr / size × (e × (size − 1) / warmup_epochs + 1)`` with
     ``e = epoch + (batch + 1) / steps_per_epoch``, so the last batch of the last warm-up epoch trains at
-    ``initial_lr``. ``verbose=1`` prints on rank 0 when the warm-up ends.
+    ``initial_lr``. A ``LearningRateScheduleCallback`` for epochs ``[0, warmup_epochs)``, not staircased.
+
+    Args:
+        initial_lr: The rate after warm-up, already scaled by ``size()``.
+        warmup_epochs: Epochs the warm-up lasts.
+        momentum_correction: Scale SGD's momentum by ``new_lr / old_lr`` as the rate changes.
+        steps_per_epoch: Batches per epoch; None takes ``fit``'s number of steps when training begins.
+        verbose: 1 prints on rank 0 when the warm-up ends.
+
+    Raises:
+        ValueError: When training begins, the number of steps per epoch is neither given nor known to
+            ``fit``.
+
+    Example:
+        ```python
+        lr = 0.01 * hvd.size()
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(lr, momentum=0.9)), loss=...)
+        model.fit(dataset, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                      hvd.callbacks.MetricAverageCallback(),
+                                      hvd.callbacks.LearningRateWarmupCallback(lr, warmup_epochs=5, verbose=1)])
+        ```
     """
 
     def __init__(
@@ -313,6 +383,19 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
     (``ValueError`` otherwise) and end in ``.keras`` (``.weights.h5`` with
     ``save_weights_only``): Keras 3 also takes a model path ending in ``.h5``
     and writes a legacy HDF5 file there, which ``hvdk8s.load_model`` refuses.
+    It saves on every rank it is given to: give it to rank 0 alone.
+
+    Args:
+        monitor: The log entry to compare epochs by (Keras's).
+        verbose: 1 prints a line when a model is saved (Keras's).
+        save_weights_only: Save only the weights (``filepath`` ends in ``.weights.h5``).
+        mode: ``"auto"``, ``"min"`` or ``"max"``: whether a lower or a higher ``monitor`` is better (Keras's).
+        save_freq: ``"epoch"``, or save every this many batches (Keras's).
+        filepath: Where to save; may be set later as ``.filepath``, before training begins.
+
+    Raises:
+        ValueError: When training begins, ``filepath`` is unset or does not end in ``.keras``
+            (``.weights.h5`` with ``save_weights_only``).
     """
 
     _UNSET = "unset.keras"

@@ -30,12 +30,27 @@ ABANDONED_AFTER_S = 3600.0
 
 
 def checkpoint_path(directory: str | os.PathLike[str], epoch: int) -> Path:
-    """Where the checkpoint taken after ``epoch`` completed epochs lives."""
+    """Where the checkpoint taken after ``epoch`` completed epochs lives.
+
+    Args:
+        directory: The checkpoint folder.
+        epoch: Epochs completed when the checkpoint was taken.
+
+    Returns:
+        ``directory/ckpt-<epoch, 4 digits or more>.keras``.
+    """
     return Path(directory) / f"ckpt-{epoch:04d}.keras"
 
 
 def list_checkpoints(directory: str | os.PathLike[str]) -> list[tuple[int, Path]]:
-    """(epochs completed, path) of every checkpoint in ``directory``, oldest first."""
+    """Every checkpoint in ``directory``, oldest first.
+
+    Args:
+        directory: The checkpoint folder; a missing one holds none.
+
+    Returns:
+        ``(epochs completed, path)`` of each ``ckpt-NNNN.keras`` file, by epoch.
+    """
     folder = Path(directory)
     if not folder.is_dir():
         return []
@@ -44,7 +59,14 @@ def list_checkpoints(directory: str | os.PathLike[str]) -> list[tuple[int, Path]
 
 
 def temporary_path(final: Path) -> Path:
-    """Where ``save_atomic`` writes ``final`` before renaming it: hidden, and named after its writer."""
+    """Where ``save_atomic`` writes ``final`` before renaming it: hidden, and named after its writer.
+
+    Args:
+        final: The checkpoint's own path.
+
+    Returns:
+        ``.tmp-<host>-<pid>-<name>`` in the same folder.
+    """
     return final.with_name(f".tmp-{socket.gethostname()}-{os.getpid()}-{final.name}")
 
 
@@ -54,6 +76,12 @@ def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[Path]:
     Stale: written on this host by a process that is no longer running, or on
     another host and untouched for ``ABANDONED_AFTER_S``. A temporary that a
     live writer is still filling is left alone.
+
+    Args:
+        directory: The checkpoint folder; a missing one holds none.
+
+    Returns:
+        The temporaries removed.
     """
     folder = Path(directory)
     if not folder.is_dir():
@@ -86,7 +114,18 @@ def _running(pid: int) -> bool:
 
 
 def save_atomic(model: keras.Model, path: str | os.PathLike[str]) -> Path:
-    """Save ``model`` to ``path`` through a temporary file and an atomic rename."""
+    """Save ``model`` to ``path`` through a temporary file and an atomic rename.
+
+    A process killed mid-write leaves whatever was at ``path`` before, never a
+    truncated file. It saves in the calling process only: call it on rank 0.
+
+    Args:
+        model: The model to save (``model.save``: model, optimizer state, config).
+        path: The ``.keras`` file to write.
+
+    Returns:
+        ``path``, as a ``Path``.
+    """
     final = Path(path)
     with atomic_path(final, temporary=temporary_path(final).name) as tmp:
         model.save(tmp)
@@ -100,7 +139,24 @@ def restore_latest(model: keras.Model, directory: str | os.PathLike[str]) -> int
     the epoch number, and ``BroadcastGlobalVariablesCallback`` then copies rank 0's
     weights and optimizer state to the others when training starts. The
     model must be compiled so its optimizer state can be restored. Rank 0
-    first removes the temporaries that killed writes left behind.
+    first removes the temporaries that killed writes left behind. A collective:
+    call it on every rank.
+
+    Args:
+        model: The compiled model to load the weights and optimizer state into.
+        directory: The checkpoint folder (``Checkpoint``'s); a missing or empty one means a fresh start.
+
+    Returns:
+        The number of epochs the newest checkpoint had completed (0 when there is none): pass it to
+        ``fit(initial_epoch=...)``.
+
+    Example:
+        ```python
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3 * hvd.size())), loss=...)
+        start = hvd.restore_latest(model, "checkpoints")
+        model.fit(dataset, epochs=20, initial_epoch=start,
+                  callbacks=hvd.default_callbacks(checkpoint_dir="checkpoints"))
+        ```
     """
     epoch = load_latest(model, directory) if runtime.is_chief() else 0
     return int(collectives.broadcast_object(epoch, name="hvdk8s.resume_epoch"))
@@ -113,6 +169,13 @@ def load_latest(model: keras.Model, directory: str | os.PathLike[str]) -> int:
     running job would otherwise meet it with the running ranks' state sync
     (``KerasState.sync`` then brings every rank to rank 0's weights and epoch).
     Stale temporaries are removed first.
+
+    Args:
+        model: The compiled model to load the weights and optimizer state into.
+        directory: The checkpoint folder; a missing or empty one means a fresh start.
+
+    Returns:
+        The number of epochs the newest checkpoint had completed, 0 when there is none.
     """
     remove_stale_temporaries(directory)
     checkpoints = list_checkpoints(directory)
@@ -133,7 +196,25 @@ class Checkpoint(keras.callbacks.Callback):
     (``initial_epoch=`` the epoch resumed at, also in each elastic round).
     Where a newer checkpoint is already in the folder, the one written now
     sorts before it, is pruned first and is never resumed: that warns, once
-    per ``fit``.
+    per ``fit``. It may be in every rank's list: only rank 0 writes; at train begin
+    rank 0 removes the temporaries of writes that were killed.
+
+    Args:
+        directory: The checkpoint folder, created when needed.
+        every_epochs: Save after every this many epochs (counted by Keras's ``epoch`` + 1).
+        keep: How many of the newest checkpoints to keep; older ones are deleted.
+
+    Raises:
+        ValueError: ``every_epochs`` or ``keep`` is below 1.
+
+    Example:
+        ```python
+        start = hvd.restore_latest(model, "checkpoints")
+        model.fit(dataset, epochs=20, initial_epoch=start,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                             hvd.callbacks.MetricAverageCallback(),
+                             hvd.Checkpoint("checkpoints", every_epochs=2, keep=3)])
+        ```
     """
 
     def __init__(self, directory: str | os.PathLike[str], *, every_epochs: int = 1, keep: int = 3) -> None:

@@ -30,6 +30,15 @@ def shard(
     With ``even`` (and a dataset of known length) the tail that cannot be
     split evenly is dropped first, so all ranks run the same number of steps
     and none waits forever in an allreduce the others never join.
+
+    Args:
+        dataset: The dataset to shard, before batching.
+        rank: This rank's index; None takes ``hvdk8s.rank()``.
+        size: Number of shards; None takes ``hvdk8s.size()``.
+        even: Drop the tail that cannot be split evenly (datasets of unknown length are left whole).
+
+    Returns:
+        This rank's shard.
     """
     rank = runtime.rank() if rank is None else rank
     size = runtime.size() if size is None else size
@@ -51,8 +60,25 @@ def from_arrays(
 ) -> tf.data.Dataset:
     """Sharded, shuffled, batched pipeline over in-memory arrays.
 
-    ``batch_size`` is per rank; the global batch is ``batch_size × size``.
     Batches are full (drop_remainder) so every rank steps in lockstep.
+
+    Args:
+        x: Inputs, first dimension the examples.
+        y: Labels, one per example.
+        batch_size: Examples per batch on each rank; the global batch is ``batch_size × size``.
+        shuffle: Reshuffle every epoch (after sharding, within the rank's shard).
+        seed: The shuffle's seed.
+        shard_by_rank: Give each rank its own shard (``shard``); False for every rank to see all examples.
+
+    Returns:
+        A prefetched dataset of ``(x, y)`` batches.
+
+    Example:
+        ```python
+        (x_train, y_train), (x_test, y_test) = hvd.data.load_digits()
+        train = hvd.data.from_arrays(x_train, y_train, batch_size=32)
+        model.fit(train, epochs=10, callbacks=hvd.default_callbacks())
+        ```
     """
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     if shard_by_rank:
@@ -68,6 +94,15 @@ def load_digits(image_size: int = 28, test_fraction: float = 0.2, seed: int = 0)
     Pixels are scaled to [0, 1] and resized to ``image_size`` square with one
     channel, the input a small MNIST-style CNN expects. The train/test split
     is stratified and fixed by ``seed``, so every rank and every run agree.
+
+    Args:
+        image_size: Side of the square images returned (8 keeps the originals).
+        test_fraction: Share of the images held out for testing.
+        seed: Fixes the split.
+
+    Returns:
+        ``((x_train, y_train), (x_test, y_test))``: float32 images of shape ``(n, image_size, image_size, 1)``
+        and int64 labels 0-9.
     """
     from sklearn.datasets import load_digits as sk_digits
     from sklearn.model_selection import train_test_split
@@ -94,8 +129,21 @@ def image_folder(
 ) -> tuple[tf.data.Dataset, list[str]]:
     """Unbatched (image in [0, 1], label) pairs from ``path/<class>/<image>``.
 
-    One sub-folder per class, JPEG or PNG files inside; returns the dataset and
-    the class names in label order. Shard and batch it like any dataset.
+    One sub-folder per class, JPEG or PNG files inside. Shard and batch it like any dataset.
+
+    Args:
+        path: The folder holding one sub-folder per class.
+        image_size: ``(height, width)`` the images are resized to.
+        color_mode: ``"rgb"``, ``"rgba"`` or ``"grayscale"`` (Keras's ``image_dataset_from_directory``).
+        shuffle: Shuffle the files.
+        seed: The shuffle's seed.
+
+    Returns:
+        The dataset and the class names in label order (sorted sub-folder names).
+
+    Raises:
+        FileNotFoundError: ``path`` is not a directory.
+        ValueError: It has no sub-folders, or no JPEG or PNG files in them.
     """
     import keras
 
@@ -124,9 +172,21 @@ def image_folder(
 def tfds_dataset(name: str, split: str, data_dir: str | os.PathLike[str]) -> tf.data.Dataset:
     """A TFDS dataset already prepared under ``data_dir`` (never downloaded).
 
-    Yields (image in [0, 1], label) for datasets with ``image``/``label``
-    features. Prepare the data once where the internet is reachable
+    Prepare the data once where the internet is reachable
     (``tfds build NAME --data_dir DIR``) and ship the folder with the job.
+
+    Args:
+        name: The TFDS dataset name, e.g. ``"mnist"``.
+        split: The split, e.g. ``"train"`` or ``"test[:10%]"``.
+        data_dir: The folder the dataset was prepared under.
+
+    Returns:
+        Unbatched ``(image in [0, 1], label)`` pairs.
+
+    Raises:
+        ValueError: The dataset is unknown to tensorflow-datasets, or has no ``image`` and ``label``
+            features.
+        FileNotFoundError: It is not prepared under ``data_dir``.
     """
     import tensorflow_datasets as tfds
 

@@ -26,17 +26,48 @@ def default_callbacks(
 ) -> list[keras.callbacks.Callback]:
     """The callbacks a data-parallel ``fit`` needs, in order; put user callbacks after them.
 
-    State is broadcast from rank 0 before the ranks can diverge, epoch logs are
-    averaged before anything reads them (with the metrics callback's figures,
-    one allreduce per epoch), then (optional) Horovod's warm-up to
-    ``initial_lr`` (the scaled rate, as in Horovod) over ``warmup_epochs``
-    (with Horovod's ``momentum_correction``, on by default as in Horovod),
-    rank-0 checkpoints, and observability: Prometheus metrics from every rank
-    on ``metrics_port`` (else ``HVDK8S_METRICS_PORT``, default 9090) + local
-    rank, a progress bar on rank 0 (pass ``verbose=0`` to ``fit``), TensorBoard
-    on rank 0 when ``tensorboard_dir`` is given. ``batch_size`` (per rank) is
-    needed only when a custom ``train_step`` bypasses Keras's loss tracker.
-    Build the list the same way on every rank.
+    State is broadcast from rank 0 before the ranks can diverge
+    (``BroadcastGlobalVariablesCallback(0)``); epoch logs are averaged over the
+    ranks before anything reads them (``MetricAverageCallback``, whose one
+    allreduce per epoch also carries the metrics callback's figures); then
+    come Horovod's learning-rate warm-up (optional), rank-0 checkpoints
+    (optional) and the observability callbacks (``observability_callbacks``).
+    Build the list the same way on every rank: several of these join a
+    collective at each epoch end.
+
+    Args:
+        initial_lr: The learning rate after warm-up, already scaled by ``size()`` as in Horovod; required
+            when ``warmup_epochs`` > 0.
+        warmup_epochs: Epochs of Horovod's gradual warm-up (``LearningRateWarmupCallback``); 0 for none.
+        momentum_correction: Horovod's momentum correction during the warm-up.
+        checkpoint_dir: Folder for rank-0 checkpoints (``Checkpoint``); None for no checkpoints.
+        checkpoint_every: Save a checkpoint every this many epochs.
+        keep_checkpoints: How many of the newest checkpoints to keep.
+        metrics: Serve Prometheus metrics from every rank (``TrainingMetrics``).
+        metrics_port: Base port of the metrics endpoints (rank serves on base + local rank); None reads
+            ``HVDK8S_METRICS_PORT`` (default 9090), 0 picks a free port per rank.
+        progress: Show a progress bar on rank 0 (``ProgressBar``); pass ``verbose=0`` to ``fit``.
+        tensorboard_dir: Write TensorBoard logs there on rank 0; None for no TensorBoard.
+        batch_size: The per-rank batch size, needed only when a custom ``train_step`` bypasses Keras's loss
+            tracker (the metrics then count examples from it).
+
+    Returns:
+        The callbacks, to pass to ``model.fit(callbacks=...)`` before any of your own.
+
+    Raises:
+        ValueError: ``warmup_epochs`` without ``initial_lr``, or ``checkpoint_every`` or ``keep_checkpoints``
+            below 1.
+
+    Example:
+        ```python
+        import hvdk8s as hvd
+
+        hvd.init()
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size())), loss=...)
+        model.fit(dataset, epochs=10, verbose=0,
+                  callbacks=hvd.default_callbacks(initial_lr=0.01 * hvd.size(), warmup_epochs=2,
+                                                  checkpoint_dir="checkpoints"))
+        ```
     """
     metric_average = MetricAverageCallback()
     out: list[keras.callbacks.Callback] = [BroadcastGlobalVariablesCallback(0), metric_average]

@@ -42,6 +42,28 @@ class KerasState(ObjectState):
     has built the model yet (a fresh start), the variables are broadcast after
     the first step instead, by ``CommitStateCallback`` (as Horovod's
     ``BroadcastGlobalVariablesCallback`` does for such models).
+
+    Args:
+        model: The model whose variables are kept in sync.
+        optimizer: The optimizer whose variables are kept in sync; None takes ``model.optimizer``.
+        **kwargs: Further state kept in sync, as attributes of the same names (``state.epoch``,
+            ``state.batch``, ...), committed, restored and broadcast from rank 0 with the variables.
+
+    Example:
+        ```python
+        state = hvd.elastic.KerasState(model, epoch=0, batch=0)
+        callbacks = [  # Keras's epoch stays global across rounds (fit's initial_epoch below)
+            keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: setattr(state, "epoch", epoch + 1)),
+            hvd.elastic.UpdateBatchStateCallback(state),
+            hvd.elastic.CommitStateCallback(state),
+        ]
+
+        @hvd.elastic.run
+        def train(state):
+            model.fit(dataset, initial_epoch=state.epoch, epochs=12, callbacks=callbacks)
+
+        train(state)
+        ```
     """
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer | None = None, **kwargs: Any) -> None:
@@ -70,8 +92,14 @@ class KerasState(ObjectState):
         super().restore()
 
     def sync(self) -> None:
-        """Bring every rank to rank 0's state; a peer lost meanwhile resets again (Horovod's ``run_fn`` calls
-        this outside the wrapped function, where only ``HorovodInternalError`` leads to a reset)."""
+        """Bring every rank to rank 0's state; a peer lost meanwhile resets again.
+
+        Horovod's ``run_fn`` calls this outside the wrapped function, where only
+        ``HorovodInternalError`` leads to a reset, so a failed collective here is raised as one.
+
+        Raises:
+            HorovodInternalError: A collective failed (a peer was lost): Horovod's driver resets.
+        """
         with _failed_collectives_reset():
             build_config = collectives.broadcast_object(
                 self.model.get_build_config() if self.model.built else None, name="hvdk8s.elastic.build"
@@ -100,6 +128,10 @@ class CommitStateCallback(keras.callbacks.Callback):
     A commit saves the state and checks for host changes, so workers that
     join or leave are taken in at the next commit. After the first step it
     also broadcasts the variables of a model that Keras built during that step.
+
+    Args:
+        state: The state to commit.
+        batches_per_commit: Commit every this many batches (and at each epoch end).
     """
 
     def __init__(self, state: KerasState, batches_per_commit: int = 1) -> None:
@@ -129,6 +161,9 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
     steps through ``params["steps"]``; Keras 3's ``fit`` does not read that
     back, so here the interrupted epoch runs in full (``state.batch`` still
     tells where it was).
+
+    Args:
+        state: The state whose ``batch`` attribute is kept.
     """
 
     def __init__(self, state: KerasState) -> None:
@@ -143,7 +178,19 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
 
 
 class UpdateEpochStateCallback(keras.callbacks.Callback):
-    """Keep ``state.epoch`` at the global number of finished epochs, across resets (Horovod's)."""
+    """Keep ``state.epoch`` at the global number of finished epochs, across resets (Horovod's).
+
+    It counts as Horovod's does: ``state.epoch`` at train begin plus the epochs
+    this ``fit`` has finished, which is right for Horovod's rounds
+    (``fit(epochs=N - state.epoch)``, Keras counting from 0). A round run as
+    ``fit(initial_epoch=state.epoch, ...)`` (which keeps ``Checkpoint`` names
+    and the warm-up global) would count the resumed epochs twice: set
+    ``state.epoch = epoch + 1`` at each epoch end instead (see ``KerasState``'s
+    example).
+
+    Args:
+        state: The state whose ``epoch`` attribute is kept.
+    """
 
     def __init__(self, state: KerasState) -> None:
         super().__init__()
@@ -194,6 +241,13 @@ def is_collective_failure(err: BaseException) -> bool:
     innermost frame of TensorFlow's node definition stack for an op in a
     tf.function, of the Python traceback for an op run eagerly): never by
     words in the message, which for a Gloo error is Gloo's own text.
+
+    Args:
+        err: The error raised; its ``__cause__`` and ``__context__`` chain is followed.
+
+    Returns:
+        True for ``HorovodInternalError``, and for TensorFlow's ``UnknownError`` or ``AbortedError`` raised
+        by an op that Horovod defined.
     """
     seen: set[int] = set()
     link: BaseException | None = err
@@ -259,7 +313,32 @@ def _reset() -> None:
 
 def run(func: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator: run ``func(state, ...)`` again, from the last commit, whenever workers change or a
-    collective fails; any other error ends the job."""
+    collective fails; any other error ends the job.
+
+    Horovod's ``hvd.elastic.run``, with failed collectives recognised by ``is_collective_failure``.
+
+    Args:
+        func: The training function; its first argument is the ``KerasState``.
+
+    Returns:
+        The function to call as ``func`` would be, with the state first.
+
+    Example:
+        ```python
+        state = hvd.elastic.KerasState(model, epoch=0, batch=0)
+        callbacks = [  # Keras's epoch stays global across rounds (fit's initial_epoch below)
+            keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: setattr(state, "epoch", epoch + 1)),
+            hvd.elastic.UpdateBatchStateCallback(state),
+            hvd.elastic.CommitStateCallback(state),
+        ]
+
+        @hvd.elastic.run
+        def train(state):
+            model.fit(dataset, initial_epoch=state.epoch, epochs=12, callbacks=callbacks)
+
+        train(state)
+        ```
+    """
 
     @functools.wraps(func)
     def wrapper(state: KerasState, *args: Any, **kwargs: Any) -> Any:

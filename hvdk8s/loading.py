@@ -58,9 +58,32 @@ def load_model(
     Every ``keras.optimizers`` class and each of ``custom_optimizers`` is
     wrapped; ``custom_objects`` are passed on to Keras. ``legacy_opts`` (Keras
     2's ``keras.optimizers.legacy``) does not exist in Keras 3 and is refused.
-    A legacy HDF5 (``.h5``) model saved with its optimizer is refused
-    (``ValueError``): Keras 3 cannot resume training from one. One saved
-    without an optimizer loads uncompiled, as with Keras.
+    A legacy HDF5 (``.h5``) model saved with its optimizer is refused:
+    Keras 3 cannot resume training from one. One saved without an optimizer
+    loads uncompiled, as with Keras. Each rank loads its own copy: give
+    ``fit`` ``BroadcastGlobalVariablesCallback(0)`` so all start from rank 0's.
+
+    Args:
+        filepath: The saved model (``.keras``).
+        custom_optimizers: Optimizer classes of your own to wrap as well.
+        custom_objects: Custom layers, losses and other objects, passed on to ``keras.models.load_model``.
+        compression: Horovod's ``Compression.none`` or ``Compression.fp16`` for the wrapped optimizer's
+            allreduces.
+        legacy_opts: Horovod's flag for Keras 2's legacy optimizers; True is refused.
+
+    Returns:
+        The model, compiled with its optimizer wrapped in ``DistributedOptimizer`` when it was saved with one.
+
+    Raises:
+        ValueError: ``legacy_opts`` is True, or ``filepath`` is a legacy HDF5 model saved with its optimizer.
+
+    Example:
+        ```python
+        hvd.init()
+        model = hvd.load_model("checkpoints/ckpt-0010.keras")
+        model.fit(dataset, initial_epoch=10, epochs=20,
+                  callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        ```
     """
     if legacy_opts:
         raise ValueError("load_model(legacy_opts=True): Keras 3 has no keras.optimizers.legacy optimizers")

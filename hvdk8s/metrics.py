@@ -191,7 +191,21 @@ class TrainingMetrics(keras.callbacks.Callback):
     ``MetricAverageCallback`` so the loss it reports is the job's; handed to
     its ``add_figures`` (``observability_callbacks(metric_average=...)``
     does), ``figures_for_average`` puts the figures into that callback's
-    allreduce instead of a second one.
+    allreduce instead of a second one. The endpoint serves from the first
+    ``on_train_begin`` on, once per process; a busy port is reported, and
+    training goes on without it.
+
+    Args:
+        port: Base metrics port (rank serves on base + local rank); None reads ``HVDK8S_METRICS_PORT``
+            (default 9090), 0 picks a free port per rank.
+        batch_size: The per-rank batch size, needed only when a custom ``train_step`` bypasses Keras's loss
+            tracker (examples are then counted as steps × batch size).
+        window: Number of recent samples examples/s is computed over.
+        sample_seconds: How often, at most, the TensorFlow-side counters are read during an epoch.
+
+    Raises:
+        UserError: When training begins, ``HVDK8S_METRICS_PORT`` is not a number, or the port plus the
+            local rank is outside 1-65535.
     """
 
     def __init__(
@@ -276,6 +290,10 @@ class TrainingMetrics(keras.callbacks.Callback):
 
         ``on_epoch_end`` then reads the job figures back from the logs
         instead of making an allreduce of its own.
+
+        Returns:
+            This rank's ``examples_per_second`` (scaled by the job size), ``step_seconds`` and
+            ``allreduce_seconds`` for the epoch; zeros outside a ``fit``.
         """
         self._figures_in_logs = True
         return self._epoch_figures()

@@ -15,9 +15,30 @@ def cnn(
 ) -> keras.Model:
     """A two-block CNN, plain, with dropout, or with batch normalisation.
 
-    The three candidates the model-selection step compares. ``seed`` fixes the
-    initial weights (ranks may still start different: training broadcasts
-    rank 0's).
+    The three candidates the model-selection step compares. Each block is a
+    3x3 convolution (32, then 64 filters), ReLU and 2x2 max pooling, followed
+    by a 128-unit dense layer and a softmax output named ``probabilities``.
+
+    Args:
+        variant: One of ``VARIANTS``: ``"cnn"`` (plain), ``"cnn_dropout"`` (dropout 0.3 before the dense
+            layer) or ``"cnn_bn"`` (batch normalisation after each convolution, which then has no bias).
+        input_shape: Height, width and channels of the input images.
+        num_classes: Number of output classes.
+        seed: Fixes the initial weights (and the dropout); None for random ones. Ranks may still start
+            different: training broadcasts rank 0's.
+
+    Returns:
+        An uncompiled ``keras.Sequential`` model named after ``variant``.
+
+    Raises:
+        ValueError: ``variant`` is not one of ``VARIANTS``.
+
+    Example:
+        ```python
+        from hvdk8s import models
+
+        model = models.cnn("cnn_bn", input_shape=(28, 28, 1), num_classes=10, seed=0)
+        ```
     """
     if variant not in VARIANTS:
         raise ValueError(f"model variant {variant!r}: expected one of {VARIANTS}")

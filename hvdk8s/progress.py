@@ -45,7 +45,13 @@ class ProgressBar(keras.callbacks.Callback):
     rank-averaged by ``MetricAverageCallback`` and with the exact job throughput when
     ``TrainingMetrics`` runs before this callback. Pass ``verbose=0`` to
     ``model.fit`` on every rank, or Keras prints its own display as well.
-    ``mininterval`` defaults to 0.1 s on a terminal, 10 s in logs.
+
+    Args:
+        batch_size: The per-rank batch size, needed only when a custom ``train_step`` bypasses Keras's loss
+            tracker.
+        file: Where the bar is written; None for standard error.
+        mininterval: Seconds between refreshes; None for 0.1 s on a terminal, 10 s in logs (a pipe), where
+            each refresh is its own line.
     """
 
     def __init__(

@@ -55,35 +55,44 @@ def init(
 ) -> None:
     """Initialise Horovod (``hvd.init(comm, process_sets)``) and give this rank its share of the machine.
 
-    ``comm`` and ``process_sets`` are Horovod's: an mpi4py communicator (or a
-    list of ranks) to run on a subset of ``MPI_COMM_WORLD``, and the process
-    sets to register (or ``"dynamic"``).
+    On GPU hosts each rank sees only the GPU of its local rank (memory growth on), the layout NCCL and the MPI
+    Operator's ``slotsPerWorker`` assume, and TensorFlow keeps its own thread pools: there the host threads
+    launch kernels, feed the input pipeline and wait on collectives while the math runs on the GPU, so a cap
+    would only slow the feeding. On CPU hosts the thread policy ``HVDK8S_THREAD_POLICY`` applies (one of
+    ``hvdk8s.threads.THREAD_POLICIES``). Its default, ``split-intra``, gives each rank its share of the cores
+    as intra-op threads (cores / local_size) and keeps TensorFlow's inter-op pool, because TensorFlow's own
+    pools start as many compute threads as there are cores in every rank, so the ranks of one host would
+    oversubscribe its cores; at one rank per host it is TensorFlow's default. The measurements behind that
+    choice are in ``benchmarks/reports/threads/README.md``.
 
-    On GPU hosts each rank sees only the GPU of its local rank (memory growth
-    on), the layout NCCL and the MPI Operator's ``slotsPerWorker`` assume
-    (more ranks on a host than GPUs is a UserError, see :func:`gpu_of_rank`), and
-    TensorFlow keeps its own thread pools: there the host threads launch
-    kernels, run the input pipeline and wait on collectives while the math
-    runs on the GPU, so a cap would only slow the feeding (reasoned, not
-    measured: no GPU here). On CPU hosts the thread policy
-    ``HVDK8S_THREAD_POLICY`` applies (``hvdk8s.threads.THREAD_POLICIES``).
-    Its default, ``split-intra``, gives each rank its share of the cores as
-    intra-op threads (cores / local_size) and keeps TensorFlow's inter-op
-    pool: TensorFlow's own pools (``tf``, what a raw Horovod script runs
-    with) start ``cores`` compute threads in every rank, so the ranks of one
-    host oversubscribe its cores. On a quiet 2-core machine at 2 ranks it ran
-    Horovod's synthetic benchmarks 1.08x (ResNet50) and 1.13x (MobileNetV2)
-    as fast as the raw loop, against 0.95x and 1.00x with ``tf``
-    (``hvdk8s bench --knobs threads_*``, benchmarks/reports/threads); at one
-    rank per host it is TensorFlow's default.
-    ``threads_per_rank`` (or ``HVDK8S_THREADS_PER_RANK``) overrides the
-    policy: that many intra-op threads, at most 2 inter-op.
-    Unless ``quiet``, rank 0 prints where the ranks run, so a job that came up
-    on fewer hosts than planned is visible at once (not under Horovod's elastic
-    driver: a worker joining a running job would wait in that collective for
-    ranks that are training). Safe to call more than
-    once; after ``shutdown()`` it starts Horovod again (devices and threads are
-    set once per process: TensorFlow cannot change them after start-up).
+    Unless ``quiet``, rank 0 prints where the ranks run, so a job that came up on fewer hosts than planned is
+    visible at once (not under Horovod's elastic driver, where a worker joining a running job would wait in
+    that collective for ranks that are training). Safe to call more than once; after ``shutdown()`` it starts
+    Horovod again. Devices and threads are set once per process, since TensorFlow cannot change them after
+    start-up: called after TensorFlow has started, it warns and leaves them as they are.
+
+    Args:
+        comm: Horovod's: an mpi4py communicator, or a list of ranks, to run on a subset of
+            ``MPI_COMM_WORLD``; None for all ranks.
+        process_sets: Horovod's: the process sets to register at start-up, or ``"dynamic"`` to add and
+            remove them later.
+        threads_per_rank: On CPU hosts, this many intra-op threads per rank (and at most 2 inter-op),
+            whatever the policy; None reads ``HVDK8S_THREADS_PER_RANK``, and without it the policy decides.
+            Ignored on GPU hosts.
+        quiet: Do not print the ranks' placement.
+
+    Raises:
+        UserError: More ranks on this host than GPUs visible to them (see ``gpu_of_rank``).
+        ValueError: ``HVDK8S_THREADS_PER_RANK`` is not a whole number, or ``HVDK8S_THREAD_POLICY`` names no
+            policy.
+
+    Example:
+        ```python
+        import hvdk8s as hvd
+
+        hvd.init()
+        print(hvd.rank(), hvd.size())
+        ```
     """
     global _devices_set
     if hvd.is_initialized():
@@ -124,6 +133,17 @@ def gpu_of_rank(gpus: Sequence[T], rank_on_host: int, ranks_on_host: int) -> T:
     More ranks on a host than GPUs is refused, on every rank of that host (so none
     waits in a collective for ranks that stopped): ranks sharing a GPU would split
     its memory and time without anyone having asked for it.
+
+    Args:
+        gpus: The GPUs visible on this host, in order.
+        rank_on_host: This rank's local rank.
+        ranks_on_host: The number of ranks on this host (local size).
+
+    Returns:
+        ``gpus[rank_on_host]``.
+
+    Raises:
+        UserError: ``ranks_on_host`` is larger than the number of GPUs.
     """
     if ranks_on_host > len(gpus):
         raise UserError(
@@ -143,14 +163,24 @@ def _set_pools(intra: int | None, inter: int | None) -> None:
 def set_threads(threads: int) -> None:
     """TensorFlow's thread pools for one process: ``threads`` intra-op, at most 2 inter-op.
 
-    Must run before TensorFlow starts its runtime (``init`` calls it); the
-    benchmarks give non-Horovod processes the same budget through it.
+    Must run before TensorFlow starts its runtime; the benchmarks give
+    non-Horovod processes the same budget as ``init`` gives a rank through it.
+
+    Args:
+        threads: Intra-op threads (the inter-op pool gets ``min(2, threads)``, at least 1).
     """
     _set_pools(*thread_pools("split", threads, 1, threads))
 
 
 def placement(hosts: list[str]) -> str:
-    """'4 ranks on 2 hosts (a: 2, b: 2)' from the host name of each rank."""
+    """A one-line summary of where the ranks run.
+
+    Args:
+        hosts: The host name of each rank, in rank order.
+
+    Returns:
+        E.g. ``"4 ranks on 2 hosts (a: 2, b: 2)"``.
+    """
     counts = Counter(hosts)
     listing = ", ".join(f"{host}: {n}" for host, n in sorted(counts.items()))
     ranks = "rank" if len(hosts) == 1 else "ranks"
@@ -159,7 +189,11 @@ def placement(hosts: list[str]) -> str:
 
 
 def is_chief() -> bool:
-    """True on rank 0, the one rank that writes checkpoints, logs and exports."""
+    """Whether this process is rank 0, the one rank that writes checkpoints, logs and exports.
+
+    Returns:
+        True on rank 0 (``hvdk8s.init()`` must have run).
+    """
     return hvd.rank() == 0
 
 
