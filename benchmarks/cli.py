@@ -174,6 +174,23 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``hvdk8s bench``'s handler: run what the flags ask for and write its results and report.
+
+    One of: re-render a report from a results file (``--report-only``), a cluster run (``--cluster``), the
+    elastic chaos runs (``--chaos``), the serving benchmark (``--serving``), or the suite in ``args.out``
+    (``results.json``, ``report.md`` and the plots), saved after every job.
+
+    Args:
+        args: The parsed ``hvdk8s bench`` flags (see the command-line reference).
+
+    Returns:
+        The exit status: 0 when everything ran, non-zero when a job failed (the later jobs still ran; each
+        failure is printed and recorded in the results).
+
+    Raises:
+        UserError: Settings that cannot run, a results file that cannot be rendered, or a stack knob
+            whose interpreter is missing or broken; nothing is started then.
+    """
     import json
 
     from hvdk8s import atomic
@@ -309,7 +326,25 @@ def _read_results(path: Path, source: str) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m benchmarks [flags]``: the same command without the ``hvdk8s`` front end."""
+    """``python -m benchmarks [flags]``: ``hvdk8s bench`` without the ``hvdk8s`` front end.
+
+    Args:
+        argv: The flags, as ``hvdk8s bench`` takes them; None for ``sys.argv[1:]``.
+
+    Returns:
+        The exit status: 0 when everything ran, non-zero when a job failed, 2 for settings that cannot
+        run (the error is printed).
+
+    Raises:
+        SystemExit: Flags that argparse refuses (status 2, after printing the usage), and ``--help``.
+
+    Example:
+        ```python
+        from hvdk8s.benchmarks.cli import main
+
+        main(["--quick", "--out", "out/bench"])  # as `hvdk8s bench --quick --out out/bench`
+        ```
+    """
     parser = argparse.ArgumentParser(prog="python -m benchmarks")
     sub = parser.add_subparsers(dest="command")
     register(sub)

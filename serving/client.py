@@ -16,7 +16,10 @@ from hvdk8s.serving import address
 
 
 class PredictError(Exception):
-    """The server refused or failed the request; the message is its ``error`` text."""
+    """The server refused or failed the request, or could not be reached; the message says which.
+
+    For an answer other than HTTP 200 it carries the server's ``error`` text.
+    """
 
 
 class NothingAnswers(PredictError):
@@ -54,7 +57,34 @@ def predict(
     """One prediction per image: ``{"probabilities": [...], "classes": k, ...}``.
 
     A model with a single output answers with bare values; they come back
-    as ``{"probabilities": value}`` so callers see one shape.
+    as ``{"probabilities": value}`` so callers see one shape. The images go as
+    their file bytes: the server decodes, resizes and normalises them, so no
+    TensorFlow is needed here.
+
+    Args:
+        url: The server's REST address, e.g. ``http://127.0.0.1:8501``.
+        images: Encoded JPEG or PNG files.
+        model: The model's name.
+        version: A version number; None for the one the server chooses (the newest it serves).
+        signature: A signature name; None for ``serving_default``.
+        timeout: Seconds to wait for the answer.
+
+    Returns:
+        One dict per image, in order: ``probabilities`` and, from models exported by hvdk8s, ``classes``
+        (and ``class_names`` when the export had them).
+
+    Raises:
+        PredictError: No server answers, the request failed, or the answer is not one prediction per image.
+
+    Example:
+        ```python
+        from pathlib import Path
+
+        from hvdk8s import serving
+
+        for p in serving.predict("http://127.0.0.1:8501", [Path("seven.png").read_bytes()], model="digits"):
+            print(p["classes"], max(p["probabilities"]))
+        ```
     """
     target = predict_url(url, model, version)
     try:

@@ -176,6 +176,40 @@ def run(
     only) POSTs these raw request bodies in turn instead, request ``i`` body
     ``i % len(bodies)``: e.g. good and malformed requests mixed, to check
     that each gets its answer and no connection is dropped.
+
+    Args:
+        url: ``http://host:8501`` for REST, ``host:8500`` for gRPC.
+        model: The model's name.
+        grpc: Use TF Serving's gRPC ``Predict`` instead of REST.
+        concurrency: Requests in flight at once.
+        requests: How many requests to send; None for 500 unless ``duration`` is given.
+        duration: Send for this many seconds instead.
+        images_per_request: Images in each request.
+        images: Encoded images to send; None for digits PNGs.
+        version: A model version; None for the server's choice.
+        signature: A signature name; None for ``serving_default``.
+        input_name: The signature's input (gRPC).
+        timeout: Seconds each request may take; a slower one counts as an error (``timeout``).
+        slo: Thresholds the result is checked against (``LoadResult.slo_misses``).
+        progress: Show a progress bar.
+        get_path: REST only: send ``GET url+get_path`` instead of predictions.
+        bodies: REST only: POST these raw bodies in turn instead.
+
+    Returns:
+        The measurements: latencies, statuses, requests per second; ``to_dict()`` for JSON, ``table()``
+        for text.
+
+    Raises:
+        ValueError: ``concurrency`` or ``images_per_request`` below 1, both or a non-positive ``requests``
+            and ``duration``, or ``get_path`` or ``bodies`` with ``grpc``.
+
+    Example:
+        ```python
+        from hvdk8s.serving import loadtest
+
+        result = loadtest.run("http://127.0.0.1:8501", "digits", concurrency=8, requests=1000)
+        print(result.table())
+        ```
     """
     if concurrency < 1 or images_per_request < 1:
         raise ValueError("concurrency and images_per_request must be at least 1")

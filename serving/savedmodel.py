@@ -42,7 +42,14 @@ _VERSION = re.compile(r"^\d+$")
 
 
 def versions(base_path: str | os.PathLike[str]) -> list[int]:
-    """The version numbers present under ``base_path``, ascending (as TF Serving sees them)."""
+    """The version numbers present under ``base_path``, ascending (as TF Serving sees them).
+
+    Args:
+        base_path: The model's base path (one folder per version).
+
+    Returns:
+        The versions, ascending; empty for a missing or empty folder.
+    """
     return sorted(version_dirs(base_path))
 
 
@@ -63,12 +70,29 @@ def version_dirs(base_path: str | os.PathLike[str]) -> dict[int, Path]:
 
 
 def next_version(base_path: str | os.PathLike[str]) -> int:
-    """One more than the highest version present, 1 for an empty or missing folder."""
+    """The version ``export`` writes next by default.
+
+    Args:
+        base_path: The model's base path.
+
+    Returns:
+        One more than the highest version present, 1 for an empty or missing folder.
+    """
     return max(versions(base_path), default=0) + 1
 
 
 def read_metadata(version_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The record ``export`` wrote beside a version (class names, preprocessing, metrics...)."""
+    """The record ``export`` wrote beside a version (class names, preprocessing, metrics...).
+
+    Args:
+        version_dir: A version folder, ``base_path/<version>``.
+
+    Returns:
+        The contents of its ``assets.extra/hvdk8s.json``.
+
+    Raises:
+        FileNotFoundError: The version has no such record (it was not written by ``export``).
+    """
     return json.loads((Path(version_dir) / METADATA_FILE).read_text())
 
 
@@ -118,6 +142,38 @@ def export(
     to the model's input: a name from ``PREPROCESSING`` or a TensorFlow
     function. ``metadata`` (e.g. evaluation metrics) is stored in the version's
     ``assets.extra/hvdk8s.json`` together with the export settings.
+
+    The version is written under a temporary name and renamed into place, so a
+    polling server never loads half of it. Its ``serving_default`` signature
+    takes encoded JPEG or PNG bytes (``image_bytes``); ``predict_tensor`` takes
+    the model's own float input (``images``).
+
+    Args:
+        model: A built Keras classifier with one image input ``(batch, height, width, channels)`` and one
+            output ``(batch, classes)``.
+        base_path: The model's base path, the folder TF Serving watches.
+        version: The version number; None for ``next_version(base_path)``.
+        class_names: A name per output class, returned beside the probabilities; None for none.
+        preprocessing: ``"unit"`` (pixels / 255, the default), ``"symmetric"`` (to [-1, 1]), ``"raw"``
+            ([0, 255] unchanged, for models with their own ``Rescaling`` layer), or a TensorFlow function.
+        metadata: Further entries for the version's record (their keys must not be the record's own).
+
+    Returns:
+        The version folder, ``base_path/<version>``.
+
+    Raises:
+        ValueError: The model is not a one-input, one-output image classifier; ``class_names`` does not
+            match its outputs; ``version`` is not a non-negative integer; ``preprocessing`` is unknown; or
+            ``metadata`` uses a reserved key.
+        FileExistsError: The version exists already.
+
+    Example:
+        ```python
+        from hvdk8s import serving
+
+        version_dir = serving.export(model, "models/digits", class_names=[str(i) for i in range(10)],
+                                     metadata={"metrics": {"accuracy": 0.97}})
+        ```
     """
     height, width, channels, num_classes = _image_classifier_shape(model)
     normalise = _preprocessing_fn(preprocessing)

@@ -53,7 +53,20 @@ def candidate_files(folder: str | os.PathLike[str]) -> list[Path]:
 
 
 def evaluate(model: Any, x: np.ndarray, y: np.ndarray, batch_size: int = 256) -> dict[str, float]:
-    """Accuracy and mean cross-entropy of a softmax classifier on (x, y)."""
+    """Accuracy and mean cross-entropy of a softmax classifier on (x, y).
+
+    Args:
+        model: A Keras classifier with probabilities as output.
+        x: Inputs, in the model's input format.
+        y: Integer labels.
+        batch_size: Examples per call of the model.
+
+    Returns:
+        ``{"accuracy": ..., "loss": ...}``.
+
+    Raises:
+        ValueError: The predictions are not one row of probabilities per label.
+    """
     # eager calls, not model.predict: no per-candidate tf.function (re)tracing
     batches = [np.asarray(model(x[i : i + batch_size], training=False)) for i in range(0, len(x), batch_size)]
     probabilities = np.concatenate(batches).astype("float64")
@@ -85,8 +98,36 @@ def select(
 ) -> Selection:
     """Evaluate every candidate in ``candidates_dir`` and export the best as the next version.
 
-    ``data`` is the held-out (images, integer labels) pair, in the models'
-    input format; by default the digits test split the examples hold out.
+    Ties are broken by the other metric, then by file name. The version's
+    record (``read_metadata``) keeps the winner's metrics and every
+    candidate's scores.
+
+    Args:
+        candidates_dir: Folder of candidate ``.keras`` files.
+        base_path: The served model's base path; the winner becomes its next version.
+        metric: ``"accuracy"`` (higher is better) or ``"loss"`` (cross-entropy, lower is better).
+        data: The held-out ``(images, integer labels)`` pair, in the models' input format; None for the
+            digits test split (``hvdk8s.data.load_digits``).
+        class_names: A name per class, passed to ``export``.
+        preprocessing: Passed to ``export``.
+
+    Returns:
+        The selection: ``metric``, ``candidates`` (best first, each with ``name``, ``path``, ``accuracy``
+        and ``loss``), ``best``, ``version_dir`` (the exported version) and ``data`` (what it was
+        evaluated on).
+
+    Raises:
+        ValueError: Unknown ``metric``, empty or mismatched ``data``, a candidate that cannot be loaded or
+            evaluated, or one that ``export`` refuses.
+        FileNotFoundError: ``candidates_dir`` is missing or holds no ``.keras`` file.
+
+    Example:
+        ```python
+        from hvdk8s import serving
+
+        selection = serving.select("candidates/", "models/digits", metric="accuracy")
+        print(selection.best.name, selection.version_dir)
+        ```
     """
     if metric not in METRICS:
         raise ValueError(f"metric {metric!r}: expected one of {METRICS}")

@@ -77,9 +77,23 @@ def create_app(
 ) -> Starlette:
     """The ASGI app; its lifespan loads the models, runs ``on_ready``, polls until shutdown, then runs ``on_stop``.
 
-    ``watcher``: re-reads the model config file as it polls; ``timeout_seconds``:
-    a model call taking longer answers DEADLINE_EXCEEDED (``--rest_api_timeout_in_ms``);
-    ``metrics_path``: ``core.metrics`` served there as Prometheus text.
+    Every path is answered by one endpoint, as TF Serving's REST API routes it.
+    ``serve`` builds one and runs it with uvicorn; build one yourself to run it
+    in another ASGI server or a test client.
+
+    Args:
+        core: The models and the batching and metrics that serve them.
+        max_request_bytes: Larger request bodies are refused (HTTP 413).
+        poll_seconds: How often the model base paths are scanned for new versions.
+        on_ready: Called once the models' first scan is done.
+        on_stop: Called at shutdown, after polling stops.
+        watcher: Re-reads the model config file as it polls; None for none.
+        timeout_seconds: A model call taking longer answers DEADLINE_EXCEEDED (TF Serving's
+            ``--rest_api_timeout_in_ms``); None for no limit.
+        metrics_path: ``core.metrics`` is served there as Prometheus text; None for no metrics.
+
+    Returns:
+        The Starlette application.
     """
     models = core.models
     freeze_loaded_models = ModelFreezer(models)
@@ -284,9 +298,41 @@ def serve(
     ``batching=None`` runs every request on its own. The thread counts are
     TF Serving's ``--tensorflow_intra_op_parallelism`` and
     ``--tensorflow_inter_op_parallelism`` (0: TensorFlow picks; intra-op
-    defaults to ``core.tensorflow_threads``). ``reuse_port``: listen with
-    ``SO_REUSEPORT``, beside the other workers of ``workers.serve``;
-    ``announce``: where the ready line goes instead of stdout.
+    defaults to ``core.tensorflow_threads``).
+
+    Args:
+        base_path: The model's base path (one folder per version); give it or ``model_config_file``.
+        name: The model's name in URLs; None for the base path's folder name.
+        model_config_file: TF Serving's model config file (text format), for several models.
+        config_poll_seconds: Re-read ``model_config_file`` this often; 0 never.
+        host: The address to listen on.
+        port: The REST port (TF Serving's 8501 by default); 0 for any free port.
+        grpc_port: The gRPC port; None for 8500, or any free port when ``port`` is 0.
+        grpc_socket_path: Also serve gRPC on this Unix socket; None for none.
+        grpc_options: Extra gRPC server options, as ``(name, value)`` pairs.
+        rest_timeout_ms: REST model calls taking longer answer DEADLINE_EXCEEDED; None for no limit.
+        metrics_path: Serve Prometheus metrics there on the REST port; None for none.
+        max_request_bytes: Larger REST request bodies are refused (HTTP 413).
+        poll_seconds: How often the base paths are scanned for new versions.
+        num_versions: How many of the newest versions of ``base_path`` to serve.
+        batching: TF Serving's batching parameters; None runs every request on its own.
+        intra_op_threads: TensorFlow's intra-op threads; None for ``core.tensorflow_threads``' choice,
+            0 for TensorFlow's.
+        inter_op_threads: TensorFlow's inter-op threads; 0 for TensorFlow's choice.
+        reuse_port: Listen with ``SO_REUSEPORT``, beside the other workers of ``workers.serve``.
+        announce: Where the ready line goes; None for standard output.
+
+    Raises:
+        ValueError: Both or neither of ``base_path`` and ``model_config_file`` given, or a gRPC port that
+            cannot be bound.
+        FileNotFoundError: ``base_path`` is not a directory.
+
+    Example:
+        ```python
+        from hvdk8s import serving
+
+        serving.serve("models/digits", port=8501)  # blocks; Ctrl-C stops it
+        ```
     """
     import tensorflow as tf
     import uvicorn
