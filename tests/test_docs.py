@@ -2,7 +2,10 @@
 
 ``mkdocs build --strict`` fails on a page missing from the navigation, a broken link or anchor, and an
 API-reference docstring that griffe cannot parse; every public name of the training API must have a
-docstring, since a missing one renders as nothing rather than failing the build.
+docstring, since a missing one renders as nothing rather than failing the build. The public names
+(``hvdk8s``'s and ``hvdk8s.serving``'s exports, and everything the reference pages render) are all in the
+reference, and each docstring has the Google sections that make the reference say what its arguments
+and results are: ``Args:`` naming every argument, ``Returns:`` when it returns something.
 """
 from __future__ import annotations
 
@@ -13,14 +16,34 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from griffe import Docstring, DocstringSectionKind
 
 from conftest import REPO
 
 pytestmark = pytest.mark.unit
 
 README_BUDGET_LINES = 250
+REFERENCE_PAGES = ["reference.md", "serving-api.md", "cli.md"]
+# TEMPORARY (issue 39): these docstrings lack their Args:/Returns: sections because their files,
+# hvdk8s/optimizer.py and hvdk8s/collectives.py, were being changed by others when the reference gained
+# its sections. Delete each name here as its docstring gains them; the test fails on a name listed here
+# that no longer needs to be, so the list can only shrink.
+SECTIONS_NOT_YET_WRITTEN = {
+    "hvdk8s.optimizer.DistributedOptimizer",
+    "hvdk8s.optimizer.PartialDistributedOptimizer",
+    "hvdk8s.optimizer.DistributedGradientTape",
+    "hvdk8s.collectives.allreduce",
+    "hvdk8s.collectives.allgather",
+    "hvdk8s.collectives.broadcast",
+    "hvdk8s.collectives.reducescatter",
+    "hvdk8s.collectives.broadcast_object",
+    "hvdk8s.collectives.allgather_object",
+    "hvdk8s.collectives.broadcast_variables",
+    "hvdk8s.collectives.broadcast_global_variables",
+}
 PUBLIC_MODULES = ["hvdk8s.runtime", "hvdk8s.optimizer", "hvdk8s.callbacks", "hvdk8s.defaults", "hvdk8s.checkpoint",
                   "hvdk8s.loading", "hvdk8s.elastic", "hvdk8s.data", "hvdk8s.models", "hvdk8s.observability"]  # fmt: skip
 
@@ -34,6 +57,14 @@ def test_docs_site_builds_strictly(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     reference = (tmp_path / "site" / "reference" / "index.html").read_text()
     assert "DistributedOptimizer" in reference and "backward_passes_per_step" in reference
+    serving = (tmp_path / "site" / "serving-api" / "index.html").read_text()
+    assert "class_names" in serving and "model_config_file" in serving
+    cli = (tmp_path / "site" / "cli" / "index.html").read_text()
+    assert "hvdk8s-cli-reference" not in cli  # the hook replaced its marker
+    from hvdk8s.cli import build_parser
+
+    commands = build_parser()._subparsers._group_actions[0].choices
+    assert all(f'id="hvdk8s-{name}"' in cli for name in commands), [n for n in commands if f"hvdk8s-{n}" not in cli]
 
 
 def test_readme_is_a_front_door() -> None:
@@ -57,3 +88,97 @@ def test_public_training_api_has_docstrings(module: str) -> None:
     ]  # fmt: skip
     missing = [name for name in public if not (getattr(mod, name).__doc__ or "").strip()]  # its own, not inherited
     assert not missing, f"{module}: no docstring for {missing}"
+
+
+def _public_members(module: str) -> dict[str, object]:
+    """The functions and classes a ``::: module`` directive renders: its own, not what it imports."""
+    mod = importlib.import_module(module)
+    names = getattr(mod, "__all__", None) or [
+        name for name, obj in vars(mod).items()
+        if not name.startswith("_") and getattr(obj, "__module__", None) == module
+        and (inspect.isclass(obj) or inspect.isfunction(obj))
+    ]  # fmt: skip
+    return {f"{module}.{name}": getattr(mod, name) for name in names}
+
+
+def _rendered() -> dict[str, object]:
+    """Every function and class the reference pages render, by its full name."""
+    found: dict[str, object] = {}
+    for page in REFERENCE_PAGES:
+        for target in re.findall(r"^::: (\S+)", (REPO / "docs" / page).read_text(), flags=re.M):
+            try:
+                found.update(_public_members(target))
+            except ModuleNotFoundError:
+                module, _, name = target.rpartition(".")
+                found[target] = getattr(importlib.import_module(module), name)
+    return found
+
+
+def _exported() -> dict[str, object]:
+    """``hvdk8s``'s and ``hvdk8s.serving``'s public names that hvdk8s defines (not Horovod's re-exports)."""
+    found = {}
+    for package in ("hvdk8s", "hvdk8s.serving"):
+        mod = importlib.import_module(package)
+        for name in mod.__all__:
+            obj = getattr(mod, name)
+            if (inspect.isclass(obj) or inspect.isfunction(obj)) and obj.__module__.startswith("hvdk8s"):
+                found[f"{obj.__module__}.{obj.__qualname__}"] = obj
+    return found
+
+
+def _missing_sections(obj: Any) -> list[str]:
+    """What the docstring of a function or class (with its own public methods) lacks, in words."""
+    if inspect.isclass(obj):
+        problems = []
+        init = next((c.__dict__["__init__"] for c in obj.__mro__
+                     if "__init__" in c.__dict__ and c.__module__.startswith("hvdk8s")), None)  # fmt: skip
+        if init is not None:
+            problems += _missing_sections_of(obj, init, returns=False)
+        inherited = {name for base in obj.__mro__[1:] for name in vars(base)}
+        for name, member in vars(obj).items():
+            if not name.startswith("_") and inspect.isfunction(member) and name not in inherited:
+                problems += [f"{name}: {problem}" for problem in _missing_sections_of(member, member, returns=True)]
+        return problems
+    return _missing_sections_of(obj, obj, returns=True)
+
+
+def _missing_sections_of(documented: Any, function: Any, *, returns: bool) -> list[str]:
+    text = inspect.getdoc(documented) or ""
+    sections = Docstring(text).parse("google", warn_missing_types=False, warn_unknown_params=False)
+    kinds = {section.kind for section in sections}
+    signature = inspect.signature(function)
+    params = [p for p in signature.parameters.values() if p.name not in ("self", "cls")]
+    documented_names = {
+        item.name.lstrip("*") for section in sections if section.kind is DocstringSectionKind.parameters
+        for item in section.value
+    }  # fmt: skip
+    problems = []
+    if not text:
+        problems.append("no docstring")
+    if params and DocstringSectionKind.parameters not in kinds:
+        problems.append("no Args: section")
+    elif missing := [p.name for p in params if p.name not in documented_names]:
+        problems.append(f"Args: does not name {missing}")
+    annotation = signature.return_annotation
+    if returns and annotation not in ("None", "NoReturn", None) and not (kinds & {
+        DocstringSectionKind.returns, DocstringSectionKind.yields
+    }):  # fmt: skip
+        problems.append("no Returns: section")
+    return problems
+
+
+def test_public_api_is_in_the_reference() -> None:
+    rendered = _rendered()
+    left_out = sorted(set(_exported()) - set(rendered))
+    assert not left_out, f"public names missing from docs/{{{','.join(REFERENCE_PAGES)}}}: {left_out}"
+
+
+def test_public_api_documents_arguments_and_results() -> None:
+    names = {**_rendered(), **_exported()}
+    missing = {name: problems for name, obj in sorted(names.items()) if (problems := _missing_sections(obj))}
+    failing = {name: problems for name, problems in missing.items() if name not in SECTIONS_NOT_YET_WRITTEN}
+    assert not failing, "docstrings without their Google sections:\n" + "\n".join(
+        f"  {name}: {'; '.join(problems)}" for name, problems in failing.items()
+    )
+    done = sorted(SECTIONS_NOT_YET_WRITTEN - set(missing))
+    assert not done, f"remove from SECTIONS_NOT_YET_WRITTEN, their docstrings are complete now: {done}"
