@@ -191,23 +191,15 @@ def run(args: argparse.Namespace) -> int:
         UserError: Settings that cannot run, a results file that cannot be rendered, or a stack knob
             whose interpreter is missing or broken; nothing is started then.
     """
-    import json
-
     from hvdk8s import atomic
 
-    from . import analysis, report
+    from . import cluster_collect, report
 
     if args.report_only:
         source = f"--report-only {args.report_only}"
         results = _read_results(args.report_only, source)
         try:  # summaries always from the raw timings, with today's analysis, kept in the results file too
-            if "cluster" in results:
-                from . import cluster_collect
-
-                paths = cluster_collect.write(cluster_collect.derived(results), args.report_only.parent)
-            else:
-                results["derived"] = json.loads(json.dumps(analysis.derive(results["raw"]), default=float))
-                paths = report.write(results, args.report_only.parent)
+            paths = report.write(cluster_collect.derived(results), args.report_only.parent)
             atomic.write_json(args.report_only, results)
         except ValueError as err:  # the cost model's measured H100 rates are missing
             raise UserError(str(err)) from None

@@ -5,14 +5,13 @@ holds ``cluster_entry``'s ``HOST`` and ``RECORD`` lines. The records go where a 
 training runs; the allreduce runs under ``raw.cluster``), so ``analysis.derive`` and ``report`` read them
 unchanged; ``cluster`` adds what only a cluster has: the pods, nodes and GPU models seen, and the
 allreduce's bus bandwidth across the cluster beside the cost model's ring prediction for the network the
-user names. The report is ``report.render``'s with the local run's machine wording replaced and a
-cluster section after the header.
+user names. ``report`` renders it as a local run's, with the cluster in place of the machine and its own
+section after the header.
 """
 from __future__ import annotations
 
 import datetime as dt
 import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +26,7 @@ from .cluster_jobs import BenchJob
 from .settings import STRATEGY_LABELS, Settings
 from .suite import SCHEMA
 
-MEASURED_HERE = "measured on the cluster"
 NOT_EMULATED = "a cluster run measures the cluster's own network (see the Cluster section), not emulated links"
-# report.render's sentences about the machine a local run ran on, which a cluster run replaces or drops.
-MACHINE_LINE = re.compile(r"^\*\*Machine:\*\*.*$", re.M)
-CORES_SENTENCE = re.compile(r" (N goes up to \d+ only: this machine has .*?|\*\*Warning:\*\* N=\d+ × .*?)not scaling\.")
 
 
 @dataclass
@@ -117,9 +112,11 @@ def results(settings: Settings, logs: Iterable[JobLog], *, network: str, command
 
 
 def derived(results: dict[str, Any]) -> dict[str, Any]:
-    """``derived`` (analysis.derive, as a local run's) and ``cluster`` from the raw data."""
+    """``derived`` (analysis.derive) from the raw data, and for a cluster run's results (``raw.cluster``) ``cluster``:
+    what the collector and ``hvdk8s bench --report-only`` (either run's results) compute."""
     results["derived"] = json.loads(json.dumps(analysis.derive(results["raw"]), default=float))
-    results["cluster"] = cluster(results["raw"]["cluster"])
+    if "cluster" in results["raw"]:
+        results["cluster"] = cluster(results["raw"]["cluster"])
     return results
 
 
@@ -146,66 +143,8 @@ def cluster(raw: dict[str, Any]) -> dict[str, Any]:
             "network": raw["network"], "network_note": net["note"], "allreduce": rows}
 
 
-# --- report ----------------------------------------------------------------------------------------------
-def cluster_line(c: dict[str, Any]) -> str:
-    gpus = "; ".join(f"{model} on {report.num(len(on))} node(s)" for model, on in c["gpus"].items()) or "no GPU seen"
-    nodes = ", ".join(c["nodes"]) or "not known (no pod reported its node)"
-    return (f"**Cluster:** Kubernetes, {report.num(len(c['nodes']))} node(s) seen ({nodes}), {report.num(c['pods'])} "
-            f"benchmark pods; GPUs: {gpus}.")
-
-
-def section(results: dict[str, Any]) -> str:
-    c, raw = results["cluster"], results["raw"]
-    ns = sorted({r["workers"] for r in raw["training"]})
-    by_job: dict[str, list[dict[str, Any]]] = {}
-    for p in raw["cluster"]["pods"]:
-        by_job.setdefault(p["job"], []).append(p)
-    out = [
-        "## Cluster: jobs, pods and nodes (" + MEASURED_HERE + ")",
-        "",
-        "Every configuration ran as its own Kubernetes job, one job at a time (`hvdk8s bench --cluster`): hvdk8s and the "
-        "raw Horovod loop as MPI Operator MPIJobs (one rank per worker pod), MultiWorkerMirrored and parameter-server "
-        "TensorFlow as Training Operator TFJobs (N Workers; the PS strategy with a Chief coordinator and one parameter "
-        "server besides), all from the same image and job file with the same settings. N counts worker pods, one "
-        f"process each: {', '.join(report.num(n) for n in ns) or '–'}. Each job's rank 0 (Chief, worker 0) wrote its "
-        "record to its log, and each process whose log was kept its pod, node and GPUs (every rank of an MPIJob, "
-        "the TFJob's Chief or worker 0).",
-        "",
-        report.table(["job", "task reporting: pod on node (GPUs)", "every pod on its node (as the API placed them)"],
-                     [[job, "; ".join(f"{p['task']}: {p['pod']} on {p.get('node') or '?'}"
-                                      f" ({', '.join(p.get('gpus') or []) or 'no GPU'})" for p in pods),
-                       ", ".join(f"{pod} on {node}" for pod, node in raw["cluster"]["placement"].get(job, {}).items())
-                       or "–"]
-                      for job, pods in by_job.items()]),
-        "",
-    ]
-    if c["allreduce"]:
-        out += [
-            f"**Allreduce across the cluster**: Horovod allreduce (sum) of one float32 tensor, one rank per worker pod "
-            f"(NCCL where the ranks have GPUs). busbw = bytes / time × 2(N−1)/N; predicted: the cost model's ring "
-            f"(section 5) on {c['network']} ({c['network_note']}), no fixed per-call cost.",
-            "",
-            report.table(["N", "message", "time median [min–max]", "busbw measured", "busbw predicted",
-                          "measured / predicted"],
-                         [[report.num(r["workers"]), report.nbytes(r["bytes"]), report.spread(r["seconds"], report.secs),
-                           report.gbyte(r["busbw_bytes_per_s"]), report.gbyte(r["predicted_busbw_bytes_per_s"]),
-                           report.pct(r["measured_over_predicted"])] for r in c["allreduce"]]),
-            "",
-        ]
-    return "\n".join(out)
-
-
-def render(results: dict[str, Any]) -> str:
-    """report.md of a cluster run."""
-    text = report.render(results)
-    text = MACHINE_LINE.sub(lambda _: cluster_line(results["cluster"]), text, count=1)
-    text = CORES_SENTENCE.sub("", text, count=1).replace(report.MEASURED, MEASURED_HERE)
-    head, sep, rest = text.partition("\n\n## ")
-    return f"{head}\n\n{section(results).strip()}{sep}{rest}"
-
-
 def write(results: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     """results.json, report.md and the plots in ``out_dir``."""
-    paths = report.write(results, out_dir)  # the plots (and a local run's report.md, replaced next)
+    paths = report.write(results, out_dir)
     atomic.write_json(out_dir / "results.json", results)
-    return paths | {"markdown": atomic.write_text(out_dir / "report.md", render(results))}
+    return paths

@@ -16,6 +16,7 @@ from .settings import STRATEGY_LABELS
 from .stats import summary
 
 MEASURED = "measured on this machine"
+MEASURED_CLUSTER = "measured on the cluster"  # a cluster run's results (``cluster_collect``: they have ``cluster``)
 PREDICTION_WORKERS = (8, 64, 512)
 
 
@@ -251,7 +252,9 @@ def plot_timeline(profiles: list[dict[str, Any]], path: Path) -> None:
 
 # --- sections ------------------------------------------------------------------------------------
 def _header(results: dict[str, Any]) -> str:
+    """Title, run, machine (a cluster run's: its nodes, pods and GPUs) and the settings every worker shares."""
     env, s = results["environment"], results["settings"]
+    cluster = results.get("cluster")
     jobs = [j["job"] for j in _all_jobs(results["raw"])]
     busy = [j["machine_busy_cores"] for j in jobs if j.get("machine_busy_cores") is not None]
     ours = [j["cpu_seconds"] / j["wall_seconds"] for j in jobs if j.get("cpu_seconds") is not None]
@@ -262,6 +265,7 @@ def _header(results: dict[str, Any]) -> str:
         f"command `{' '.join(env['command'])}`. Raw per-repeat timings: `results.json` (section `raw`); "
         "every table below is derived from them (section `derived`).",
         "",
+        _cluster_line(cluster) if cluster else
         f"**Machine:** {env['cpu_count']} cores ({env['cpu_model']}), {env['memory_gib']} GiB, no GPU. "
         f"Load average at start {env['load_average_start']}, at end {env.get('load_average_end')}.",
     ]
@@ -280,17 +284,66 @@ def _header(results: dict[str, Any]) -> str:
         f"{s['threads_per_rank']} TensorFlow intra-op thread(s), {s['warmup_steps']} warm-up steps and "
         f"{s['windows']} timed windows of {s['steps']} steps per model, {s.get('models', 1)} model(s) built one after "
         f"another per launch (their windows pooled), {s['rounds']} launch(es) per configuration. "
-        "N counts data-parallel workers (processes). "
-        + (
+        "N counts data-parallel workers (processes)."
+        + ("" if cluster else " " + (  # a local run's N is bounded by this machine's cores
             f"N goes up to {max(s['ranks'])} only: this machine has {env['cpu_count']} cores, and with "
             f"{s['threads_per_rank']} thread(s) per worker a larger N would oversubscribe them and measure contention, "
             "not scaling."
             if max(s["ranks"]) * s["threads_per_rank"] <= env["cpu_count"]
             else f"**Warning:** N={max(s['ranks'])} × {s['threads_per_rank']} thread(s) exceeds the {env['cpu_count']} "
             "cores: those rows measure oversubscription, not scaling."
-        ),
+        )),
     ]
     return "\n".join(lines)
+
+
+def _cluster_line(c: dict[str, Any]) -> str:
+    gpus = "; ".join(f"{model} on {num(len(on))} node(s)" for model, on in c["gpus"].items()) or "no GPU seen"
+    nodes = ", ".join(c["nodes"]) or "not known (no pod reported its node)"
+    return (f"**Cluster:** Kubernetes, {num(len(c['nodes']))} node(s) seen ({nodes}), {num(c['pods'])} "
+            f"benchmark pods; GPUs: {gpus}.")
+
+
+def _cluster_section(results: dict[str, Any]) -> str:
+    """A cluster run's jobs, pods and nodes, and its allreduce beside the cost model's ring (``cluster_collect``)."""
+    if "cluster" not in results:
+        return ""
+    c, raw = results["cluster"], results["raw"]
+    ns = sorted({r["workers"] for r in raw["training"]})
+    by_job: dict[str, list[dict[str, Any]]] = {}
+    for p in raw["cluster"]["pods"]:
+        by_job.setdefault(p["job"], []).append(p)
+    out = [
+        "## Cluster: jobs, pods and nodes (" + MEASURED_CLUSTER + ")",
+        "",
+        "Every configuration ran as its own Kubernetes job, one job at a time (`hvdk8s bench --cluster`): hvdk8s and the "
+        "raw Horovod loop as MPI Operator MPIJobs (one rank per worker pod), MultiWorkerMirrored and parameter-server "
+        "TensorFlow as Training Operator TFJobs (N Workers; the PS strategy with a Chief coordinator and one parameter "
+        "server besides), all from the same image and job file with the same settings. N counts worker pods, one "
+        f"process each: {', '.join(num(n) for n in ns) or '–'}. Each job's rank 0 (Chief, worker 0) wrote its "
+        "record to its log, and each process whose log was kept its pod, node and GPUs (every rank of an MPIJob, "
+        "the TFJob's Chief or worker 0).",
+        "",
+        table(["job", "task reporting: pod on node (GPUs)", "every pod on its node (as the API placed them)"],
+              [[job, "; ".join(f"{p['task']}: {p['pod']} on {p.get('node') or '?'}"
+                               f" ({', '.join(p.get('gpus') or []) or 'no GPU'})" for p in pods),
+                ", ".join(f"{pod} on {node}" for pod, node in raw["cluster"]["placement"].get(job, {}).items())
+                or "–"]
+               for job, pods in by_job.items()]),
+        "",
+    ]
+    if c["allreduce"]:
+        out += [
+            f"**Allreduce across the cluster**: Horovod allreduce (sum) of one float32 tensor, one rank per worker pod "
+            f"(NCCL where the ranks have GPUs). busbw = bytes / time × 2(N−1)/N; predicted: the cost model's ring "
+            f"(section 5) on {c['network']} ({c['network_note']}), no fixed per-call cost.",
+            "",
+            table(["N", "message", "time median [min–max]", "busbw measured", "busbw predicted", "measured / predicted"],
+                  [[num(r["workers"]), nbytes(r["bytes"]), spread(r["seconds"], secs), gbyte(r["busbw_bytes_per_s"]),
+                    gbyte(r["predicted_busbw_bytes_per_s"]), pct(r["measured_over_predicted"])] for r in c["allreduce"]]),
+            "",
+        ]
+    return "\n".join(out)
 
 
 def _all_jobs(raw: dict[str, Any]) -> list[dict[str, Any]]:
@@ -300,10 +353,10 @@ def _all_jobs(raw: dict[str, Any]) -> list[dict[str, Any]]:
     return jobs
 
 
-def _training_section(d: dict[str, Any]) -> str:
+def _training_section(d: dict[str, Any], measured: str = MEASURED) -> str:
     rows = d["throughput"]
     out = [
-        "## 1. Training throughput and scaling efficiency (" + MEASURED + ")",
+        "## 1. Training throughput and scaling efficiency (" + measured + ")",
         "",
         "E(N) = throughput(N) / (N × throughput of the baseline at N=1): against the single process (plain Keras fit), "
         "and against the same strategy at N=1 (its scaling alone). E(1) against the single process is the strategy's "
@@ -379,14 +432,14 @@ def _thread_policy(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def _ratio_section(d: dict[str, Any]) -> str:
+def _ratio_section(d: dict[str, Any], measured: str = MEASURED) -> str:
     r = d["ratios"]
     headline = _headline(d)
     threads = _thread_policy(r.get("thread_policy", []))
     if not (r["paired"] or r["rounds"] or headline or threads):
         return ""
     out: list[str] = [
-        "## Summary: throughput relative to the raw Horovod loop (" + MEASURED + ")",
+        "## Summary: throughput relative to the raw Horovod loop (" + measured + ")",
         "",
         "One ratio per launch, then the median, the lowest and highest launch [min–max] and the number of launches; "
         "above 1 is faster than the raw loop. The N=1 column is the same comparison on one rank (no communication: "
@@ -431,7 +484,8 @@ def _ratio_section(d: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def _synthetic_section(rows: list[dict[str, Any]], settings: dict[str, Any], what: dict[str, str]) -> str:
+def _synthetic_section(rows: list[dict[str, Any]], settings: dict[str, Any], what: dict[str, str],
+                       measured: str = MEASURED) -> str:
     main = [r for r in rows if r["section"] == "synthetic"]
     knob_rows = [r for r in rows if r["section"] == "knobs"]
     if not rows:
@@ -455,7 +509,7 @@ def _synthetic_section(rows: list[dict[str, Any]], settings: dict[str, Any], wha
     )
     out = [
         "## Horovod's synthetic benchmarks: the raw loop and hvdk8s" + ("" if own else " on Horovod's own scripts")
-        + " (" + MEASURED + ")",
+        + " (" + measured + ")",
         "",
         scripts + " Each launch runs one script under "
         "mpirun with `--no-cuda` as a user runs it: the suite sets no thread count, so the raw loop keeps TensorFlow's "
@@ -500,14 +554,14 @@ def _synthetic_section(rows: list[dict[str, Any]], settings: dict[str, Any], wha
     return "\n".join(out)
 
 
-def _tta_section(d: dict[str, Any]) -> str:
+def _tta_section(d: dict[str, Any], measured: str = MEASURED) -> str:
     rows = d["time_to_accuracy"]
     if not rows:
         return ""
     steady = {(t["strategy"], t["workers"]): t["examples_per_s"] for t in d["throughput"] if t["workload"] == "cnn"}
     return "\n".join(
         [
-            "## 2. Time to accuracy on real data (" + MEASURED + ")",
+            "## 2. Time to accuracy on real data (" + measured + ")",
             "",
             "The CNN on scikit-learn's digits (1,437 training / 360 test images at 28×28). Synchronous strategies use "
             "lr × N for the N-times larger global batch; asynchronous PS workers apply their own gradients and keep "
@@ -543,11 +597,11 @@ PHASES = (
 )
 
 
-def _profile_section(p: dict[str, Any] | None) -> str:
+def _profile_section(p: dict[str, Any] | None, measured: str = MEASURED) -> str:
     if not p:
         return ""
     out = [
-        "## 6. Where a step's time goes, N=2 (" + MEASURED + ", `--profile`)",
+        "## 6. Where a step's time goes, N=2 (" + measured + ", `--profile`)",
         "",
         "A profiling-only build (`benchmarks/profiling.py`): each phase is its own compiled function on a copy of the model, "
         "timed alone, round-robin between hvdk8s's `fit` windows; brackets inside the real step would order its ops and "
@@ -585,7 +639,7 @@ def _profile_section(p: dict[str, Any] | None) -> str:
 
 
 def _knob_section(rows: list[dict[str, Any]], settings: dict[str, Any], what: dict[str, str],
-                  stacks: dict[str, dict[str, str]] | None = None) -> str:
+                  stacks: dict[str, dict[str, str]] | None = None, measured: str = MEASURED) -> str:
     if not rows:
         return ""
     intro = ("Each knob is one mpirun launch of the alternating hvdk8s/raw-loop worker, run right after the baseline launch "
@@ -593,7 +647,7 @@ def _knob_section(rows: list[dict[str, Any]], settings: dict[str, Any], what: di
              "the same round (above 1: the knob helps), then median [min–max] (rounds).")
     if "stack" not in rows[0]:  # results from before stack knobs: as they were rendered
         return "\n".join([
-            "## 7. Horovod and Open MPI knobs, N=2 (" + MEASURED + ")",
+            "## 7. Horovod and Open MPI knobs, N=2 (" + measured + ")",
             "",
             intro,
             "",
@@ -603,7 +657,7 @@ def _knob_section(rows: list[dict[str, Any]], settings: dict[str, Any], what: di
             "",
         ])
     return "\n".join([
-        "## 7. Horovod, Open MPI and software-stack knobs, N=2 (" + MEASURED + ")",
+        "## 7. Horovod, Open MPI and software-stack knobs, N=2 (" + measured + ")",
         "",
         intro + " **hvdk8s / raw loop** is each launch's hvdk8s median window rate over the raw loop's windows that "
         "alternated with them in the same launch, beside the baseline launches' of the same rounds; the stack column is "
@@ -620,11 +674,11 @@ def _knob_section(rows: list[dict[str, Any]], settings: dict[str, Any], what: di
     ])
 
 
-def _allreduce_section(ar: dict[str, Any]) -> str:
+def _allreduce_section(ar: dict[str, Any], measured: str = MEASURED) -> str:
     if not ar["sweep"] and not ar["fusion"]:
         return ""
     out = [
-        "## 3. Allreduce microbenchmark (" + MEASURED + ")",
+        "## 3. Allreduce microbenchmark (" + measured + ")",
         "",
         "Horovod allreduce (sum) of one float32 tensor, ranks on this machine (Open MPI shared memory, Open MPI's own "
         "choice of algorithm). algbw = bytes / time; busbw = algbw × 2(N−1)/N, the bytes each rank moves per second, "
@@ -662,8 +716,8 @@ def _allreduce_section(ar: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
-def _emulated_section(emu: dict[str, Any]) -> str:
-    head = ["## 4. Bandwidth-limited cluster in network namespaces (" + MEASURED + ", links emulated)", ""]
+def _emulated_section(emu: dict[str, Any], measured: str = MEASURED) -> str:
+    head = ["## 4. Bandwidth-limited cluster in network namespaces (" + measured + ", links emulated)", ""]
     if emu.get("skipped"):
         return "\n".join(head + [f"Skipped: {emu['skipped']}.", ""])
     out = head + [
@@ -828,18 +882,23 @@ def _errors_section(results: dict[str, Any]) -> str:
 
 
 def render(results: dict[str, Any]) -> str:
+    """report.md of a local run, or of a cluster run (results with ``cluster``: the cluster in place of the machine,
+    its own section after the header, every measurement "measured on the cluster")."""
     d = results["derived"]
+    measured = MEASURED_CLUSTER if "cluster" in results else MEASURED
     parts = [
         _header(results),
-        _ratio_section(d),
-        _synthetic_section(d.get("synthetic", []), results["settings"], results["labels"].get("knobs", {})),
-        _training_section(d["training"]) if d["training"]["throughput"] else "",
-        _tta_section(d["training"]),
-        _allreduce_section(d["allreduce"]),
-        _emulated_section(d["emulated"]),
+        _cluster_section(results),
+        _ratio_section(d, measured),
+        _synthetic_section(d.get("synthetic", []), results["settings"], results["labels"].get("knobs", {}), measured),
+        _training_section(d["training"], measured) if d["training"]["throughput"] else "",
+        _tta_section(d["training"], measured),
+        _allreduce_section(d["allreduce"], measured),
+        _emulated_section(d["emulated"], measured),
         _model_section(d),
-        _profile_section(d["profile"]),
-        _knob_section(d["knobs"], results["settings"], results["labels"].get("knobs", {}), results["environment"].get("stacks")),
+        _profile_section(d["profile"], measured),
+        _knob_section(d["knobs"], results["settings"], results["labels"].get("knobs", {}), results["environment"].get("stacks"),
+                      measured),
         _errors_section(results),
         _environment_section(results),
     ]
