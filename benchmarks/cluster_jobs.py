@@ -23,8 +23,9 @@ from hvdk8s.mpijob import tfjob
 from hvdk8s.mpijob.files import checked_render, load_spec
 
 from .cluster_entry import NODE_ENV
-from .settings import HOROVOD_STRATEGIES, NO_TTA, Settings
-from .suite import training_configs
+from .launch import rank_env
+from .settings import HOROVOD_STRATEGIES, Settings
+from .suite import allreduce_job_data, train_job_data, training_configs
 
 ENTRY = ("python", "-m", "hvdk8s.benchmarks.cluster_entry")
 TF_STRATEGIES = ("tf_mwms", "tf_ps")
@@ -94,28 +95,28 @@ def matrix(s: Settings, base: Mapping[str, Any], origin: str) -> list[BenchJob]:
     jobs = []
     for r, strategy, n in training_configs(s):
         name = job_name(prefix, strategy, n, r)
-        job = {"settings": s.to_json(), "workloads": list(s.suite_workloads),
-               "tta": s.tta and strategy not in NO_TTA, "seed": r, "own_threads": False}
+        job = train_job_data(s, strategy, r, tta=True)  # as the local suite's training matrix
         command = [*ENTRY, "train", "--job-name", name, "--strategy", strategy, "--workers", str(n), "--round", str(r),
                    "--job-json", json.dumps(job, separators=(",", ":"))]
-        jobs.append(BenchJob(name, "train", strategy, n, r, _manifest(s, base, origin, name, strategy, n, command)))
+        threads = None if job["own_threads"] else s.threads_per_rank
+        jobs.append(BenchJob(name, "train", strategy, n, r, _manifest(base, origin, name, strategy, n, command, threads)))
     if s.allreduce_sizes:
-        job = {"threads": s.threads_per_rank, "sizes": list(s.allreduce_sizes), "min_seconds": s.allreduce_min_seconds,
-               "repeats": s.allreduce_repeats, "fusion_tensors": s.fusion_tensors, "fusion_tensor_bytes": []}
+        job = allreduce_job_data(s, list(s.allreduce_sizes), [])
         for n in (n for n in s.ranks if n >= 2):
             name = job_name(prefix, "allreduce", n)
             command = [*ENTRY, "allreduce", "--job-name", name, "--workers", str(n),
                        "--job-json", json.dumps(job, separators=(",", ":"))]
-            jobs.append(BenchJob(name, "allreduce", None, n, 0, _manifest(s, base, origin, name, "horovod", n, command)))
+            jobs.append(BenchJob(name, "allreduce", None, n, 0,
+                                 _manifest(base, origin, name, "horovod", n, command, s.threads_per_rank)))
     return jobs
 
 
-def _manifest(s: Settings, base: Mapping[str, Any], origin: str, name: str, strategy: str, n: int,
-              command: list[str]) -> dict[str, Any]:
-    """One job, validated as ``hvdk8s render`` validates a job file, every container told its node."""
-    threads = {"OMP_NUM_THREADS": str(s.threads_per_rank), "HVDK8S_THREADS_PER_RANK": str(s.threads_per_rank),
-               "TF_CPP_MIN_LOG_LEVEL": "2"}  # as the local launcher's base_env
-    data = {**base, "name": name, "command": command, "workers": n, "env": threads | dict(base.get("env") or {})}
+def _manifest(base: Mapping[str, Any], origin: str, name: str, strategy: str, n: int, command: list[str],
+              threads: int | None) -> dict[str, Any]:
+    """One job, validated as ``hvdk8s render`` validates a job file, every container told its node; its ranks get
+    ``threads`` as the local launcher's do (``launch.rank_env``), under the job file's env."""
+    env = rank_env(threads) | {"TF_CPP_MIN_LOG_LEVEL": "2"}  # as the local launcher's base_env
+    data = {**base, "name": name, "command": command, "workers": n, "env": env | dict(base.get("env") or {})}
     where = f"{origin} (job {name})"
     spec = load_spec(data, origin=where)
     if strategy in HOROVOD_STRATEGIES or strategy == "single":

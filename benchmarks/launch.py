@@ -106,6 +106,12 @@ def probe_stack(python: str, timeout: float = STACK_PROBE_TIMEOUT_S) -> dict[str
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "HVDK8S_THREADS_PER_RANK")
 
 
+def rank_env(threads: int | None) -> dict[str, str]:
+    """The thread count a job's ranks get, here (``base_env``) and in a cluster's pods (``cluster_jobs``): none for
+    None, so the processes choose their own as a user's script does."""
+    return {} if threads is None else {name: str(threads) for name in THREAD_VARIABLES}
+
+
 def base_env(threads: int | None, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """A job's environment; ``threads`` None sets no thread count (and drops one inherited), so the processes
     choose their own as a user's script does: TensorFlow's defaults, or ``hvdk8s.init``'s policy."""
@@ -122,10 +128,8 @@ def base_env(threads: int | None, extra: Mapping[str, str] | None = None) -> dic
         }
     )
     for name in THREAD_VARIABLES:
-        if threads is None:
-            env.pop(name, None)
-        else:
-            env[name] = str(threads)
+        env.pop(name, None)
+    env.update(rank_env(threads))
     env.pop("TF_CONFIG", None)
     env.update(extra or {})
     return env

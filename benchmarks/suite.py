@@ -147,6 +147,22 @@ def job_count(s: Settings, emulated: bool) -> int:
     return count
 
 
+def train_job_data(s: Settings, strategy: str, seed: int, *, tta: bool, knob: knobs.Knob | None = None,
+                   profile: bool = False) -> dict[str, Any]:
+    """What a training launch's ranks read (``worker.main``), locally or in a cluster's pods (``cluster_jobs``):
+    time to accuracy where ``tta`` and the settings ask for it and the strategy has it (not ``NO_TTA``); no thread
+    count from the suite (``own_threads``) for a thread-policy knob or strategy, whose ranks choose their own."""
+    return {"settings": s.to_json(), "workloads": list(s.profiled_workloads if profile else s.suite_workloads),
+            "tta": tta and s.tta and strategy not in NO_TTA, "seed": seed,
+            "own_threads": bool(knob and knob.thread_policy) or strategy in THREAD_STRATEGIES}
+
+
+def allreduce_job_data(s: Settings, sizes: list[int], fusion_bytes: list[int]) -> dict[str, Any]:
+    """What an allreduce microbenchmark launch's ranks read (``comm_worker allreduce``), locally or in a cluster."""
+    return {"threads": s.threads_per_rank, "sizes": sizes, "min_seconds": s.allreduce_min_seconds,
+            "repeats": s.allreduce_repeats, "fusion_tensors": s.fusion_tensors, "fusion_tensor_bytes": fusion_bytes}
+
+
 def estimate_seconds(jobs: int) -> int:
     """A rough wall time for ``jobs`` jobs on an idle 2-core machine (``JOB_SECONDS`` each): an estimate, longer
     where other processes share the cores."""
@@ -206,11 +222,10 @@ class Suite:
         self, name: str, settings: Settings, strategy: str, n: int, *, tta: bool, seed: int, cluster: Any = None,
         knob: knobs.Knob | None = None, profile: bool = False,
     ) -> dict[str, Any]:
-        own_threads = bool(knob and knob.thread_policy) or strategy in THREAD_STRATEGIES
         # the profile may also break down Horovod's synthetic models' steps (in the suite's harnesses, at equal threads)
-        workloads = settings.profiled_workloads if profile else settings.suite_workloads
-        job = self._job_file(name, {"settings": settings.to_json(), "workloads": list(workloads), "tta": tta,
-                                    "seed": seed, "own_threads": own_threads})
+        data = train_job_data(settings, strategy, seed, tta=tta, knob=knob, profile=profile)
+        own_threads = data["own_threads"]
+        job = self._job_file(name, data)
         out = self.jobs / f"{name}.result.json"
         args = ["--strategy", strategy, "--job", str(job), "--out", str(out), *(["--profile"] if profile else [])]
         if strategy in HOROVOD_STRATEGIES:
@@ -234,7 +249,7 @@ class Suite:
             name = f"train-{strategy}-n{n}-r{r}"
             run = self._attempt(
                 f"training {strategy} N={n} round {r + 1}/{self.s.rounds}",
-                lambda: self._train_job(name, self.s, strategy, n, tta=self.s.tta and strategy not in NO_TTA, seed=r),
+                lambda: self._train_job(name, self.s, strategy, n, tta=True, seed=r),
             )
             if run:
                 self.results["raw"]["training"].append({**run, "round": r})
@@ -302,11 +317,7 @@ class Suite:
 
     # --- allreduce microbenchmark ------------------------------------------------------------
     def _allreduce_job(self, name: str, n: int, sizes: list[int], fusion_bytes: list[int], env: dict[str, str], cluster: Any = None) -> dict[str, Any]:
-        job = self._job_file(
-            name,
-            {"threads": self.s.threads_per_rank, "sizes": sizes, "min_seconds": self.s.allreduce_min_seconds,
-             "repeats": self.s.allreduce_repeats, "fusion_tensors": self.s.fusion_tensors, "fusion_tensor_bytes": fusion_bytes},
-        )
+        job = self._job_file(name, allreduce_job_data(self.s, sizes, fusion_bytes))
         out = self.jobs / f"{name}.result.json"
         stats = self.launcher.mpi(name, n, module_argv("comm_worker", "allreduce", "--job", str(job), "--out", str(out)), env=env, cluster=cluster)
         return {"job": stats.to_json(), "result": json.loads(out.read_text())}
