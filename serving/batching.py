@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from hvdk8s.k8s import FieldError, SpecError, at_least, invalid
-from hvdk8s.serving import rest
+from hvdk8s.serving.api import rest
 
 log = logging.getLogger("hvdk8s.serving")
 Outputs = dict[str, np.ndarray]

@@ -10,7 +10,7 @@ from typing import Any
 
 from hvdk8s import doctor
 from hvdk8s.errors import UserError
-from hvdk8s.serving.address import GRPC_ADDRESS, GRPC_PORT, HOST, REST_PORT, REST_URL  # stdlib-only modules:
+from hvdk8s.serving.api.address import GRPC_ADDRESS, GRPC_PORT, HOST, REST_PORT, REST_URL  # stdlib-only modules:
 from hvdk8s.serving.savedmodel import PREPROCESSING  # they keep the CLI fast
 
 

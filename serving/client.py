@@ -12,7 +12,7 @@ from typing import Any
 
 import requests
 
-from hvdk8s.serving import address
+from hvdk8s.serving.api import address
 
 
 class PredictError(Exception):

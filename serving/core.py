@@ -4,7 +4,7 @@ Both APIs resolve a model spec (name, version or label) against the same
 ``Models`` and hand their decoded input arrays to the same executor — the
 ``Batcher`` (on by default) or ``Unbatched`` — so a REST and a gRPC request
 can share a batch and both see the same errors. Classify and Regress
-(``examples``) run through the same executor, their serialized
+(``classify_regress``) run through the same executor, their serialized
 ``tf.Example`` vector as the signature's one input.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from hvdk8s.serving import examples, rest
+from hvdk8s.serving.api import classify_regress, rest
 from hvdk8s.serving.batching import Batcher, BatchingParameters, Unbatched
 from hvdk8s.serving.monitoring import Metrics
 from hvdk8s.serving.registry import Models
@@ -58,8 +58,8 @@ class ServingCore:
     def examples_inputs(self, api: str, servable: Servable, signature: str,
                         serialized: Sequence[bytes]) -> dict[str, np.ndarray]:
         """Classify or Regress: the signature checked, then the inputs that run it like a predict call."""
-        examples.check_signature(api, signature, servable.signature_defs)
-        return examples.input_tensor(serialized)
+        classify_regress.check_signature(api, signature, servable.signature_defs)
+        return classify_regress.input_tensor(serialized)
 
     def close(self) -> None:
         self.executor.close()

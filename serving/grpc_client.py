@@ -60,7 +60,7 @@ def predict(
     import tensorflow as tf
     from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-    from hvdk8s.serving import rest
+    from hvdk8s.serving.api import rest
 
     address = target(url)
     with grpc.insecure_channel(address) as channel:

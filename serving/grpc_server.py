@@ -4,7 +4,7 @@
 GetModelMetadata), ``ModelService.GetModelStatus`` and the profiler's
 ``tensorflow.ProfilerService``, as TF Serving serves them on its gRPC port
 (tensorflow_serving/model_servers/server.cc at the snapshot cited in
-``examples``), implemented with the servicer base classes of
+``classify_regress``), implemented with the servicer base classes of
 ``tensorflow-serving-api``, so the official stubs work unchanged. Requests
 go through the same ``ServingCore`` as REST (same versions, same batching,
 same error codes and messages); outputs come back in the typed ``*_val``
@@ -38,7 +38,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from hvdk8s.serving import examples, rest
+from hvdk8s.serving.api import classify_regress, rest
 from hvdk8s.serving.core import ServingCore
 
 SIGNATURE_DEF = "signature_def"  # the one metadata field TF Serving knows
@@ -172,16 +172,16 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             return response
 
     def Classify(self, request: Any, context: grpc.ServicerContext) -> Any:
-        with _status(context, self.core, request.model_spec.name, examples.CLASSIFY):
+        with _status(context, self.core, request.model_spec.name, classify_regress.CLASSIFY):
             response = classification_pb2.ClassificationResponse()
-            self._examples(examples.CLASSIFY, _model_spec(request), examples.from_input(request.input),
+            self._examples(classify_regress.CLASSIFY, _model_spec(request), classify_regress.from_input(request.input),
                            response.model_spec, response.result, context)
             return response
 
     def Regress(self, request: Any, context: grpc.ServicerContext) -> Any:
-        with _status(context, self.core, request.model_spec.name, examples.REGRESS):
+        with _status(context, self.core, request.model_spec.name, classify_regress.REGRESS):
             response = regression_pb2.RegressionResponse()
-            self._examples(examples.REGRESS, _model_spec(request), examples.from_input(request.input),
+            self._examples(classify_regress.REGRESS, _model_spec(request), classify_regress.from_input(request.input),
                            response.model_spec, response.result, context)
             return response
 
@@ -197,14 +197,14 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         with _status(context, self.core, first.name, "multi_inference"):
             servable = self.core.servable(*_selects(first))
             tasks = multi_inference_tasks(request.tasks, servable.signature_defs)
-            serialized = examples.from_input(request.input)
-            inputs = examples.input_tensor(serialized)
+            serialized = classify_regress.from_input(request.input)
+            inputs = classify_regress.input_tensor(serialized)
             futures = [self.core.submit(servable, signature, inputs) for _, signature in tasks]
             response = inference_pb2.MultiInferenceResponse()
             try:
                 for task, (api, signature), future in zip(request.tasks, tasks, futures):
                     result = response.results.add()
-                    target = result.classification_result if api == examples.CLASSIFY else result.regression_result
+                    target = result.classification_result if api == classify_regress.CLASSIFY else result.regression_result
                     _fill_result(api, _within_deadline(future, context), len(serialized), target)
                     _fill_spec(result.model_spec, task.model_spec.name, servable.version, signature)
             finally:
@@ -269,23 +269,23 @@ def multi_inference_tasks(tasks: Sequence[Any], signature_defs: Mapping[str, Any
             raise rest.invalid(f"Duplicate evaluation of signature: {signature}")
         if signature not in signature_defs:
             raise rest.invalid(f"Requested signature not found in model graph: {signature}")
-        if task.method_name not in examples.METHOD_NAMES:
+        if task.method_name not in classify_regress.METHOD_NAMES:
             raise rest.ServingError("UNIMPLEMENTED", f"Unsupported signature method_name: {task.method_name}")
-        api = examples.METHOD_NAMES[task.method_name]
-        examples.check_signature(api, signature, signature_defs)
+        api = classify_regress.METHOD_NAMES[task.method_name]
+        classify_regress.check_signature(api, signature, signature_defs)
         checked.append((api, signature))
     return checked
 
 
 def _fill_result(api: str, outputs: Mapping[str, np.ndarray], count: int, result: Any) -> None:
     """A ClassificationResult or RegressionResult from a signature's outputs for ``count`` examples."""
-    if api == examples.CLASSIFY:
-        for classes in examples.classifications(outputs, count):
+    if api == classify_regress.CLASSIFY:
+        for classes in classify_regress.classifications(outputs, count):
             entry = result.classifications.add()
             for label, score in classes:
                 entry.classes.add(label=label, score=score)
     else:
-        for value in examples.regressions(outputs, count):
+        for value in classify_regress.regressions(outputs, count):
             result.regressions.add(value=value)
 
 

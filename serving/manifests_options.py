@@ -14,7 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 from hvdk8s.k8s import FieldError, SpecError, invalid, join, name_problem, required
-from hvdk8s.serving.address import GRPC_PORT as GRPC_PORT, REST_PORT as REST_PORT  # TF Serving's, the container's
+from hvdk8s.serving.api.address import GRPC_PORT as GRPC_PORT, REST_PORT as REST_PORT  # TF Serving's, the container's
 
 # tensorflow/serving publishes X.Y.Z and X.Y.Z-gpu tags per TF Serving release: an X.Y.0 built on each
 # TensorFlow X.Y (2.18.0 through 2.21.0), patch releases for some (2.19.1; never 2.18.1).

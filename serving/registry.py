@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hvdk8s.serving import rest
+from hvdk8s.serving.api import rest
 from hvdk8s.serving.repository import ModelRepository, Servable, VersionPolicy, load_servable
 
 log = logging.getLogger("hvdk8s.serving")

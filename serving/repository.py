@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from hvdk8s.serving import rest, savedmodel
+from hvdk8s.serving import savedmodel
+from hvdk8s.serving.api import rest
 
 log = logging.getLogger("hvdk8s.serving")
 # How ``tf.io.decode_image`` tells each format it names apart (DecodeImageV2Op's ClassifyFileFormat,

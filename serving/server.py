@@ -2,7 +2,7 @@
 
 The HTTP layer is Starlette (routing, requests, responses) served by uvicorn
 with uvloop and httptools; the contract itself (paths, JSON formats, error
-codes) lives in ``rest`` and ``examples``, the gRPC services in
+codes) lives in ``rest`` and ``classify_regress``, the gRPC services in
 ``grpc_server``, and both share one ``ServingCore`` (models, versions and
 batching). A background thread polls the base paths (and the model config
 file, if one is given), so a version exported while the server runs is
@@ -39,8 +39,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from hvdk8s.serving import examples, rest
-from hvdk8s.serving.address import GRPC_PORT, HOST, REST_PORT
+from hvdk8s.serving.api import classify_regress, rest
+from hvdk8s.serving.api.address import GRPC_PORT, HOST, REST_PORT
 from hvdk8s.serving.batching import BatchingParameters
 from hvdk8s.serving.core import ServingCore, tensorflow_threads
 from hvdk8s.serving.monitoring import Metrics
@@ -190,12 +190,12 @@ async def _handle(core: ServingCore, route: rest.Route, body: bytes, timeout: fl
     if route.kind == "metadata":
         servable = core.servable(route.model, route.version, route.label)
         return rest.metadata_response(route.model, servable.version, servable.signature_defs)
-    if route.kind in (examples.CLASSIFY, examples.REGRESS):
+    if route.kind in (classify_regress.CLASSIFY, classify_regress.REGRESS):
         servable, signature, inputs, count = await _parsed(body, functools.partial(_parse_examples, core, route, body))
         outputs = await _within(core.submit_async(servable, signature, inputs), timeout)
-        if route.kind == examples.CLASSIFY:
-            return rest.classify_response(examples.classifications(outputs, count))
-        return rest.regress_response(examples.regressions(outputs, count))
+        if route.kind == classify_regress.CLASSIFY:
+            return rest.classify_response(classify_regress.classifications(outputs, count))
+        return rest.regress_response(classify_regress.regressions(outputs, count))
     servable, signature, arrays, row = await _parsed(body, functools.partial(_parse_predict, core, route, body))
     outputs = await _within(core.submit_async(servable, signature, arrays), timeout)
     return rest.predict_response(outputs, row)
@@ -240,7 +240,7 @@ def _parse_predict(core: ServingCore, route: rest.Route, body: bytes) -> tuple:
 def _parse_examples(core: ServingCore, route: rest.Route, body: bytes) -> tuple:
     """(servable, signature, input arrays, example count) of a ``:classify``/``:regress`` request."""
     signature, items, context = rest.parse_examples_body(body)  # the body is checked before the model, as there
-    serialized = examples.from_json(items, context)
+    serialized = classify_regress.from_json(items, context)
     servable = core.servable(route.model, route.version, route.label)
     return servable, signature, core.examples_inputs(route.kind, servable, signature, serialized), len(serialized)
 

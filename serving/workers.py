@@ -33,7 +33,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from hvdk8s.serving import server
-from hvdk8s.serving.address import HOST, REST_PORT
+from hvdk8s.serving.api.address import HOST, REST_PORT
 
 STOP_GRACE_S = 30.0
 """How long a stopping worker may take to drain before it is killed."""

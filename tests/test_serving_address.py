@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdk8s.serving import address
+from hvdk8s.serving.api import address
 from hvdk8s.serving.loadtest import digits_png
 
 from conftest import REPO

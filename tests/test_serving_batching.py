@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from hvdk8s.serving import rest
+from hvdk8s.serving.api import rest
 from hvdk8s.serving.batching import (
     Batcher,
     BatchingParameters,

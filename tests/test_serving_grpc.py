@@ -34,7 +34,8 @@ from tensorflow_serving.apis import (
 )
 
 import hvdk8s.cli
-from hvdk8s.serving import grpc_server, loadtest, rest
+from hvdk8s.serving import grpc_server, loadtest
+from hvdk8s.serving.api import rest
 from hvdk8s.serving.process import running
 
 from serving_models import export_untrained

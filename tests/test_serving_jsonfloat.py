@@ -15,7 +15,7 @@ import json
 import numpy as np
 import pytest
 
-from hvdk8s.serving import jsonfloat, rest
+from hvdk8s.serving.api import jsonfloat, rest
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"))
 _libc.strtof.restype = ctypes.c_float

@@ -1,4 +1,4 @@
-"""TensorFlow Serving's REST contract (serving/rest.py): pure conversions, no TensorFlow."""
+"""TensorFlow Serving's REST contract (serving/api/rest.py): pure conversions, no TensorFlow."""
 from __future__ import annotations
 
 import base64
@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from hvdk8s.serving import examples, rest
-from hvdk8s.serving.rest import InputSpec, ServingError
+from hvdk8s.serving.api import classify_regress, rest
+from hvdk8s.serving.api.rest import InputSpec, ServingError
 
 IMAGE = {"image_bytes": InputSpec(np.dtype(object), (None,))}
 TWO = {"a": InputSpec(np.dtype("float32"), (None, 2)), "b": InputSpec(np.dtype("int64"), (None,))}
@@ -243,8 +243,8 @@ CLASSIFY_SIG = {"method_name": "tensorflow/serving/classify", "inputs": {"inputs
 def test_classify_and_regress_refuse_as_tf_serving(api, doc, signature_defs, status, message):
     with pytest.raises(ServingError) as err:
         signature, items, context = rest.parse_examples_body(body(doc))
-        examples.from_json(items, context)
-        examples.check_signature(api, signature, signature_defs)
+        classify_regress.from_json(items, context)
+        classify_regress.check_signature(api, signature, signature_defs)
     assert err.value.http_status == status and message in err.value.message
 
 
@@ -255,7 +255,7 @@ def test_json_examples_become_tf_examples_as_tf_serving_builds_them():
         {"signature_name": "s", "context": {"c": "ctx"},
          "examples": [{"f": 2.0, "i": [1, True], "b": {"b64": "AP8="}, "t": "text"}]}))
     assert signature == "s"
-    (serialized,) = examples.from_json(items, context)
+    (serialized,) = classify_regress.from_json(items, context)
     example = example_pb2.Example.FromString(serialized)  # the context's features merged into the example
     features = example.features.feature
     assert list(features["f"].float_list.value) == [2.0]
@@ -268,16 +268,16 @@ def test_json_examples_become_tf_examples_as_tf_serving_builds_them():
 def test_classification_and_regression_results_as_tf_serving_shapes_them():
     scores = np.array([[0.25, 0.75]], dtype="float32")
     classes = np.array([[b"cat", b"dog"]], dtype=object)
-    assert examples.classifications({"scores": scores, "classes": classes}, 1) == [[("cat", 0.25), ("dog", 0.75)]]
-    assert rest.classify_response(examples.classifications({"scores": np.array([[3.1]], "float32")}, 1)) == {
+    assert classify_regress.classifications({"scores": scores, "classes": classes}, 1) == [[("cat", 0.25), ("dog", 0.75)]]
+    assert rest.classify_response(classify_regress.classifications({"scores": np.array([[3.1]], "float32")}, 1)) == {
         "results": [[["", 3.1]]]}  # no classes output: empty labels; float32 3.1 printed as 3.1
-    assert rest.regress_response(examples.regressions({"outputs": np.array([[42.0]], "float32")}, 1)) == {
+    assert rest.regress_response(classify_regress.regressions({"outputs": np.array([[42.0]], "float32")}, 1)) == {
         "results": [42.0]}
     with pytest.raises(ServingError, match=r"Expected output Tensor shape to be either \[batch_size\] or "
                                            r"\[batch_size, 1\] but got \[1,2\]"):
-        examples.regressions({"outputs": scores}, 1)
+        classify_regress.regressions({"outputs": scores}, 1)
     with pytest.raises(ServingError, match="Expected scores output batch size of 2. Got: 1"):
-        examples.classifications({"scores": scores}, 2)
+        classify_regress.classifications({"scores": scores}, 2)
 
 
 def test_predict_leaves_shapes_to_the_model_as_tf_serving_does():

@@ -15,13 +15,14 @@ import pytest
 from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 
 from hvdk8s.benchmarks.serving import MALFORMED_BODIES
-from hvdk8s.serving import client, loadtest, rest, server
+from hvdk8s.serving import client, loadtest, server
+from hvdk8s.serving.api import rest
+from hvdk8s.serving.api.rest import ServingError
 from hvdk8s.serving.batching import BatchingParameters
 from hvdk8s.serving.client import request_body
 from hvdk8s.serving.core import ServingCore, tensorflow_threads
 from hvdk8s.serving.process import running
 from hvdk8s.serving.repository import ModelRepository, load_servable
-from hvdk8s.serving.rest import ServingError
 
 from serving_models import CLI, export_untrained
 

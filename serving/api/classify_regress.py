@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdk8s.serving import rest
+from hvdk8s.serving.api import rest
 
 CLASSIFY, REGRESS = "classify", "regress"
 METHOD_NAMES = {"tensorflow/serving/classify": CLASSIFY, "tensorflow/serving/regress": REGRESS}

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdk8s.serving import jsonfloat
+from hvdk8s.serving.api import jsonfloat
 
 # In google.rpc code order (CANCELLED = 1 ... UNAUTHENTICATED = 16): the repository numbers them from it.
 HTTP_STATUS = {
