@@ -45,12 +45,12 @@ from typing import Any
 import numpy as np
 
 from hvdk8s.k8s import FieldError, SpecError, at_least, invalid
-from hvdk8s.serving.api import rest
+from hvdk8s.serving.api import types
 
 log = logging.getLogger("hvdk8s.serving")
 Outputs = dict[str, np.ndarray]
 Run = Callable[[Any, str, Mapping[str, np.ndarray]], Outputs]
-"""(servable, signature name, named inputs) -> named outputs; raises ``rest.ServingError``."""
+"""(servable, signature name, named inputs) -> named outputs; raises ``types.ServingError``."""
 Outcome = Outputs | BaseException
 
 
@@ -209,7 +209,7 @@ class Batcher:
             thread.start()
 
     def submit(self, servable: Any, signature: str, inputs: Mapping[str, np.ndarray]) -> Future:
-        """The future of one request's outputs (or its ``rest.ServingError``), for a caller on any thread."""
+        """The future of one request's outputs (or its ``types.ServingError``), for a caller on any thread."""
         future: Future = Future()
         task = self._task(servable, signature, inputs, future)
         with self._cv:
@@ -237,7 +237,7 @@ class Batcher:
         sizes = {a.shape[0] if a.ndim else -1 for a in inputs.values()}
         size = sizes.pop() if len(sizes) == 1 else -1
         if size > self.params.max_batch_size:  # TF Serving's words (shared_batch_scheduler.h), split or not
-            raise rest.invalid(f"Task size {size} is larger than maximum input batch size {self.params.max_batch_size}")
+            raise types.invalid(f"Task size {size} is larger than maximum input batch size {self.params.max_batch_size}")
         alone = size < 1  # no common batch dimension, or an empty batch: nothing to merge
         return _Task(servable, signature, inputs, max(size, 1), alone, future, loop)
 
@@ -245,12 +245,12 @@ class Batcher:
         """Queue ``task`` (holding the lock): its queue's key and the examples that queue held before, or raise
         why not."""
         if self._closed:
-            raise rest.ServingError("UNAVAILABLE", "the server is shutting down")
+            raise types.ServingError("UNAVAILABLE", "the server is shutting down")
         key = (id(task.servable), task.signature, self._shape_key(task.inputs))
         queue = self._queues.setdefault(key, deque())
         waiting, limit = self._waiting.get(key, 0), self.params.batch_limit
         if waiting + task.size > self.params.max_enqueued_batches * limit:
-            raise rest.ServingError(
+            raise types.ServingError(
                 "UNAVAILABLE", "The batch scheduling queue to which this task was submitted is full"
             )
         room = limit - waiting % limit  # in the batch being filled
@@ -274,7 +274,7 @@ class Batcher:
             for task in tasks:
                 try:
                     key, before = self._enqueue(task)
-                except rest.ServingError as err:  # its traceback holds this frame, and with it the futures
+                except types.ServingError as err:  # its traceback holds this frame, and with it the futures
                     _settle(task.future, err.detached())
                     continue
                 if task.alone:
@@ -358,7 +358,7 @@ class Batcher:
         try:
             merged, rows = self._merge(batch)
             parts = _split(self._run(first.servable, first.signature, merged), [t.size for t in batch], rows)
-        except rest.ServingError:
+        except types.ServingError:
             parts = None
         except Exception as err:  # noqa: BLE001  (an unexpected failure goes to every caller)
             return [err] * len(batch)
@@ -370,7 +370,7 @@ class Batcher:
         """One request run on its own."""
         try:
             return self._run(task.servable, task.signature, task.inputs)
-        except rest.ServingError as err:  # an answer, not a bug: its traceback reaches this frame's task and future
+        except types.ServingError as err:  # an answer, not a bug: its traceback reaches this frame's task and future
             return err.detached()
         except Exception as err:  # noqa: BLE001  (a bug: it goes to this caller, traceback and all, for the log)
             return err
@@ -493,7 +493,7 @@ def _join(parts: Sequence[Any]) -> Outcome:
     """The pieces' outputs concatenated; TF Serving's error (batching_session.cc) for an output with no batch
     dimension."""
     if any(np.ndim(v) == 0 for part in parts for v in part.values()):
-        return rest.ServingError("FAILED_PRECONDITION", "Batched output tensor has 0 dimensions")
+        return types.ServingError("FAILED_PRECONDITION", "Batched output tensor has 0 dimensions")
     return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
 

@@ -60,7 +60,7 @@ def predict(
     import tensorflow as tf
     from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-    from hvdk8s.serving.api import rest
+    from hvdk8s.serving.api import rest, types
 
     address = target(url)
     with grpc.insecure_channel(address) as channel:
@@ -74,6 +74,6 @@ def predict(
     outputs = {name: tf.make_ndarray(tensor) for name, tensor in response.outputs.items()}
     try:
         doc = rest.predict_response(outputs, row=True)
-    except rest.ServingError as err:
+    except types.ServingError as err:
         raise PredictError(f"{address}: {err.message}") from None
     return as_predictions(address, doc, len(images))

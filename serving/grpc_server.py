@@ -38,7 +38,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from hvdk8s.serving.api import classify_regress, rest
+from hvdk8s.serving.api import classify_regress, types
 from hvdk8s.serving.core import ServingCore
 
 SIGNATURE_DEF = "signature_def"  # the one metadata field TF Serving knows
@@ -117,11 +117,11 @@ _TYPED_FIELDS = {
 }
 
 
-def inputs_from_protos(tensors: Any, specs: dict[str, rest.InputSpec]) -> dict[str, np.ndarray]:
+def inputs_from_protos(tensors: Any, specs: dict[str, types.InputSpec]) -> dict[str, np.ndarray]:
     """Request tensors as arrays, checked against the signature's inputs as TF Serving checks them."""
     if set(tensors) != set(specs):
         sent, want = sorted(tensors), sorted(specs)
-        raise rest.invalid(
+        raise types.invalid(
             f"input size does not match signature: {len(sent)}!={len(want)} len({{{','.join(sent)}}}) != "
             f"len({{{','.join(want)}}}). Sent extra: {{{','.join(sorted(set(sent) - set(want)))}}}. "
             f"Missing but required: {{{','.join(sorted(set(want) - set(sent)))}}}."
@@ -131,10 +131,10 @@ def inputs_from_protos(tensors: Any, specs: dict[str, rest.InputSpec]) -> dict[s
         try:
             array = tf.make_ndarray(tensors[name])
         except (TypeError, ValueError) as err:
-            raise rest.invalid(f"input {name}: {err}") from None
+            raise types.invalid(f"input {name}: {err}") from None
         if array.dtype != spec.dtype and not (spec.dtype.kind == "O" and array.dtype.kind in "OSU"):
-            raise rest.invalid(f"Expects arg[{i}] to be {rest.tf_type_name(spec.dtype)} but "
-                               f"{rest.tf_type_name(array.dtype)} is provided")
+            raise types.invalid(f"Expects arg[{i}] to be {types.tf_type_name(spec.dtype)} but "
+                               f"{types.tf_type_name(array.dtype)} is provided")
         arrays[name] = array.astype(object) if spec.dtype.kind == "O" else array
     return arrays
 
@@ -145,10 +145,10 @@ def output_filter(aliases: Sequence[str], outputs: Iterable[str]) -> list[str]:
     known, seen = sorted(outputs), set()
     for alias in aliases:
         if alias not in known:
-            raise rest.invalid(f"output tensor alias not found in signature: {alias} Outputs expected "
+            raise types.invalid(f"output tensor alias not found in signature: {alias} Outputs expected "
                                f"to be in the set {{{','.join(known)}}}.")
         if alias in seen:
-            raise rest.invalid(f"duplicate output tensor alias: {alias}")
+            raise types.invalid(f"duplicate output tensor alias: {alias}")
         seen.add(alias)
     return list(aliases)
 
@@ -161,7 +161,7 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         with _status(context, self.core, request.model_spec.name, "predict"):
             spec = _model_spec(request)
             servable = self.core.servable(*_selects(spec))
-            signature = spec.signature_name or rest.DEFAULT_SIGNATURE
+            signature = spec.signature_name or types.DEFAULT_SIGNATURE
             arrays = inputs_from_protos(request.inputs, servable.inputs_of(signature))
             wanted = output_filter(request.output_filter, servable.signature_defs[signature]["outputs"])
             outputs = _within_deadline(self.core.submit(servable, signature, arrays), context)
@@ -216,7 +216,7 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                   context: grpc.ServicerContext) -> None:
         """Run one classify/regress signature on ``serialized`` and fill ``result`` and ``out_spec``."""
         servable = self.core.servable(*_selects(spec))
-        signature = spec.signature_name or rest.DEFAULT_SIGNATURE
+        signature = spec.signature_name or types.DEFAULT_SIGNATURE
         inputs = self.core.examples_inputs(api, servable, signature, serialized)
         outputs = _within_deadline(self.core.submit(servable, signature, inputs), context)
         _fill_result(api, outputs, len(serialized), result)
@@ -226,10 +226,10 @@ class _PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
         with _status(context, self.core, request.model_spec.name, "metadata"):
             spec = _model_spec(request)
             if not request.metadata_field:
-                raise rest.invalid("GetModelMetadataRequest must specify at least one metadata_field")
+                raise types.invalid("GetModelMetadataRequest must specify at least one metadata_field")
             for name in request.metadata_field:
                 if name != SIGNATURE_DEF:
-                    raise rest.invalid(f"Metadata field {name} is not supported")
+                    raise types.invalid(f"Metadata field {name} is not supported")
             servable = self.core.servable(*_selects(spec))
             signature_defs = json_format.ParseDict(
                 {"signature_def": servable.signature_defs}, get_model_metadata_pb2.SignatureDefMap()
@@ -261,16 +261,16 @@ def multi_inference_tasks(tasks: Sequence[Any], signature_defs: Mapping[str, Any
     for task in tasks:
         spec = task.model_spec
         if not spec.name:
-            raise rest.invalid("Found ModelSpec with an empty model name.")
+            raise types.invalid("Found ModelSpec with an empty model name.")
         if spec.name != tasks[0].model_spec.name:
-            raise rest.invalid("All ModelSpecs in a MultiInferenceRequest must access the same model name.")
-        signature = spec.signature_name or rest.DEFAULT_SIGNATURE
+            raise types.invalid("All ModelSpecs in a MultiInferenceRequest must access the same model name.")
+        signature = spec.signature_name or types.DEFAULT_SIGNATURE
         if any(signature == seen for _, seen in checked):
-            raise rest.invalid(f"Duplicate evaluation of signature: {signature}")
+            raise types.invalid(f"Duplicate evaluation of signature: {signature}")
         if signature not in signature_defs:
-            raise rest.invalid(f"Requested signature not found in model graph: {signature}")
+            raise types.invalid(f"Requested signature not found in model graph: {signature}")
         if task.method_name not in classify_regress.METHOD_NAMES:
-            raise rest.ServingError("UNIMPLEMENTED", f"Unsupported signature method_name: {task.method_name}")
+            raise types.ServingError("UNIMPLEMENTED", f"Unsupported signature method_name: {task.method_name}")
         api = classify_regress.METHOD_NAMES[task.method_name]
         classify_regress.check_signature(api, signature, signature_defs)
         checked.append((api, signature))
@@ -294,7 +294,7 @@ def _model_spec(request: Any) -> Any:
     does (predict_impl.cc, classification_service.cc, regression_service.cc, get_model_metadata_impl.cc,
     get_model_status_impl.cc at 9d981c5c): the default spec would otherwise read as model "" (NOT_FOUND)."""
     if not request.HasField("model_spec"):
-        raise rest.invalid("Missing ModelSpec")
+        raise types.invalid("Missing ModelSpec")
     return request.model_spec
 
 
@@ -305,7 +305,7 @@ def _selects(spec: Any) -> tuple[str, int | None, str | None]:
     not the NOT_FOUND of a model not loaded (yet).
     """
     if not spec.name:
-        raise rest.invalid("ModelSpec has no name specified.")
+        raise types.invalid("ModelSpec has no name specified.")
     return spec.name, spec.version.value if spec.HasField("version") else None, spec.version_label or None
 
 
@@ -325,7 +325,7 @@ def _within_deadline(future: Future, context: grpc.ServicerContext) -> dict[str,
         return future.result(timeout=_time_left(context))
     except TimeoutError:
         future.cancel()  # not run if it is still queued
-        raise rest.ServingError("DEADLINE_EXCEEDED", "Deadline Exceeded") from None
+        raise types.ServingError("DEADLINE_EXCEEDED", "Deadline Exceeded") from None
 
 
 def _time_left(context: grpc.ServicerContext) -> float | None:
@@ -337,11 +337,11 @@ def _time_left(context: grpc.ServicerContext) -> float | None:
 
 @contextlib.contextmanager
 def _status(context: grpc.ServicerContext, core: ServingCore, model: str, api: str) -> Iterator[None]:
-    """A ``rest.ServingError`` becomes the gRPC status of the same name (``abort`` raises); the call is counted."""
+    """A ``types.ServingError`` becomes the gRPC status of the same name (``abort`` raises); the call is counted."""
     start, code = time.perf_counter(), "OK"
     try:
         yield
-    except rest.ServingError as err:
+    except types.ServingError as err:
         code = err.code
         context.abort(grpc.StatusCode[err.code], err.message)
     except Exception:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hvdk8s.serving.api import rest
+from hvdk8s.serving.api import types
 from hvdk8s.serving.repository import ModelRepository, Servable, VersionPolicy, load_servable
 
 log = logging.getLogger("hvdk8s.serving")
@@ -121,14 +121,14 @@ class Models:
         repository, version = self._resolve(name, version, label)
         if repository is None:
             spec = f"Latest({name})" if version is None else f"Specific({name}, {version})"
-            raise rest.ServingError("NOT_FOUND", f"Servable not found for request: {spec}")
+            raise types.ServingError("NOT_FOUND", f"Servable not found for request: {spec}")
         return repository.get(name, version)
 
     def status(self, name: str, version: int | None = None) -> list:
         """Every version's status, or one's; a request's version label is not resolved (see ``ServingCore.status``)."""
         repository, version = self._resolve(name, version, None)
         if repository is None:
-            raise rest.ServingError("NOT_FOUND", f"Could not find any versions of model {name}")
+            raise types.ServingError("NOT_FOUND", f"Could not find any versions of model {name}")
         return repository.status(name, version)
 
     def _resolve(self, name: str, version: int | None, label: str | None) -> tuple[ModelRepository | None, int | None]:
@@ -137,7 +137,7 @@ class Models:
             labels = self._labels.get(name, {})
         if label is not None:
             if label not in labels:
-                raise rest.unknown_label(label)
+                raise types.unknown_label(label)
             version = labels[label]
         return repository, version
 

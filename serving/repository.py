@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from hvdk8s.serving import savedmodel
-from hvdk8s.serving.api import rest
+from hvdk8s.serving.api import types
 
 log = logging.getLogger("hvdk8s.serving")
 # How ``tf.io.decode_image`` tells each format it names apart (DecodeImageV2Op's ClassifyFileFormat,
@@ -105,14 +105,14 @@ class Servable:
     version: int
     path: Path
     signatures: Mapping[str, Any]
-    inputs: dict[str, dict[str, rest.InputSpec]]
+    inputs: dict[str, dict[str, types.InputSpec]]
     signature_defs: dict[str, Any]
     loaded: Any = field(repr=False)  # keeps the variables the signatures use alive
     image_inputs: dict[str, str] = field(default_factory=dict)  # signature -> its image-bytes input (hvdk8s exports)
 
-    def inputs_of(self, signature: str) -> dict[str, rest.InputSpec]:
+    def inputs_of(self, signature: str) -> dict[str, types.InputSpec]:
         if signature not in self.inputs:
-            raise rest.invalid(f'Serving signature name: "{signature}" not found in signature def')
+            raise types.invalid(f'Serving signature name: "{signature}" not found in signature def')
         return self.inputs[signature]
 
     def check(self, signature: str, arrays: Mapping[str, np.ndarray]) -> None:
@@ -132,9 +132,9 @@ class Servable:
         known = image_check()
         for data in arrays[name].ravel():
             if not data:
-                raise rest.invalid("Input is empty.")
+                raise types.invalid("Input is empty.")
             if known and not known[1](data):
-                raise rest.invalid(known[0])
+                raise types.invalid(known[0])
 
     def run(self, signature: str, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Call a signature; TensorFlow errors become ``ServingError`` with the same status code."""
@@ -147,9 +147,9 @@ class Servable:
             with tf.profiler.experimental.Trace("RunSignature", signature=signature, version=self.version):
                 outputs = fn(**{name: tf.constant(value) for name, value in arrays.items()})
         except tf.errors.OpError as err:
-            raise rest.ServingError(_CODE_NAMES.get(err.error_code, "UNKNOWN"), _op_message(err)) from None
+            raise types.ServingError(_CODE_NAMES.get(err.error_code, "UNKNOWN"), _op_message(err)) from None
         except (TypeError, ValueError) as err:
-            raise rest.invalid(str(err)) from None
+            raise types.invalid(str(err)) from None
         return {name: tensor.numpy() for name, tensor in outputs.items()}
 
 
@@ -164,7 +164,7 @@ def load_servable(version: int, path: Path) -> Servable:
     signatures = dict(loaded[0].signatures if staged else loaded.signatures)
     inputs = {
         name: {
-            key: rest.InputSpec(
+            key: types.InputSpec(
                 np.dtype(object) if spec.dtype == tf.string else np.dtype(spec.dtype.as_numpy_dtype),
                 tuple(spec.shape.as_list()) if spec.shape.rank is not None else (),
             )
@@ -340,7 +340,7 @@ class ModelRepository:
                     servable = self._servables.get(version)
         if servable is None:
             spec = f"Latest({name})" if version is None else f"Specific({name}, {version})"
-            raise rest.ServingError("NOT_FOUND", f"Servable not found for request: {spec}")
+            raise types.ServingError("NOT_FOUND", f"Servable not found for request: {spec}")
         return servable
 
     def available(self) -> set[int]:
@@ -352,11 +352,11 @@ class ModelRepository:
         with self._lock:
             rows = [(v, s.state, s.code, s.message) for v, s in self._states.items()]
         if name != self.name or not rows:
-            raise rest.ServingError("NOT_FOUND", f"Could not find any versions of model {name}")
+            raise types.ServingError("NOT_FOUND", f"Could not find any versions of model {name}")
         if version is not None:
             rows = [row for row in rows if row[0] == version]
             if not rows:
-                raise rest.ServingError("NOT_FOUND", f"Could not find version {version} of model {name}")
+                raise types.ServingError("NOT_FOUND", f"Could not find version {version} of model {name}")
         return rows
 
     def _folder(self, version: int) -> Path:
@@ -434,5 +434,5 @@ def _op_message(err: Any) -> str:
     return " ".join(lines) or str(err.message)
 
 
-_CODE_NAMES = dict(enumerate(rest.HTTP_STATUS, start=1))
+_CODE_NAMES = dict(enumerate(types.HTTP_STATUS, start=1))
 """google.rpc / tensorflow.error.Code numbers (stable across TensorFlow versions)."""

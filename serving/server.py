@@ -39,7 +39,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from hvdk8s.serving.api import classify_regress, rest
+from hvdk8s.serving.api import classify_regress, rest, types
 from hvdk8s.serving.api.address import GRPC_PORT, HOST, REST_PORT
 from hvdk8s.serving.batching import BatchingParameters
 from hvdk8s.serving.core import ServingCore, tensorflow_threads
@@ -55,7 +55,7 @@ METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "TRACE", 
 log = logging.getLogger("hvdk8s.serving")
 
 
-class _TooLarge(rest.ServingError):
+class _TooLarge(types.ServingError):
     def __init__(self, limit: int):
         super().__init__(
             "INVALID_ARGUMENT",
@@ -135,7 +135,7 @@ def create_app(
             body = await _read_body(request, max_request_bytes)  # always: keeps the connection usable
             route = _route(request.method, path, request.headers)
             answer = _json(200, await _handle(core, route, body, timeout_seconds) if route else {})
-        except rest.ServingError as err:
+        except types.ServingError as err:
             code, answer = err.code, _json(err.http_status, rest.error_body(err.message))
         except Exception as err:  # noqa: BLE001  (a bug must still answer in JSON and keep the connection)
             log.exception("%s %s failed", request.method, path)
@@ -175,16 +175,16 @@ class ModelFreezer:
 def _route(method: str, path: str, headers: Mapping[str, str]) -> rest.Route | None:
     """The API a request addresses, in TF Serving's order of checks; None for a CORS preflight."""
     if not path.lower().startswith("/v1/"):
-        raise rest.ServingError("NOT_FOUND", f"Not found: {path} (TensorFlow Serving's API is under /v1/)")
+        raise types.ServingError("NOT_FOUND", f"Not found: {path} (TensorFlow Serving's API is under /v1/)")
     if method == "OPTIONS":  # CORS preflight, as TF Serving answers it
         if not headers.get("origin", "").startswith(("http://", "https://")):
-            raise rest.ServingError("FAILED_PRECONDITION", "Origin header is missing in CORS preflight")
+            raise types.ServingError("FAILED_PRECONDITION", "Origin header is missing in CORS preflight")
         return None
     return rest.parse_path(method, path)
 
 
 async def _handle(core: ServingCore, route: rest.Route, body: bytes, timeout: float | None) -> dict:
-    """One request's response document (or a ``rest.ServingError``)."""
+    """One request's response document (or a ``types.ServingError``)."""
     if route.kind == "status":
         return core.status(route.model, route.version)  # the label is ignored, as TF Serving ignores it
     if route.kind == "metadata":
@@ -207,7 +207,7 @@ async def _parsed(body: bytes, parse: Callable[[], tuple]) -> tuple:
     if len(body) <= INLINE_BYTES:
         return parse()
     parsed = await run_in_threadpool(_error_returned, parse)
-    if isinstance(parsed, rest.ServingError):
+    if isinstance(parsed, types.ServingError):
         raise parsed.detached()  # the worker's own error is held by this frame's local: a cycle if raised
     return parsed
 
@@ -219,7 +219,7 @@ async def _within(future: asyncio.Future, timeout: float | None) -> Any:
     try:
         return await asyncio.wait_for(future, timeout)
     except asyncio.TimeoutError:
-        raise rest.ServingError(
+        raise types.ServingError(
             "DEADLINE_EXCEEDED", f"Deadline Exceeded: no answer within {timeout * 1000:g} ms (--rest_api_timeout_in_ms)"
         ) from None
 
@@ -228,7 +228,7 @@ def _parse_predict(core: ServingCore, route: rest.Route, body: bytes) -> tuple:
     """(servable, signature, input arrays, row format?) of a ``:predict`` request."""
     servable = None
 
-    def inputs_of(signature: str) -> dict[str, rest.InputSpec]:
+    def inputs_of(signature: str) -> dict[str, types.InputSpec]:
         nonlocal servable  # resolved once the JSON has parsed, as TF Serving does
         servable = core.servable(route.model, route.version, route.label)
         return servable.inputs_of(signature)
@@ -245,7 +245,7 @@ def _parse_examples(core: ServingCore, route: rest.Route, body: bytes) -> tuple:
     return servable, signature, core.examples_inputs(route.kind, servable, signature, serialized), len(serialized)
 
 
-def _error_returned(call: Callable[[], tuple]) -> tuple | rest.ServingError:
+def _error_returned(call: Callable[[], tuple]) -> tuple | types.ServingError:
     """``call()``, or the ``ServingError`` it raised as the value.
 
     An exception raised in a worker thread and re-raised by the awaiting
@@ -255,7 +255,7 @@ def _error_returned(call: Callable[[], tuple]) -> tuple | rest.ServingError:
     """
     try:
         return call()
-    except rest.ServingError as err:
+    except types.ServingError as err:
         return err
 
 

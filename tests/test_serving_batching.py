@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from hvdk8s.serving.api import rest
+from hvdk8s.serving.api import types
 from hvdk8s.serving.batching import (
     Batcher,
     BatchingParameters,
@@ -41,7 +41,7 @@ class Model:
         if self.gate is not None:
             self.gate.wait(30)
         if (x == -1).any():
-            raise rest.invalid("malformed input")
+            raise types.invalid("malformed input")
         return {"y": 2 * x, "total": x.reshape(len(x), -1).sum(axis=1)}
 
 
@@ -62,7 +62,7 @@ def submit_all(batcher: Batcher, arrays: list[np.ndarray]) -> list:
     def one(x):
         try:
             return batcher.submit("servable", "serving_default", {"x": x}).result(timeout=30)
-        except rest.ServingError as err:
+        except types.ServingError as err:
             return err
 
     with ThreadPoolExecutor(len(arrays)) as pool:
@@ -206,7 +206,7 @@ def test_one_bad_request_fails_only_itself():
     finally:
         batcher.close()
     assert model.batches[:2] == [1, 6]  # the six were run together first, then one by one
-    assert isinstance(results[3], rest.ServingError) and results[3].message == "malformed input"
+    assert isinstance(results[3], types.ServingError) and results[3].message == "malformed input"
     for i in (0, 1, 2, 4, 5):
         np.testing.assert_array_equal(results[i]["y"], 2 * arrays[i])
 
@@ -248,11 +248,11 @@ def test_full_queue_and_oversized_requests_get_tf_serving_errors():
         running = batcher.submit("servable", "serving_default", {"x": np.zeros((1, 1))})
         wait_until(lambda: model.batches, "the running request to start")
         pending = [batcher.submit("servable", "serving_default", {"x": np.zeros((1, 1))}) for _ in range(2)]
-        with pytest.raises(rest.ServingError) as full:
+        with pytest.raises(types.ServingError) as full:
             batcher.submit("servable", "serving_default", {"x": np.zeros((1, 1))})
         assert (full.value.code, full.value.http_status) == ("UNAVAILABLE", 503)
         assert full.value.message == "The batch scheduling queue to which this task was submitted is full"
-        with pytest.raises(rest.ServingError, match="Task size 3 is larger than maximum input batch size 2"):
+        with pytest.raises(types.ServingError, match="Task size 3 is larger than maximum input batch size 2"):
             batcher.submit("servable", "serving_default", {"x": np.zeros((3, 1))})
         gate.set()
         assert all(f.result(30)["y"].shape == (1, 1) for f in [running, *pending])
@@ -265,7 +265,7 @@ def test_full_queue_and_oversized_requests_get_tf_serving_errors():
         try:
             assert default.submit("servable", "serving_default", {"x": np.ones((1000, 1))}).result(30)["y"].shape == (
                 1000, 1)
-            with pytest.raises(rest.ServingError, match="Task size 1001 is larger than maximum input batch size 1000"):
+            with pytest.raises(types.ServingError, match="Task size 1001 is larger than maximum input batch size 1000"):
                 default.submit("servable", "serving_default", {"x": np.ones((1001, 1))})
         finally:
             default.close()
@@ -295,14 +295,14 @@ def test_a_split_request_fails_whole_when_one_piece_fails_and_alone_when_outputs
     bad = np.array([[1.0], [2.0], [3.0], [-1.0], [5.0]])  # the second piece of three holds the malformed row
     batcher = Batcher(params, model := Model())
     try:
-        with pytest.raises(rest.ServingError, match="malformed input"):
+        with pytest.raises(types.ServingError, match="malformed input"):
             batcher.submit("servable", "serving_default", {"x": bad}).result(30)
         assert model.batches == [2, 2, 2, 1]  # each piece ran; the failed one again on its own
     finally:
         batcher.close()
     batcher = Batcher(params, lambda servable, signature, inputs: {"y": np.float32(inputs["x"].sum())})
     try:
-        with pytest.raises(rest.ServingError) as err:
+        with pytest.raises(types.ServingError) as err:
             batcher.submit("servable", "serving_default", {"x": np.ones((3, 1))}).result(30)
         # TF Serving's error for an output it cannot split or join (batching_session.cc)
         assert (err.value.code, err.value.message) == ("FAILED_PRECONDITION", "Batched output tensor has 0 dimensions")
@@ -340,7 +340,7 @@ def test_requests_from_one_pass_of_an_event_loop_form_one_batch_and_answer_on_th
     assert sorted(model.batches[1:]) == [1] * 7
     for x, result in zip(arrays[:-1], results):
         np.testing.assert_array_equal(result["y"], 2 * x)
-    assert isinstance(results[-1], rest.ServingError) and results[-1].message == "malformed input"
+    assert isinstance(results[-1], types.ServingError) and results[-1].message == "malformed input"
 
 
 def test_event_loop_requests_refused_by_a_full_queue_get_the_error_as_their_answer():

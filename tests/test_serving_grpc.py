@@ -35,7 +35,7 @@ from tensorflow_serving.apis import (
 
 import hvdk8s.cli
 from hvdk8s.serving import grpc_server, loadtest
-from hvdk8s.serving.api import rest
+from hvdk8s.serving.api.types import InputSpec
 from hvdk8s.serving.process import running
 
 from serving_models import export_untrained
@@ -336,7 +336,7 @@ class _NeverAnswers:
         self.futures: list[Future] = []
 
     def servable(self, model, version=None, label=None):
-        return SimpleNamespace(version=1, inputs_of=lambda signature: {"x": rest.InputSpec(np.dtype("float32"), (None,))},
+        return SimpleNamespace(version=1, inputs_of=lambda signature: {"x": InputSpec(np.dtype("float32"), (None,))},
                                signature_defs={"serving_default": {"outputs": {"y": {}}}})
 
     def submit(self, servable, signature, inputs) -> Future:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdk8s.serving.api.rest import ServingError
+from hvdk8s.serving.api.types import ServingError
 from hvdk8s.serving.registry import ConfigWatcher, Models, read_model_config
 from hvdk8s.serving.repository import ModelRepository, Servable, VersionPolicy
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hvdk8s.serving.api import classify_regress, rest
-from hvdk8s.serving.api.rest import InputSpec, ServingError
+from hvdk8s.serving.api.types import InputSpec, ServingError, invalid
 
 IMAGE = {"image_bytes": InputSpec(np.dtype(object), (None,))}
 TWO = {"a": InputSpec(np.dtype("float32"), (None, 2)), "b": InputSpec(np.dtype("int64"), (None,))}
@@ -23,7 +23,7 @@ def body(doc) -> bytes:
 def specs_for(specs):
     def inputs_of(signature: str):
         if signature != "serving_default":
-            raise rest.invalid(f'Serving signature name: "{signature}" not found in signature def')
+            raise invalid(f'Serving signature name: "{signature}" not found in signature def')
         return specs
 
     return inputs_of

@@ -17,7 +17,7 @@ from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 from hvdk8s.benchmarks.serving import MALFORMED_BODIES
 from hvdk8s.serving import client, loadtest, server
 from hvdk8s.serving.api import rest
-from hvdk8s.serving.api.rest import ServingError
+from hvdk8s.serving.api.types import ServingError
 from hvdk8s.serving.batching import BatchingParameters
 from hvdk8s.serving.client import request_body
 from hvdk8s.serving.core import ServingCore, tensorflow_threads

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdk8s.serving.api import rest
+from hvdk8s.serving.api import rest, types
 
 CLASSIFY, REGRESS = "classify", "regress"
 METHOD_NAMES = {"tensorflow/serving/classify": CLASSIFY, "tensorflow/serving/regress": REGRESS}
@@ -32,31 +32,31 @@ def check_signature(api: str, signature: str, signature_defs: Mapping[str, Any])
     """
     sig = signature_defs.get(signature)
     if sig is None:
-        raise rest.invalid(f"No signature was found with the name: {signature}")
+        raise types.invalid(f"No signature was found with the name: {signature}")
     inputs, outputs = sig.get("inputs", {}), sig.get("outputs", {})
     if len(inputs) != 1:
-        raise rest.invalid("Expected one input Tensor.")
+        raise types.invalid("Expected one input Tensor.")
     if api == CLASSIFY:
         if len(outputs) not in (1, 2):
-            raise rest.invalid(f"Expected one or two output Tensors, found {len(outputs)}")
+            raise types.invalid(f"Expected one or two output Tensors, found {len(outputs)}")
         if INPUT not in inputs:
-            raise rest.invalid(f"No classification inputs found in SignatureDef: {signature}")
+            raise types.invalid(f"No classification inputs found in SignatureDef: {signature}")
         if "classes" not in outputs and "scores" not in outputs:
-            raise rest.invalid('Expected classification signature outputs to contain at least one of "classes" or '
+            raise types.invalid('Expected classification signature outputs to contain at least one of "classes" or '
                                f'"scores". Signature was: {signature}')
     else:
         if len(outputs) != 1:
-            raise rest.invalid("Expected one output Tensor.")
+            raise types.invalid("Expected one output Tensor.")
         if INPUT not in inputs:
-            raise rest.invalid(f"No regression inputs found in SignatureDef: {signature}")
+            raise types.invalid(f"No regression inputs found in SignatureDef: {signature}")
         if "outputs" not in outputs:
-            raise rest.invalid(f"No regression outputs found in SignatureDef: {signature}")
+            raise types.invalid(f"No regression outputs found in SignatureDef: {signature}")
 
 
 def input_tensor(serialized: Sequence[bytes]) -> dict[str, np.ndarray]:
     """The signature's inputs: the serialized examples as one string vector."""
     if not serialized:
-        raise rest.invalid("Input is empty.")
+        raise types.invalid("Input is empty.")
     return {INPUT: np.array(list(serialized), dtype=object)}
 
 
@@ -88,13 +88,13 @@ def classifications(outputs: Mapping[str, np.ndarray], num_examples: int) -> lis
         if tensor is None:
             continue
         if tensor.ndim != 2:
-            raise rest.invalid(f"Expected Tensor shape: [batch_size num_classes] but got {_shape(tensor)}")
+            raise types.invalid(f"Expected Tensor shape: [batch_size num_classes] but got {_shape(tensor)}")
         if (tensor.dtype.kind in "OSU") != (dtype == "DT_STRING") or (dtype == "DT_FLOAT" and tensor.dtype != np.float32):
-            raise rest.invalid(f"Expected {name} Tensor of {dtype}. Got: {_dtype_name(tensor)}")
+            raise types.invalid(f"Expected {name} Tensor of {dtype}. Got: {_dtype_name(tensor)}")
         if tensor.shape[0] != num_examples:
-            raise rest.invalid(f"Expected {name} output batch size of {num_examples}. Got: {tensor.shape[0]}")
+            raise types.invalid(f"Expected {name} output batch size of {num_examples}. Got: {tensor.shape[0]}")
     if classes is not None and scores is not None and classes.shape[1] != scores.shape[1]:
-        raise rest.invalid("Tensors class and score should match in dim_size(1). "
+        raise types.invalid("Tensors class and score should match in dim_size(1). "
                            f"Got {classes.shape[1]} vs. {scores.shape[1]}")
     present = classes if classes is not None else scores
     assert present is not None  # check_signature refused a classification signature with neither output
@@ -110,12 +110,12 @@ def regressions(outputs: Mapping[str, np.ndarray], num_examples: int) -> list[fl
     """Each example's value (``PostProcessRegressionResult``: shape [batch] or [batch, 1], DT_FLOAT)."""
     tensor = outputs["outputs"]
     if not (tensor.ndim == 1 or (tensor.ndim == 2 and tensor.shape[1] == 1)):
-        raise rest.invalid("Expected output Tensor shape to be either [batch_size] or [batch_size, 1] but got "
+        raise types.invalid("Expected output Tensor shape to be either [batch_size] or [batch_size, 1] but got "
                            f"{_shape(tensor)}")
     if tensor.shape[0] != num_examples:
-        raise rest.invalid(f"Input batch size did not match output batch size: {num_examples} vs. {tensor.shape[0]}")
+        raise types.invalid(f"Input batch size did not match output batch size: {num_examples} vs. {tensor.shape[0]}")
     if tensor.dtype != np.float32:
-        raise rest.invalid(f"Expected output Tensor of DT_FLOAT.  Got: {_dtype_name(tensor)}")
+        raise types.invalid(f"Expected output Tensor of DT_FLOAT.  Got: {_dtype_name(tensor)}")
     return [float(v) for v in tensor.ravel()]
 
 
@@ -124,7 +124,7 @@ def _example(value: Any) -> Any:
     from tensorflow.core.example import example_pb2
 
     if not isinstance(value, dict):
-        raise rest.invalid(f"Example must be JSON object but got JSON {rest.json_type(value)}")
+        raise types.invalid(f"Example must be JSON object but got JSON {rest.json_type(value)}")
     example = example_pb2.Example()
     for name, content in value.items():
         feature = example.features.feature[name]
@@ -135,11 +135,11 @@ def _example(value: Any) -> Any:
 
 def _add_value(value: Any, name: str, feature: Any) -> None:
     if value is None or isinstance(value, list) or (isinstance(value, dict) and not rest.is_b64(value)):
-        raise rest.invalid(f"Feature: {name} has element with unexpected JSON type: {rest.json_type(value)}")
+        raise types.invalid(f"Feature: {name} has element with unexpected JSON type: {rest.json_type(value)}")
     if isinstance(value, bool) or (isinstance(value, int) and not isinstance(value, bool)):
         _same_kind(feature, "int64_list", name)
         if isinstance(value, int) and value >= 2**63:
-            raise rest.invalid(f"Feature: {name} has uint64_t element. Only int64_t is supported.")
+            raise types.invalid(f"Feature: {name} has uint64_t element. Only int64_t is supported.")
         feature.int64_list.value.append(int(value))
     elif isinstance(value, float):
         _same_kind(feature, "float_list", name)
@@ -153,7 +153,7 @@ def _same_kind(feature: Any, kind: str, name: str) -> None:
     """A feature holds one kind of list (``IsFeatureOfKind``, ``IncompatibleFeatureKindError``)."""
     have = feature.WhichOneof("kind")
     if have not in (None, kind):
-        raise rest.invalid(f"Unexpected element type in feature: {name} expecting type: {have.split('_')[0]}")
+        raise types.invalid(f"Unexpected element type in feature: {name} expecting type: {have.split('_')[0]}")
 
 
 def _label(value: Any) -> str:
@@ -165,4 +165,4 @@ def _shape(tensor: np.ndarray) -> str:
 
 
 def _dtype_name(tensor: np.ndarray) -> str:
-    return "DT_" + rest.tf_type_name(tensor.dtype).upper()
+    return "DT_" + types.tf_type_name(tensor.dtype).upper()

@@ -3,9 +3,10 @@
 Follows tensorflow_serving/model_servers/http_rest_api_util.cc and
 util/json_tensor.cc: the same URL patterns, the row (``instances`` →
 ``predictions``) and columnar (``inputs`` → ``outputs``) formats,
-``{"b64": ...}`` for binary strings, ``{"error": ...}`` bodies and the
-mapping of TensorFlow status codes to HTTP codes. No TensorFlow import here:
-the server converts between these NumPy arrays and tensors.
+``{"b64": ...}`` for binary strings and ``{"error": ...}`` bodies (the
+errors, and their TensorFlow status codes' HTTP codes, are ``types``', shared
+with gRPC). No TensorFlow import here: the server converts between these
+NumPy arrays and tensors.
 """
 from __future__ import annotations
 
@@ -22,27 +23,8 @@ from typing import Any
 import numpy as np
 
 from hvdk8s.serving.api import jsonfloat
+from hvdk8s.serving.api.types import DEFAULT_SIGNATURE, InputSpec, ServingError, invalid, tf_type_name
 
-# In google.rpc code order (CANCELLED = 1 ... UNAUTHENTICATED = 16): the repository numbers them from it.
-HTTP_STATUS = {
-    "CANCELLED": 499,
-    "UNKNOWN": 500,
-    "INVALID_ARGUMENT": 400,
-    "DEADLINE_EXCEEDED": 504,
-    "NOT_FOUND": 404,
-    "ALREADY_EXISTS": 409,
-    "PERMISSION_DENIED": 403,
-    "RESOURCE_EXHAUSTED": 429,
-    "FAILED_PRECONDITION": 400,
-    "ABORTED": 409,
-    "OUT_OF_RANGE": 400,
-    "UNIMPLEMENTED": 501,
-    "INTERNAL": 500,
-    "UNAVAILABLE": 503,
-    "DATA_LOSS": 500,
-    "UNAUTHENTICATED": 401,
-}
-DEFAULT_SIGNATURE = "serving_default"
 # tensorflow_serving/model_servers/http_rest_api_util.cc: kPredictionApiGegex, kModelStatusApiRegex
 _VERSION_OR_LABEL = r"(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?"
 _PREDICT_PATH = re.compile(rf"/v1/models/([^/:]+){_VERSION_OR_LABEL}:(classify|regress|predict)", re.IGNORECASE)
@@ -61,43 +43,12 @@ MAX_JSON_DEPTH = 2 * MAX_TENSOR_DEPTH
 _JSON_TOKEN = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+(?:"|\\?\Z)|[\[\]{}]', re.DOTALL)
 
 
-class ServingError(Exception):
-    """A request failure: a TensorFlow status code name and a message for the client."""
-
-    def __init__(self, code: str, message: str, http_status: int | None = None):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.http_status = http_status or HTTP_STATUS.get(code, 500)
-
-    def detached(self) -> ServingError:
-        """The same answer as a new error, without this one's traceback or the error it replaced.
-
-        Those reach the frames the error passed through; handed to another
-        thread or coroutine that holds it there, it would close a reference
-        cycle keeping the request alive until the cyclic garbage collector runs.
-        """
-        return ServingError(self.code, self.message, self.http_status)
-
-
-def invalid(message: str) -> ServingError:
-    return ServingError("INVALID_ARGUMENT", message)
-
-
 @dataclass(frozen=True)
 class Route:
     kind: str  # "predict", "classify", "regress", "status" or "metadata"
     model: str
     version: int | None
     label: str | None = None
-
-
-@dataclass(frozen=True)
-class InputSpec:
-    """One signature input: NumPy dtype (``object`` for tf.string) and shape (None = any)."""
-
-    dtype: np.dtype
-    shape: tuple[int | None, ...]
 
 
 def parse_path(method: str, path: str) -> Route:
@@ -123,11 +74,6 @@ def _version(text: str | None) -> int | None:
     if len(text) > 19 or int(text) > _INT64_MAX:  # what absl::SimpleAtoi into int64 refuses
         raise invalid(f"Failed to convert version: {text} to numeric.")
     return int(text)
-
-
-def unknown_label(label: str) -> ServingError:
-    """Labels come from a model config file, which ``hvdk8s serve`` does not take: none is known."""
-    return invalid(f"Unrecognized servable version label: {label}")
 
 
 def parse_predict_body(
@@ -482,14 +428,6 @@ def _leaf(value: Any, dtype: np.dtype) -> Any:
         return value
     raise invalid(f"JSON Value: {_short(value)} Type: {json_type(value)} is not of expected type: "
                   f"{tf_type_name(dtype)}")
-
-
-def tf_type_name(dtype: np.dtype) -> str:
-    """tensorflow::DataTypeString's name for a NumPy dtype (object and text: string)."""
-    dtype = np.dtype(dtype)
-    if dtype.kind in "OSU":
-        return "string"
-    return {"float32": "float", "float64": "double", "float16": "half"}.get(dtype.name, dtype.name)
 
 
 def json_type(value: Any) -> str:
