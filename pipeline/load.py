@@ -22,7 +22,7 @@ from hvdk8s.mpijob.spec import JobSpec
 from hvdk8s.mpijob.validate import pod_hostname_problem
 from hvdk8s.pipeline import naming, spec as s
 from hvdk8s.serving.manifests_options import OptionsError, ServingOptions, validate as validate_serving
-from hvdk8s.serving.selection import METRICS
+from hvdk8s.serving.model.selection import METRICS
 
 # Job-spec fields the pipeline sets for every candidate, and from where.
 PIPELINE_SET = {"name": "the pipeline (each Workflow run's <workflow name>-<candidate>)",

@@ -13,7 +13,7 @@ from hvdk8s.pipeline.local import SUCCEEDED, RunResult
 
 def candidate_rows(dag: d.Dag, result: RunResult) -> list[dict[str, Any]]:
     """Per candidate: how training ended and, when select ran, its held-out metrics and whether it won."""
-    from hvdk8s.serving.savedmodel import read_metadata, versions
+    from hvdk8s.serving.model.savedmodel import read_metadata, versions
 
     scored: dict[str, dict[str, Any]] = {}
     promoted = None

@@ -11,7 +11,7 @@ from typing import Any
 from hvdk8s import doctor
 from hvdk8s.errors import UserError
 from hvdk8s.serving.api.address import GRPC_ADDRESS, GRPC_PORT, HOST, REST_PORT, REST_URL  # stdlib-only modules:
-from hvdk8s.serving.savedmodel import PREPROCESSING  # they keep the CLI fast
+from hvdk8s.serving.model.savedmodel import PREPROCESSING  # they keep the CLI fast
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -202,7 +202,7 @@ def _class_names(value: str | None) -> list[str] | None:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from hvdk8s.serving import savedmodel
+    from hvdk8s.serving.model import savedmodel
 
     try:
         model = savedmodel.load_keras_model(args.model)
@@ -225,7 +225,7 @@ def _export(args: argparse.Namespace) -> int:
 def _select(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from hvdk8s.serving import selection
+    from hvdk8s.serving.model import selection
 
     data = None
     if args.data is not None:

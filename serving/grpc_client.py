@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hvdk8s.serving.client import PredictError, as_predictions, raise_if_nothing_answers
-from hvdk8s.serving.savedmodel import IMAGE_INPUT
+from hvdk8s.serving.model.savedmodel import IMAGE_INPUT
 
 
 def target(url: str) -> str:

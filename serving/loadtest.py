@@ -25,7 +25,7 @@ import numpy as np
 
 from hvdk8s import atomic, figures
 from hvdk8s.serving.client import predict_url, request_body
-from hvdk8s.serving.savedmodel import IMAGE_INPUT
+from hvdk8s.serving.model.savedmodel import IMAGE_INPUT
 
 DEFAULT_REQUESTS = 500
 CONNECTION_ERROR = "connection"

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from hvdk8s.serving import savedmodel
 from hvdk8s.serving.api import types
+from hvdk8s.serving.model import savedmodel
 
 log = logging.getLogger("hvdk8s.serving")
 # How ``tf.io.decode_image`` tells each format it names apart (DecodeImageV2Op's ClassifyFileFormat,

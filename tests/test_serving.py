@@ -26,7 +26,7 @@ from PIL import Image
 
 import hvdk8s.cli
 from hvdk8s import data, models, serving
-from hvdk8s.serving import savedmodel
+from hvdk8s.serving.model import savedmodel
 from hvdk8s.serving.process import running
 
 from serving_models import CLI

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdk8s.serving import savedmodel
+from hvdk8s.serving.model import savedmodel
 
 METRICS = ("accuracy", "loss")
 """Accuracy: higher is better; loss (cross-entropy): lower is better."""
