@@ -20,7 +20,8 @@ from hvdk8s.migrate import cli as migrate_cli
 from hvdk8s.mpijob import cli as mpijob_cli
 from hvdk8s.pipeline import cli as pipeline_cli
 from hvdk8s.quiet import quiet_tensorflow
-from hvdk8s.serving import cli as serving_cli, manifests_cli
+from hvdk8s.serving import cli as serving_cli
+from hvdk8s.serving.kube import cli as manifests_cli
 
 COMMAND_MODULES = (
     launcher_cli, cluster_cli, mpijob_cli, serving_cli, manifests_cli, benchmarks_cli, pipeline_cli, migrate_cli, doctor,

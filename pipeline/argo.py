@@ -57,8 +57,8 @@ from hvdk8s.mpijob.validate import check_manifest
 from hvdk8s.pipeline import dag as d, naming
 from hvdk8s.pipeline.load import model_base_path, serving_options
 from hvdk8s.pipeline.spec import Candidate, Pipeline
-from hvdk8s.serving import manifests
-from hvdk8s.serving.manifests_options import REST_PORT
+from hvdk8s.serving.kube import manifests
+from hvdk8s.serving.kube.options import REST_PORT
 
 ENTRYPOINT, EXIT_HANDLER, DEPLOY_DAG = "pipeline", "cleanup", "deploy"
 SHARED_VOLUME = "shared"

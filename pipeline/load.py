@@ -21,7 +21,7 @@ from hvdk8s.mpijob.files import SpecError, check_spec_data, is_mpijob
 from hvdk8s.mpijob.spec import JobSpec
 from hvdk8s.mpijob.validate import pod_hostname_problem
 from hvdk8s.pipeline import naming, spec as s
-from hvdk8s.serving.manifests_options import OptionsError, ServingOptions, validate as validate_serving
+from hvdk8s.serving.kube.options import OptionsError, ServingOptions, validate as validate_serving
 from hvdk8s.serving.model.selection import METRICS
 
 # Job-spec fields the pipeline sets for every candidate, and from where.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hvdk8s.mpijob.spec import JobSpec, SharedVolume
-from hvdk8s.serving.manifests_options import TF_SERVING_VERSION, Autoscaling, Batching, Resources
+from hvdk8s.serving.kube.options import TF_SERVING_VERSION, Autoscaling, Batching, Resources
 
 DATA_SOURCES = ("digits", "imageFolder", "tfds")
 COLOR_MODES = ("grayscale", "rgb")

@@ -22,7 +22,7 @@ from hvdk8s.cli import main
 from hvdk8s.mpijob.files import SpecError
 from hvdk8s.pipeline import argo, build, dag as d, load_pipeline, local, rbac, render_workflow
 from hvdk8s.pipeline.load import from_data
-from hvdk8s.serving.manifests_options import TF_SERVING_VERSION
+from hvdk8s.serving.kube.options import TF_SERVING_VERSION
 
 from conftest import REPO, shared
 from test_mpijob_schema import crd_errors as mpijob_crd_errors

@@ -22,8 +22,8 @@ from hvdk8s.serving.batching import (
     read_parameters_file,
     validate,
 )
-from hvdk8s.serving.manifests import batching_parameters_text
-from hvdk8s.serving.manifests_options import Batching
+from hvdk8s.serving.kube.manifests import batching_parameters_text
+from hvdk8s.serving.kube.options import Batching
 
 
 class Model:

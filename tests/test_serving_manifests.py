@@ -23,8 +23,8 @@ import yaml
 
 from hvdk8s.errors import UserError
 from hvdk8s.k8s import SpecError
-from hvdk8s.serving import manifests, manifests_cli
-from hvdk8s.serving.manifests_options import (
+from hvdk8s.serving.kube import cli as manifests_cli, manifests
+from hvdk8s.serving.kube.options import (
     TF_SERVING_VERSION,
     Autoscaling,
     Batching,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdk8s import atomic, k8s
-from hvdk8s.serving.manifests_options import (
+from hvdk8s.serving.kube.options import (
     GRPC_PORT,
     METRICS_PATH,
     REST_PORT,

@@ -6,7 +6,7 @@ import sys
 from dataclasses import fields
 
 from hvdk8s.k8s import SpecError, invalid
-from hvdk8s.serving.manifests_options import (
+from hvdk8s.serving.kube.options import (
     GRPC_PORT,
     HPA_SCALE_METRICS,
     KSERVE_SCALE_METRICS,
@@ -129,7 +129,7 @@ def options_from_args(args: argparse.Namespace) -> ServingOptions:
 def _serving_manifests(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from hvdk8s.serving import manifests
+    from hvdk8s.serving.kube import manifests
 
     opts = options_from_args(args)
     if args.output_dir is None:
