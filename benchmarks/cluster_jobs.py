@@ -115,8 +115,7 @@ def _manifest(base: Mapping[str, Any], origin: str, name: str, strategy: str, n:
               threads: int | None) -> dict[str, Any]:
     """One job, validated as ``hvdk8s render`` validates a job file, every container told its node; its ranks get
     ``threads`` as the local launcher's do (``launch.rank_env``), under the job file's env."""
-    env = rank_env(threads) | {"TF_CPP_MIN_LOG_LEVEL": "2"}  # as the local launcher's base_env
-    data = {**base, "name": name, "command": command, "workers": n, "env": env | dict(base.get("env") or {})}
+    data = {**base, "name": name, "command": command, "workers": n, "env": rank_env(threads) | dict(base.get("env") or {})}
     where = f"{origin} (job {name})"
     spec = load_spec(data, origin=where)
     if strategy in HOROVOD_STRATEGIES or strategy == "single":

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hvdk8s.launcher import mpirun
+from hvdk8s.quiet import quiet_tensorflow
 
 from . import netns
 from .util import free_ports
@@ -123,10 +124,10 @@ def base_env(threads: int | None, extra: Mapping[str, str] | None = None) -> dic
             "PYTHONPATH": os.pathsep.join(filter(None, [str(CHECKOUT) if CHECKOUT and PKG == "benchmarks" else "",
                                                         env.get("PYTHONPATH", "")])),
             "PYTHONUNBUFFERED": "1",
-            "TF_CPP_MIN_LOG_LEVEL": "2",
             "CUDA_VISIBLE_DEVICES": "",
         }
     )
+    quiet_tensorflow(env)  # as every hvdk8s command's ranks: a value the user set, or verbose, is kept
     for name in THREAD_VARIABLES:
         env.pop(name, None)
     env.update(rank_env(threads))

@@ -21,6 +21,7 @@ from hvdk8s.mpijob.spec import (
     Resources,
     Toleration,
 )
+from hvdk8s.quiet import quiet_tensorflow
 
 API_VERSION = "kubeflow.org/v2beta1"
 KIND = "MPIJob"
@@ -60,7 +61,9 @@ def labels(spec: JobSpec, component: str | None = None) -> dict[str, str]:
 
 
 def pod_env(spec: JobSpec) -> dict[str, str]:
-    """Environment of every container (and, via ``-x``, of every rank)."""
+    """Environment of every container (and, via ``-x``, of every rank): hvdk8s's, the job file's ``env``, and
+    TensorFlow's start-up lines off as the ``hvdk8s`` CLI's own default (``hvdk8s.quiet``: the pods run mpirun and
+    the script, not an ``hvdk8s`` command) unless that ``env`` sets ``TF_CPP_MIN_LOG_LEVEL`` or ``HVDK8S_VERBOSE``."""
     env = {"HVDK8S_JOB_NAME": spec.name}
     if spec.metrics.enabled:
         env["HVDK8S_METRICS_PORT"] = str(spec.metrics.port)
@@ -75,7 +78,9 @@ def pod_env(spec: JobSpec) -> dict[str, str]:
         env["HOROVOD_TIMELINE"] = spec.horovod.timeline
     env["NCCL_DEBUG"] = spec.nccl.debug
     env["PYTHONUNBUFFERED"] = "1"
-    return env | spec.env
+    env |= spec.env
+    quiet_tensorflow(env)
+    return env
 
 
 def launcher_command(spec: JobSpec, ssh_identity: str | None = None) -> list[str]:

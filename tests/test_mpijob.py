@@ -34,7 +34,7 @@ EXAMPLES = REPO / "mpijob" / "examples"
 WAIT = ["python", "-m", "hvdk8s.launcher.hosts", "wait"]
 BASE = {"name": "digits", "image": "img:1", "command": ["python", "/app/examples/train_digits.py"]}
 FORWARDED = ["HOROVOD_FUSION_THRESHOLD", "HVDK8S_JOB_NAME", "HVDK8S_METRICS_PORT", "LD_LIBRARY_PATH",
-             "NCCL_DEBUG", "PATH", "PYTHONUNBUFFERED"]  # fmt: skip
+             "NCCL_DEBUG", "PATH", "PYTHONUNBUFFERED", "TF_CPP_MIN_LOG_LEVEL"]  # fmt: skip
 
 
 def mpirun_of(container: dict[str, Any]) -> list[str]:
@@ -94,7 +94,7 @@ def test_cpu_example_exact_launcher_and_worker():
         "-mca", "btl_tcp_max_send_size", "16777216", "-mca", "btl_tcp_rndv_eager_limit", "16777216",
         "-mca", "mpi_yield_when_idle", "1",
         "-x", "HOROVOD_FUSION_THRESHOLD", "-x", "HVDK8S_JOB_NAME", "-x", "HVDK8S_METRICS_PORT",
-        "-x", "LD_LIBRARY_PATH", "-x", "NCCL_DEBUG", "-x", "PATH", "-x", "PYTHONUNBUFFERED",
+        "-x", "LD_LIBRARY_PATH", "-x", "NCCL_DEBUG", "-x", "PATH", "-x", "PYTHONUNBUFFERED", "-x", "TF_CPP_MIN_LOG_LEVEL",
         "python", "/app/examples/train_digits.py", "--epochs", "12",
     ]  # fmt: skip
     # mpirun behind the wait for every worker's sshd (at most workerWaitSeconds, default an hour) ...
@@ -500,12 +500,21 @@ def test_metrics_wiring_per_local_rank():
 
 
 def test_user_env_is_set_and_forwarded():
-    manifest = render(load_spec(BASE | {"env": {"DATA_DIR": "/shared/data", "TF_CPP_MIN_LOG_LEVEL": "2"}}))
+    manifest = render(load_spec(BASE | {"env": {"DATA_DIR": "/shared/data", "TF_CPP_MIN_LOG_LEVEL": "0"}}))
     command = launcher(manifest)["command"]
     names = [command[i + 1] for i, arg in enumerate(command) if arg == "-x"]
-    assert names == sorted([*FORWARDED, "DATA_DIR", "TF_CPP_MIN_LOG_LEVEL"])
+    assert names == sorted([*FORWARDED, "DATA_DIR"])
     assert launcher(manifest)["env"][-2:] == [{"name": "DATA_DIR", "value": "/shared/data"},
-                                              {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"}]  # fmt: skip
+                                              {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "0"}]  # fmt: skip
+
+
+@pytest.mark.parametrize(("env", "level"), [({}, "2"), ({"TF_CPP_MIN_LOG_LEVEL": "1"}, "1"), ({"HVDK8S_VERBOSE": "1"}, None)])
+def test_every_pod_is_quiet_as_an_hvdk8s_command_unless_the_job_file_says_otherwise(env, level):
+    """TensorFlow's start-up lines off in every pod (``hvdk8s.quiet``'s level), as the CLI's own ranks; the job
+    file's ``env`` may set the level, or HVDK8S_VERBOSE for TensorFlow's default."""
+    manifest = render(load_spec(BASE | {"env": env}))
+    for container in (launcher(manifest), worker_pod(manifest)["containers"][0]):
+        assert {e["name"]: e["value"] for e in container["env"]}.get("TF_CPP_MIN_LOG_LEVEL") == level
 
 
 def test_shm_can_be_turned_off():
