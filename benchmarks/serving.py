@@ -168,7 +168,7 @@ def server_cost(base: Path, tmp: Path, settings: Settings) -> dict[str, Any]:
     import base64
     import shutil
 
-    from hvdk8s.serving import loadtest
+    from hvdk8s.serving.clients import loadtest
     from hvdk8s.serving.process import running
 
     if not shutil.which("wrk"):
@@ -307,7 +307,7 @@ def _inprocess_rates(base: str, intra_op_threads: int, seconds: float) -> dict[s
     """(In a child process.) Warm rates at batch 1 and 32 with this many intra-op threads (0: TensorFlow picks)."""
     import tensorflow as tf
 
-    from hvdk8s.serving import loadtest
+    from hvdk8s.serving.clients import loadtest
 
     tf.config.threading.set_intra_op_parallelism_threads(intra_op_threads)
     signature = tf.saved_model.load(os.path.join(base, "1")).signatures["serving_default"]
@@ -326,14 +326,14 @@ def _inprocess_rates(base: str, intra_op_threads: int, seconds: float) -> dict[s
 
 def _warm_up(target: str, model: str, api: str, concurrency: int) -> None:
     """Untimed requests first: TensorFlow builds its kernels for each new batch size on first use."""
-    from hvdk8s.serving import loadtest
+    from hvdk8s.serving.clients import loadtest
 
     if api != "trivial":
         loadtest.run(target, model, grpc=api == "grpc", concurrency=concurrency, requests=8 * concurrency)
 
 
 def _load(target: str, model: str, api: str, concurrency: int, batching: bool, settings: Settings) -> dict:
-    from hvdk8s.serving import loadtest
+    from hvdk8s.serving.clients import loadtest
 
     result = loadtest.run(
         target, model, grpc=api == "grpc", concurrency=concurrency, duration=settings.duration_s,
@@ -348,8 +348,8 @@ def _soak(served: Any, settings: Settings) -> dict[str, Any]:
 
     import psutil
 
-    from hvdk8s.serving import loadtest
-    from hvdk8s.serving.client import request_body
+    from hvdk8s.serving.clients import loadtest
+    from hvdk8s.serving.clients.rest_client import request_body
 
     good = [json.dumps(request_body([png])).encode() for png in loadtest.digits_png(len(MALFORMED_BODIES))]
     bodies = [body for pair in zip(good, MALFORMED_BODIES.values()) for body in pair]  # good, bad, good, bad, ...

@@ -198,8 +198,8 @@ class _Executor:
     def _warm_up(self, url: str, log: TextIO) -> bool:
         """Deployed = answers a prediction. The first one builds the model's graph (about a second),
         which would otherwise be timed by the load test as the tail of its latency distribution."""
-        from hvdk8s.serving import client
-        from hvdk8s.serving.loadtest import digits_png
+        from hvdk8s.serving.clients import rest_client as client
+        from hvdk8s.serving.clients.loadtest import digits_png
 
         try:
             client.predict(url, digits_png(1), model=self.dag.pipeline.serving.model_name)

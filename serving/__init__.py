@@ -5,7 +5,7 @@
     serving.select("candidates/", "models/digits")       # best candidate -> next version
     serving.serve("models/digits", port=8501)            # TF Serving's REST (and gRPC, 8500) APIs, blocks
     serving.predict("http://127.0.0.1:8501", [png_bytes], model="digits")
-    hvdk8s.serving.loadtest.run("http://127.0.0.1:8501", "digits", concurrency=8, requests=1000).to_dict()
+    hvdk8s.serving.clients.loadtest.run("http://127.0.0.1:8501", "digits", concurrency=8, requests=1000).to_dict()
 
 Names load on first use, so importing this package (as the manifest
 commands do) pulls in neither TensorFlow nor the web server; they are

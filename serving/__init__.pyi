@@ -1,6 +1,6 @@
 """The public names of ``hvdk8s.serving``, for editors and type checkers; ``__init__.py`` loads each on first use."""
 
-from .client import PredictError as PredictError, predict as predict
+from .clients.rest_client import PredictError as PredictError, predict as predict
 from .model.savedmodel import (
     export as export,
     next_version as next_version,

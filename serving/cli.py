@@ -356,27 +356,27 @@ def _url(args: argparse.Namespace) -> str:
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from hvdk8s.serving import client
+    from hvdk8s.serving.clients import rest_client
 
     images = _read_images(args.images, "images")
     try:
         if args.grpc:
             _require_serving_api()
-            from hvdk8s.serving import grpc_client
+            from hvdk8s.serving.clients import grpc_client
 
             send = grpc_client.predict
         else:
-            send = client.predict
+            send = rest_client.predict
         predictions = send(_url(args), images, model=args.model, version=args.version, signature=args.signature)
-    except (client.PredictError, ValueError) as err:
+    except (rest_client.PredictError, ValueError) as err:
         raise UserError(str(err)) from None
     for path, prediction in zip(args.images, predictions):
-        print(f"{path}: {client.describe(prediction)}")
+        print(f"{path}: {rest_client.describe(prediction)}")
     return 0
 
 
 def _loadtest(args: argparse.Namespace) -> int:
-    from hvdk8s.serving import client, loadtest
+    from hvdk8s.serving.clients import loadtest, rest_client
 
     if args.max_error_rate is not None and not 0 <= args.max_error_rate <= 1:
         raise UserError(f"--max-error-rate {args.max_error_rate}: must be between 0 and 1")
@@ -384,7 +384,7 @@ def _loadtest(args: argparse.Namespace) -> int:
         _require_serving_api()
     url = _url(args)
     try:
-        client.raise_if_nothing_answers(url)  # else every request would count as a connection error, and no more
+        rest_client.raise_if_nothing_answers(url)  # else every request would count as a connection error, and no more
         result = loadtest.run(
             url,
             args.model,
@@ -400,7 +400,7 @@ def _loadtest(args: argparse.Namespace) -> int:
             slo=loadtest.Slo(args.max_p99_ms, args.max_error_rate),
             progress=sys.stderr.isatty(),
         )
-    except (client.PredictError, ValueError) as err:
+    except (rest_client.PredictError, ValueError) as err:
         raise UserError(str(err)) from None
     print(result.table())
     if args.json:

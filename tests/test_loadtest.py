@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from hvdk8s.serving import loadtest
+from hvdk8s.serving.clients import loadtest
 from hvdk8s.serving.process import running
 
 from serving_models import CLI, export_untrained

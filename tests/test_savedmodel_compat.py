@@ -36,7 +36,7 @@ from pathlib import Path
 import keras
 import tensorflow as tf
 from hvdk8s import models, serving
-from hvdk8s.serving.loadtest import digits_png
+from hvdk8s.serving.clients.loadtest import digits_png
 
 base, out = map(Path, sys.argv[1:])
 keras.utils.set_random_seed(0)

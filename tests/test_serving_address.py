@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hvdk8s.serving.api import address
-from hvdk8s.serving.loadtest import digits_png
+from hvdk8s.serving.clients.loadtest import digits_png
 
 from conftest import REPO
 

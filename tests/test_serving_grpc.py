@@ -34,8 +34,9 @@ from tensorflow_serving.apis import (
 )
 
 import hvdk8s.cli
-from hvdk8s.serving import grpc_server, loadtest
+from hvdk8s.serving import grpc_server
 from hvdk8s.serving.api.types import InputSpec
+from hvdk8s.serving.clients import loadtest
 from hvdk8s.serving.process import running
 
 from serving_models import export_untrained

@@ -15,11 +15,12 @@ import pytest
 from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 
 from hvdk8s.benchmarks.serving import MALFORMED_BODIES
-from hvdk8s.serving import client, loadtest, server
+from hvdk8s.serving import server
 from hvdk8s.serving.api import rest
 from hvdk8s.serving.api.types import ServingError
 from hvdk8s.serving.batching import BatchingParameters
-from hvdk8s.serving.client import request_body
+from hvdk8s.serving.clients import loadtest, rest_client
+from hvdk8s.serving.clients.rest_client import request_body
 from hvdk8s.serving.core import ServingCore, tensorflow_threads
 from hvdk8s.serving.process import running
 from hvdk8s.serving.repository import ModelRepository, load_servable
@@ -216,7 +217,7 @@ def test_a_valid_image_leaves_no_image_error_in_the_servers_log(base_path, tmp_p
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
     log = tmp_path / "serve.log"
     with running(base_path, log) as served:
-        prediction = client.predict(served.url, [loadtest.digits_png(1)[0]])
+        prediction = rest_client.predict(served.url, [loadtest.digits_png(1)[0]])
     assert len(prediction[0]["probabilities"]) == 10
     text = log.read_text()
     assert "TensorFlow threads" in text  # the log is the server's

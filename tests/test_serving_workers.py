@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import psutil
 import pytest
 
-from hvdk8s.serving import grpc_client, loadtest
+from hvdk8s.serving.clients import grpc_client, loadtest
 from hvdk8s.serving.process import running
 
 from conftest import hvdk8s_cli

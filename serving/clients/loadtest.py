@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from hvdk8s import atomic, figures
-from hvdk8s.serving.client import predict_url, request_body
+from hvdk8s.serving.clients.rest_client import predict_url, request_body
 from hvdk8s.serving.model.savedmodel import IMAGE_INPUT
 
 DEFAULT_REQUESTS = 500
@@ -205,7 +205,7 @@ def run(
 
     Example:
         ```python
-        from hvdk8s.serving import loadtest
+        from hvdk8s.serving.clients import loadtest
 
         result = loadtest.run("http://127.0.0.1:8501", "digits", concurrency=8, requests=1000)
         print(result.table())
@@ -326,7 +326,7 @@ class _grpc_sender:
     """Calls ``PredictionService.Predict`` with pre-built requests over one grpc.aio channel."""
 
     def __init__(self, url, model, batches, version, signature, input_name, timeout):
-        from hvdk8s.serving import grpc_client
+        from hvdk8s.serving.clients import grpc_client
 
         self.target = grpc_client.target(url)
         self.requests = [grpc_client.predict_request(b, model, version, signature, input_name) for b in batches]

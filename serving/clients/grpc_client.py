@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hvdk8s.serving.client import PredictError, as_predictions, raise_if_nothing_answers
+from hvdk8s.serving.clients.rest_client import PredictError, as_predictions, raise_if_nothing_answers
 from hvdk8s.serving.model.savedmodel import IMAGE_INPUT
 
 
