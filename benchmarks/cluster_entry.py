@@ -27,7 +27,6 @@ from typing import Any
 MARKER = "HVDK8S-BENCH"
 HOST, RECORD = "HOST", "RECORD"
 NODE_ENV = "HVDK8S_NODE_NAME"  # the pod's node, from the downward API (spec.nodeName)
-TF_PORT = 2222  # the TFJob's tfjob-port
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,10 +61,13 @@ def task() -> str:
 
 def one_task_cluster(strategy: str | None) -> None:
     """A TFJob of one task gets no TF_CONFIG (the Training Operator's isDistributed, release-1.9
-    ``pkg/controller.v1/tensorflow/util.go``), without which MultiWorkerMirrored runs with no task index and so
-    no chief to write the result: give it the one-worker cluster a local run gives it."""
+    ``pkg/controller.v1/tensorflow/util.go``), without which MultiWorkerMirrored runs in its local mode (no
+    server, no cross-worker collectives): give it the one-worker cluster a local run gives it, so that N=1, the
+    baseline of its scaling, runs as the local suite's N=1 does."""
     if strategy == "tf_mwms" and "TF_CONFIG" not in os.environ:
-        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"localhost:{TF_PORT}"]},
+        from hvdk8s.mpijob.tfjob import PORT  # the pod's tfjob-port
+
+        os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": [f"localhost:{PORT}"]},
                                               "task": {"type": "worker", "index": 0}})
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hvdk8s.launcher import mpirun
+from hvdk8s.mpijob import tfjob
 from hvdk8s.quiet import quiet_tensorflow
 
 from . import netns
@@ -36,7 +37,7 @@ def _checkout() -> Path | None:
 
 CHECKOUT = _checkout()
 AGENT = Path(__file__).resolve().parent / "netns_agent.py"
-TF_PORT = 2222  # in the emulated cluster every task has a host (and its ports) to itself
+TF_PORT = tfjob.PORT  # in the emulated cluster every task has a host (and its ports) to itself, as a TFJob's pods
 
 # Open MPI settings for every Horovod job: hvdk8s's own (ranks yield the core
 # while they wait instead of busy-polling). Open MPI picks the allreduce

@@ -90,7 +90,8 @@ class Runtime:
             )
             self.strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=ring)
             self.workers = self.strategy.num_replicas_in_sync
-            self.chief = self.strategy.cluster_resolver.task_id == 0
+            # without TF_CONFIG (a one-task TFJob's pod) one local worker, task None: its own chief, as TensorFlow's is_chief
+            self.chief = self.strategy.cluster_resolver.task_id in (None, 0)
         elif strategy == "tf_ps":
             resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
             self.strategy = tf.distribute.ParameterServerStrategy(resolver)
