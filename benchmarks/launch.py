@@ -32,7 +32,7 @@ def _checkout() -> Path | None:
     """The source checkout this package runs from (an editable install, or ``python -m benchmarks`` at its root);
     None for an installed package, which has no repository around it."""
     root = Path(__file__).resolve().parents[1]
-    return root if (root / "pyproject.toml").is_file() and (root / "benchmarks" / "launch.py").is_file() else None
+    return root if (root / "pyproject.toml").is_file() else None
 
 
 CHECKOUT = _checkout()
