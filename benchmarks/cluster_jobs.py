@@ -123,8 +123,7 @@ def _manifest(base: Mapping[str, Any], origin: str, name: str, strategy: str, n:
         templates = [r["template"] for r in manifest["spec"]["mpiReplicaSpecs"].values()]
     else:
         ps = strategy == "tf_ps"
-        manifest = tfjob.checked_render_tfjob(spec, where, chief=ps, ps=int(ps), serve_command=[*command, "--server"],
-                                              cpu_roles=(tfjob.CHIEF, tfjob.PS))
+        manifest = tfjob.checked_render_tfjob(spec, where, chief=ps, ps=int(ps), serve_command=[*command, "--server"])
         templates = [r["template"] for r in manifest["spec"]["tfReplicaSpecs"].values()]
     for template in templates:
         for container in template["spec"]["containers"]:

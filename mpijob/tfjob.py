@@ -11,7 +11,7 @@ port being the ``tensorflow`` container's ``tfjob-port``, default 2222).
 The pods are the MPIJob path's worker pods (``render``: image, resources and GPUs, node selectors,
 tolerations, priority, volumes, user, RDMA opt-ins, the job's labels and Kueue queue), with the container
 named ``tensorflow`` (the operator's webhook requires one of that name) running the role's command, and the
-MPIJob's runPolicy, whose fields kubeflow.org/v1 shares. Parameter servers get no GPU.
+MPIJob's runPolicy, whose fields kubeflow.org/v1 shares. Parameter servers and the Chief get no GPU.
 
 Success and clean-up (``tfjob_controller.go`` UpdateJobStatus, ``common/job.go`` DeletePodsAndServices): the
 default success policy ("") ends the job when the Chief succeeds, or worker 0 when there is no Chief, so a
@@ -22,59 +22,58 @@ then deletes the pods still running, and the succeeded Chief's pod stays with it
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from hvdk8s import k8s
-from hvdk8s.k8s import MULTIKUEUE, FieldError, SpecError, forbidden, invalid, join
+from hvdk8s.k8s import MULTIKUEUE, FieldError, SpecError, forbidden, invalid
 from hvdk8s.mpijob.render import render
 from hvdk8s.mpijob.spec import JobSpec
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "TFJob"
 CHIEF, WORKER, PS = "Chief", "Worker", "PS"
+CPU_ROLES = (CHIEF, PS)  # the replica types without a GPU: a ParameterServerStrategy's coordinator and servers
 CONTAINER = "tensorflow"  # kubeflowv1.TFJobDefaultContainerName
 PORT_NAME = "tfjob-port"  # kubeflowv1.TFJobDefaultPortName
 PORT = 2222  # kubeflowv1.TFJobDefaultPort
 COMPONENT_LABEL = "app.kubernetes.io/component"
 
 
-def tfjob_problems(spec: JobSpec, *, chief: bool = False, ps: int = 0, path: str = "") -> list[FieldError]:
-    """What a (valid, defaulted) job spec asks for that a TFJob cannot express, at job-file paths under ``path``."""
+def tfjob_problems(spec: JobSpec, *, chief: bool = False, ps: int = 0) -> list[FieldError]:
+    """What a (valid, defaulted) job spec asks for that a TFJob cannot express, at its job-file paths."""
     errors = []
     if spec.elastic:
-        errors.append(forbidden(join(path, "elastic"), "a TFJob's cluster is fixed when its pods start (TF_CONFIG): "
+        errors.append(forbidden("elastic", "a TFJob's cluster is fixed when its pods start (TF_CONFIG): "
                                 "elastic training is for MPIJobs"))
     if spec.run_launcher_as_worker:
-        errors.append(forbidden(join(path, "runLauncherAsWorker"), "a TFJob has no launcher"))
+        errors.append(forbidden("runLauncherAsWorker", "a TFJob has no launcher"))
     if spec.run_policy.managed_by not in (None, MULTIKUEUE):
-        errors.append(forbidden(join(path, "runPolicy", "managedBy"), f"{spec.run_policy.managed_by!r} manages MPIJobs; "
+        errors.append(forbidden("runPolicy.managedBy", f"{spec.run_policy.managed_by!r} manages MPIJobs; "
                                 f"the Training Operator accepts only its own TFJobs or {MULTIKUEUE}"))
     if not chief and spec.workers < 1:
-        errors.append(invalid(join(path, "workers"), "a TFJob without a Chief needs at least one worker (worker 0 "
+        errors.append(invalid("workers", "a TFJob without a Chief needs at least one worker (worker 0 "
                               "decides when it succeeds)"))
-    if ps < 0:
-        errors.append(invalid(join(path, "ps"), f"{ps} parameter servers"))
     # The operator's webhook (validateTFJob) wants the name a DNS-1035 label; each pod gets a Service of its
     # own name (common/service.go CreateNewService), and Service names are DNS-1035 labels too.
     longest = [f"{spec.name}-{rtype.lower()}-{count - 1}" for rtype, count in _replicas(spec, chief, ps).items()]
     for name in [spec.name, *longest]:
         if problem := k8s.name_problem(name):
-            errors.append(invalid(join(path, "name"), f"{'TFJob name' if name == spec.name else 'Service'} "
+            errors.append(invalid("name", f"{'TFJob name' if name == spec.name else 'Service'} "
                                   f"{name!r} {problem}"))
             break
     return errors
 
 
-def render_tfjob(spec: JobSpec, *, chief: bool = False, ps: int = 0, serve_command: Sequence[str] | None = None,
-                 cpu_roles: Collection[str] = (PS,)) -> dict[str, Any]:
+def render_tfjob(spec: JobSpec, *, chief: bool = False, ps: int = 0,
+                 serve_command: Sequence[str] | None = None) -> dict[str, Any]:
     """The TFJob: ``spec.workers`` Workers, a Chief (``chief``) and ``ps`` parameter servers.
 
     ``spec.command`` runs on the task that drives the job (the Chief, else every Worker, as under
     MultiWorkerMirroredStrategy); the others (PS, and the Workers when there is a Chief, as under
-    ParameterServerStrategy) run ``serve_command``, default ``spec.command``. The replica types in
-    ``cpu_roles`` get no GPU (a ParameterServerStrategy Chief only coordinates). ``spec`` from
-    ``load_spec``, with no ``tfjob_problems``.
+    ParameterServerStrategy) run ``serve_command``, default ``spec.command``. Only Workers get GPUs (``CPU_ROLES``:
+    parameter servers hold variables, a Chief only coordinates). ``spec`` from ``load_spec``, with no
+    ``tfjob_problems``.
     """
     serve = tuple(serve_command or spec.command)
     commands = {CHIEF: spec.command, WORKER: serve if chief else spec.command, PS: serve}
@@ -84,7 +83,7 @@ def render_tfjob(spec: JobSpec, *, chief: bool = False, ps: int = 0, serve_comma
         rtype: {
             "replicas": count,
             "restartPolicy": spec.restart_policy.worker,
-            "template": _template(spec, rtype, commands[rtype], gpu=rtype not in cpu_roles),
+            "template": _template(spec, rtype, commands[rtype], gpu=rtype not in CPU_ROLES),
         }
         for rtype, count in counts.items()
     }
@@ -103,11 +102,11 @@ def render_tfjob(spec: JobSpec, *, chief: bool = False, ps: int = 0, serve_comma
 
 
 def checked_render_tfjob(spec: JobSpec, where: str, *, chief: bool = False, ps: int = 0,
-                         serve_command: Sequence[str] | None = None, cpu_roles: Collection[str] = (PS,)) -> dict[str, Any]:
+                         serve_command: Sequence[str] | None = None) -> dict[str, Any]:
     """``render_tfjob`` after refusing, with the reason, what a TFJob cannot express."""
     if errors := tfjob_problems(spec, chief=chief, ps=ps):
         raise SpecError(where, errors)
-    return render_tfjob(spec, chief=chief, ps=ps, serve_command=serve_command, cpu_roles=cpu_roles)
+    return render_tfjob(spec, chief=chief, ps=ps, serve_command=serve_command)
 
 
 def _replicas(spec: JobSpec, chief: bool, ps: int) -> dict[str, int]:

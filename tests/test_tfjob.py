@@ -103,7 +103,7 @@ def test_replicas_commands_and_the_container_the_operator_looks_for():
         assert c["name"] == "tensorflow" and c["ports"][0] == {"name": "tfjob-port", "containerPort": 2222}
         assert "readinessProbe" not in c and not any(p["name"] == "ssh" for p in c["ports"])
         gpus = c["resources"]["limits"].get("nvidia.com/gpu")
-        assert gpus == (None if rtype == "PS" else 1), rtype  # parameter servers hold variables on CPUs
+        assert gpus == (1 if rtype == "Worker" else None), rtype  # parameter servers hold variables, the Chief coordinates
         assert template["metadata"]["labels"]["app.kubernetes.io/component"] == rtype.lower()
     assert manifest["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     # the job file's runPolicy: clean up the pods still running when the chief is done, no retries; a gang
