@@ -89,7 +89,7 @@ def run(settings: Settings, command: list[str]) -> dict[str, Any]:
     """Measure everything; ``write`` turns the result into ``serving.json``, ``serving.md`` and ``serving.png``."""
     from tqdm import tqdm
 
-    from hvdk8s.serving.process import running
+    from hvdk8s.serving.server.process import running
 
     results: dict[str, Any] = {"env": envinfo.collect(command), "settings": asdict(settings), "models": {},
                                "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -169,7 +169,7 @@ def server_cost(base: Path, tmp: Path, settings: Settings) -> dict[str, Any]:
     import shutil
 
     from hvdk8s.serving.clients import loadtest
-    from hvdk8s.serving.process import running
+    from hvdk8s.serving.server.process import running
 
     if not shutil.which("wrk"):
         return {"skipped": "wrk is not on PATH (Debian: apt-get install wrk): no wrk figures in this run"}
@@ -292,8 +292,8 @@ def _inprocess(base: Path, settings: Settings) -> dict[str, Any]:
     """
     import multiprocessing
 
-    from hvdk8s.serving.batching import BatchingParameters
-    from hvdk8s.serving.core import tensorflow_threads
+    from hvdk8s.serving.server.batching import BatchingParameters
+    from hvdk8s.serving.server.core import tensorflow_threads
 
     by_setting = {}
     for intra in sorted({0, tensorflow_threads(BatchingParameters())}):

@@ -8,4 +8,4 @@ from .model.savedmodel import (
     versions as versions,
 )
 from .model.selection import evaluate as evaluate, select as select
-from .server import create_app as create_app, serve as serve
+from .server.app import create_app as create_app, serve as serve

@@ -266,7 +266,7 @@ def _require_serving_api() -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     _require_serving_api()
-    from hvdk8s.serving import batching, grpc_server, monitoring, server, workers
+    from hvdk8s.serving.server import app, batching, grpc_server, monitoring, workers
 
     if args.batching_parameters_file and not args.enable_batching:
         raise UserError("--batching_parameters_file needs --enable_batching=true")
@@ -291,7 +291,7 @@ def _serve(args: argparse.Namespace) -> int:
             grpc_options=grpc_server.channel_arguments(args.grpc_channel_arguments),
             rest_timeout_ms=args.rest_api_timeout_in_ms,
             metrics_path=prometheus.path if prometheus.enable else None,
-            max_request_bytes=args.max_request_bytes or server.DEFAULT_MAX_REQUEST_BYTES,
+            max_request_bytes=args.max_request_bytes or app.DEFAULT_MAX_REQUEST_BYTES,
             poll_seconds=args.poll_seconds,
             num_versions=args.num_versions,
             batching=params,
@@ -301,7 +301,7 @@ def _serve(args: argparse.Namespace) -> int:
         if args.workers > 1:
             workers.serve(args.workers, **options)
         else:
-            server.serve(**options)
+            app.serve(**options)
     except (ValueError, FileNotFoundError) as err:
         raise UserError(str(err)) from None
     return 0

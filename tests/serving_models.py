@@ -1,4 +1,4 @@
-"""Models for the serving tests (the server itself: ``hvdk8s.serving.process.serving``)."""
+"""Models for the serving tests (the server itself: ``hvdk8s.serving.server.process.running``)."""
 from __future__ import annotations
 
 import sys

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from hvdk8s.serving.clients import loadtest
-from hvdk8s.serving.process import running
+from hvdk8s.serving.server.process import running
 
 from serving_models import CLI, export_untrained
 

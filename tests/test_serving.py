@@ -27,7 +27,7 @@ from PIL import Image
 import hvdk8s.cli
 from hvdk8s import data, models, serving
 from hvdk8s.serving.model import savedmodel
-from hvdk8s.serving.process import running
+from hvdk8s.serving.server.process import running
 
 from serving_models import CLI
 

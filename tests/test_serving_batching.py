@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from hvdk8s.serving.api import types
-from hvdk8s.serving.batching import (
+from hvdk8s.serving.kube.manifests import batching_parameters_text
+from hvdk8s.serving.kube.options import Batching
+from hvdk8s.serving.server.batching import (
     Batcher,
     BatchingParameters,
     BatchingParametersError,
@@ -22,8 +24,6 @@ from hvdk8s.serving.batching import (
     read_parameters_file,
     validate,
 )
-from hvdk8s.serving.kube.manifests import batching_parameters_text
-from hvdk8s.serving.kube.options import Batching
 
 
 class Model:

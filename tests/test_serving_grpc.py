@@ -34,10 +34,10 @@ from tensorflow_serving.apis import (
 )
 
 import hvdk8s.cli
-from hvdk8s.serving import grpc_server
 from hvdk8s.serving.api.types import InputSpec
 from hvdk8s.serving.clients import loadtest
-from hvdk8s.serving.process import running
+from hvdk8s.serving.server import grpc_server
+from hvdk8s.serving.server.process import running
 
 from serving_models import export_untrained
 
@@ -283,7 +283,7 @@ def test_predict_and_loadtest_clis_over_grpc(server, tmp_path, capsys):
 )
 def test_outputs_go_in_the_typed_fields_as_tf_serving_fills_them(array, field, values):
     """predict_util.cc: Tensor::AsProtoField (not tensor_content), so clients reading float_val etc. see the values."""
-    from hvdk8s.serving.grpc_server import tensor_proto
+    from hvdk8s.serving.server.grpc_server import tensor_proto
 
     proto = tensor_proto(array)
     assert (list(getattr(proto, field)), proto.tensor_content) == (values, b"")
@@ -292,7 +292,7 @@ def test_outputs_go_in_the_typed_fields_as_tf_serving_fills_them(array, field, v
 
 def test_grpc_channel_arguments_are_parsed_as_tf_serving_parses_them():
     """server.cc parseGrpcChannelArgs: key=value pairs split on commas, the value an int where one parses."""
-    from hvdk8s.serving.grpc_server import channel_arguments
+    from hvdk8s.serving.server.grpc_server import channel_arguments
 
     assert channel_arguments("grpc.max_connection_age_ms=2000,grpc.lb_policy_name=grpclb,grpc.so_reuseaddr=1") == [
         ("grpc.max_connection_age_ms", 2000), ("grpc.lb_policy_name", "grpclb"), ("grpc.so_reuseaddr", 1)]
@@ -301,7 +301,7 @@ def test_grpc_channel_arguments_are_parsed_as_tf_serving_parses_them():
 
 
 def test_monitoring_config_as_tf_serving_reads_it():
-    from hvdk8s.serving import monitoring
+    from hvdk8s.serving.server import monitoring
 
     assert monitoring.parse_config("prometheus_config { enable: true }", "f") == monitoring.PrometheusConfig(
         True, "/monitoring/prometheus/metrics")  # kPrometheusPath when no path is given

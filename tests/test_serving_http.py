@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hvdk8s.serving.clients import loadtest
-from hvdk8s.serving.process import running
+from hvdk8s.serving.server.process import running
 
 from serving_models import export_untrained
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from hvdk8s.serving.api.types import ServingError
-from hvdk8s.serving.registry import ConfigWatcher, Models, read_model_config
-from hvdk8s.serving.repository import ModelRepository, Servable, VersionPolicy
+from hvdk8s.serving.server.registry import ConfigWatcher, Models, read_model_config
+from hvdk8s.serving.server.repository import ModelRepository, Servable, VersionPolicy
 
 pytestmark = pytest.mark.unit
 
@@ -153,8 +153,8 @@ def test_freezer_frees_the_versions_unloaded_or_replaced_since_it_last_froze(tmp
     import gc
     import weakref
 
-    from hvdk8s.serving.registry import ModelConfig
-    from hvdk8s.serving.server import ModelFreezer
+    from hvdk8s.serving.server.app import ModelFreezer
+    from hvdk8s.serving.server.registry import ModelConfig
 
     def loader(version: int, path: Path) -> Servable:
         return Servable(version, path, {}, {}, {}, loaded=Cyclic())
@@ -191,7 +191,7 @@ def test_freezer_frees_the_versions_unloaded_or_replaced_since_it_last_froze(tmp
 def test_a_changed_version_policy_keeps_the_model_serving_its_loaded_versions(tmp_path):
     """TF Serving only changes which versions it aspires; the model was rebuilt and answered NOT_FOUND until the
     next poll, then loaded every version again."""
-    from hvdk8s.serving.registry import ModelConfig
+    from hvdk8s.serving.server.registry import ModelConfig
 
     for version in (1, 2):
         write_version(tmp_path, version)

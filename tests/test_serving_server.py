@@ -15,15 +15,15 @@ import pytest
 from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 
 from hvdk8s.benchmarks.serving import MALFORMED_BODIES
-from hvdk8s.serving import server
 from hvdk8s.serving.api import rest
 from hvdk8s.serving.api.types import ServingError
-from hvdk8s.serving.batching import BatchingParameters
 from hvdk8s.serving.clients import loadtest, rest_client
 from hvdk8s.serving.clients.rest_client import request_body
-from hvdk8s.serving.core import ServingCore, tensorflow_threads
-from hvdk8s.serving.process import running
-from hvdk8s.serving.repository import ModelRepository, load_servable
+from hvdk8s.serving.server.app import INLINE_BYTES, _within, create_app
+from hvdk8s.serving.server.batching import BatchingParameters
+from hvdk8s.serving.server.core import ServingCore, tensorflow_threads
+from hvdk8s.serving.server.process import running
+from hvdk8s.serving.server.repository import ModelRepository, load_servable
 
 from serving_models import CLI, export_untrained
 
@@ -63,7 +63,7 @@ def cyclic_garbage(core: ServingCore, body: bytes, requests: int = 6) -> tuple[s
     by a cycle only it frees: under load, memory that grows until it runs
     (the serving benchmark's soak saw the server's RSS climb this way).
     """
-    app = server.create_app(core)
+    app = create_app(core)
 
     async def send_all() -> list[int]:  # one at a time (a batch each), then all at once (batched together)
         alone = [await _post(app, "/v1/models/digits:predict", body) for _ in range(requests)]
@@ -89,7 +89,7 @@ def test_a_large_body_refused_on_the_worker_thread_leaves_no_reference_cycle(tmp
     """Bodies over INLINE_BYTES are parsed on a worker thread; the error came back in a cycle with the body."""
     core = ServingCore(ModelRepository(tmp_path, "digits"), batching=None)
     try:
-        assert cyclic_garbage(core, b"[" + b" " * (server.INLINE_BYTES + 10)) == ({400}, [])
+        assert cyclic_garbage(core, b"[" + b" " * (INLINE_BYTES + 10)) == ({400}, [])
     finally:
         core.close()
 
@@ -109,10 +109,10 @@ def test_a_large_examples_body_is_parsed_off_the_event_loop(tmp_path, monkeypatc
         return parse(body)
 
     monkeypatch.setattr(rest, "parse_examples_body", held_parse)
-    app = server.create_app(core)
+    app = create_app(core)
 
     async def both() -> tuple[int, int]:
-        large = asyncio.ensure_future(_post(app, f"/v1/models/digits:{api}", b"[" + b" " * (server.INLINE_BYTES + 10)))
+        large = asyncio.ensure_future(_post(app, f"/v1/models/digits:{api}", b"[" + b" " * (INLINE_BYTES + 10)))
         while not started.is_set():
             await asyncio.sleep(0.01)
         small = await _post(app, "/v1/models/digits:predict", b"{not json")
@@ -279,7 +279,7 @@ def test_an_empty_model_directory_says_no_version_is_there_yet_and_where_it_look
     "argv, ports",
     [
         (["BASE"], (8501, None)),
-        (["BASE", "--port", "0"], (0, None)),  # gRPC then also on any free port (server.serve)
+        (["BASE", "--port", "0"], (0, None)),  # gRPC then also on any free port (app.serve)
         (["BASE", "--rest_api_port", "9001", "--grpc-port", "9000"], (9001, 9000)),
         # tensorflow_model_server's command line: --port is gRPC
         (["--model_base_path=BASE", "--model_name=m", "--port=9000", "--rest_api_port=9001"], (9001, 9000)),
@@ -296,7 +296,7 @@ def test_ports_from_hvdk8s_and_tf_serving_flags(argv, ports):
 def test_loaded_models_are_frozen_out_of_the_cyclic_collector(base_path):
     """Issue #26: full collections walked the model's ~355k objects (a ~250 ms stall) 1-2 times every 6 s."""
     core = ServingCore(ModelRepository(base_path, "digits"), batching=None)
-    app = server.create_app(core, poll_seconds=60)
+    app = create_app(core, poll_seconds=60)
 
     async def started() -> tuple[int, int]:
         async with app.router.lifespan_context(app):
@@ -313,7 +313,7 @@ def test_loaded_models_are_frozen_out_of_the_cyclic_collector(base_path):
 def test_a_model_call_past_the_rest_api_timeout_answers_deadline_exceeded():
     """--rest_api_timeout_in_ms: the REST answer is 504 DEADLINE_EXCEEDED (the call itself is left to finish)."""
     async def wait_for_a_call_that_never_ends() -> None:
-        await server._within(asyncio.get_running_loop().create_future(), 0.01)
+        await _within(asyncio.get_running_loop().create_future(), 0.01)
 
     with pytest.raises(ServingError) as err:
         asyncio.run(wait_for_a_call_that_never_ends())

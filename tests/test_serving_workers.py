@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from hvdk8s.serving.clients import grpc_client, loadtest
-from hvdk8s.serving.process import running
+from hvdk8s.serving.server.process import running
 
 from conftest import hvdk8s_cli
 from serving_models import export_untrained

@@ -28,7 +28,7 @@ class PrometheusConfig:
 
 
 def parse_config(text: str, source: str) -> PrometheusConfig:
-    from hvdk8s.serving import textproto
+    from hvdk8s.serving.server import textproto
 
     message = textproto.parse(text, _message_class()(), source, "tensorflow.serving.MonitoringConfig")
     path = message.prometheus_config.path or DEFAULT_PATH
@@ -38,7 +38,7 @@ def parse_config(text: str, source: str) -> PrometheusConfig:
 
 
 def read_config(path: str | os.PathLike[str]) -> PrometheusConfig:
-    from hvdk8s.serving import textproto
+    from hvdk8s.serving.server import textproto
 
     return parse_config(*textproto.read(path, "--monitoring_config_file"))
 

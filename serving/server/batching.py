@@ -121,7 +121,7 @@ def parse_parameters(text: str, source: str = "batching parameters") -> Batching
     ``thread_pool_name`` is accepted and has no effect: one server has one
     pool.
     """
-    from hvdk8s.serving import textproto
+    from hvdk8s.serving.server import textproto
 
     message = textproto.parse(text, _message_class()(), source)
     given: dict[str, Any] = {}
@@ -140,7 +140,7 @@ def parse_parameters(text: str, source: str = "batching parameters") -> Batching
 
 
 def read_parameters_file(path: str | os.PathLike[str]) -> BatchingParameters:
-    from hvdk8s.serving import textproto
+    from hvdk8s.serving.server import textproto
 
     return parse_parameters(*textproto.read(path, "--batching_parameters_file"))
 

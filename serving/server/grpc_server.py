@@ -39,7 +39,7 @@ from tensorflow_serving.apis import (
 )
 
 from hvdk8s.serving.api import classify_regress, types
-from hvdk8s.serving.core import ServingCore
+from hvdk8s.serving.server.core import ServingCore
 
 SIGNATURE_DEF = "signature_def"  # the one metadata field TF Serving knows
 PROFILER_SERVICE = "/tensorflow.ProfilerService/"

@@ -17,10 +17,10 @@ from concurrent.futures import Future
 import numpy as np
 
 from hvdk8s.serving.api import classify_regress, rest
-from hvdk8s.serving.batching import Batcher, BatchingParameters, Unbatched
-from hvdk8s.serving.monitoring import Metrics
-from hvdk8s.serving.registry import Models
-from hvdk8s.serving.repository import ModelRepository, Servable
+from hvdk8s.serving.server.batching import Batcher, BatchingParameters, Unbatched
+from hvdk8s.serving.server.monitoring import Metrics
+from hvdk8s.serving.server.registry import Models
+from hvdk8s.serving.server.repository import ModelRepository, Servable
 
 
 class ServingCore:

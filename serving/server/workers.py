@@ -2,7 +2,7 @@
 
 One server process is held to one core by its event loop and the GIL
 (issue #26: REST parsing, the answers and the model call's Python all take
-turns on it). Each worker here is a whole ``server.serve`` in its own
+turns on it). Each worker here is a whole ``app.serve`` in its own
 process (``spawn``: TensorFlow must not be forked), with its own copy of
 the models, its own poll of the base paths (so a new version or a changed
 model config file reaches every worker) and its own batching. The workers
@@ -32,15 +32,15 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from hvdk8s.serving import server
 from hvdk8s.serving.api.address import HOST, REST_PORT
+from hvdk8s.serving.server import app
 
 STOP_GRACE_S = 30.0
 """How long a stopping worker may take to drain before it is killed."""
 
 
 def serve(workers: int, **options: Any) -> None:
-    """``server.serve(**options)`` in ``workers`` processes sharing its ports; returns when they have stopped.
+    """``app.serve(**options)`` in ``workers`` processes sharing its ports; returns when they have stopped.
 
     Raises ``ValueError`` for options one process cannot share
     (``grpc_socket_path``), a port already taken, or a worker that fails.
@@ -51,7 +51,7 @@ def serve(workers: int, **options: Any) -> None:
         raise ValueError("--grpc_socket_path is one Unix socket, which one process serves: use it with --workers 1")
     host, port = options.get("host", HOST), options.get("port", REST_PORT)
     grpc_port = options.get("grpc_port")
-    grpc_port = server.default_grpc_port(port) if grpc_port is None else grpc_port
+    grpc_port = app.default_grpc_port(port) if grpc_port is None else grpc_port
     with reserved(host, port) as rest_port, reserved(host, grpc_port) as rpc_port:
         options = {**options, "port": rest_port, "grpc_port": rpc_port, "reuse_port": True}
         context = multiprocessing.get_context("spawn")
@@ -101,7 +101,7 @@ def reserved(host: str, port: int) -> Iterator[int]:
 def _worker(options: dict[str, Any], ready: Connection) -> None:
     """(In a worker process.) One server; its ready line goes to the parent, which prints one for all."""
     try:
-        server.serve(**options, announce=ready.send)
+        app.serve(**options, announce=ready.send)
     except (ValueError, FileNotFoundError) as err:  # as the CLI words a single server's: no traceback
         print(f"hvdk8s serve: error: {err}", file=sys.stderr, flush=True)
         sys.exit(2)

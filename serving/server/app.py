@@ -2,9 +2,9 @@
 
 The HTTP layer is Starlette (routing, requests, responses) served by uvicorn
 with uvloop and httptools; the contract itself (paths, JSON formats, error
-codes) lives in ``rest`` and ``classify_regress``, the gRPC services in
-``grpc_server``, and both share one ``ServingCore`` (models, versions and
-batching). A background thread polls the base paths (and the model config
+codes) lives in ``hvdk8s.serving.api`` (``rest``, ``types``,
+``classify_regress``), the gRPC services in ``grpc_server``, and both share
+one ``ServingCore`` (models, versions and batching). A background thread polls the base paths (and the model config
 file, if one is given), so a version exported while the server runs is
 picked up without a restart.
 
@@ -41,11 +41,11 @@ from starlette.routing import Route
 
 from hvdk8s.serving.api import classify_regress, rest, types
 from hvdk8s.serving.api.address import GRPC_PORT, HOST, REST_PORT
-from hvdk8s.serving.batching import BatchingParameters
-from hvdk8s.serving.core import ServingCore, tensorflow_threads
-from hvdk8s.serving.monitoring import Metrics
-from hvdk8s.serving.registry import ConfigWatcher, ModelConfig, Models
-from hvdk8s.serving.repository import VersionPolicy, image_check
+from hvdk8s.serving.server.batching import BatchingParameters
+from hvdk8s.serving.server.core import ServingCore, tensorflow_threads
+from hvdk8s.serving.server.monitoring import Metrics
+from hvdk8s.serving.server.registry import ConfigWatcher, ModelConfig, Models
+from hvdk8s.serving.server.repository import VersionPolicy, image_check
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 INLINE_BYTES = 64 * 1024
@@ -337,7 +337,7 @@ def serve(
     import tensorflow as tf
     import uvicorn
 
-    from hvdk8s.serving import grpc_server, registry
+    from hvdk8s.serving.server import grpc_server, registry
 
     if (base_path is None) == (model_config_file is None):
         raise ValueError("give either a model base path or a model config file (--model_config_file), not both")

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdk8s.serving.api import types
-from hvdk8s.serving.repository import ModelRepository, Servable, VersionPolicy, load_servable
+from hvdk8s.serving.server.repository import ModelRepository, Servable, VersionPolicy, load_servable
 
 log = logging.getLogger("hvdk8s.serving")
 CONFIG_MESSAGE = "tensorflow.serving.ModelServerConfig"
@@ -146,7 +146,7 @@ def parse_model_config(text: str, source: str) -> list[ModelConfig]:
     """The models of a text-format ``ModelServerConfig``; errors name ``source`` and the line."""
     from tensorflow_serving.config import model_server_config_pb2
 
-    from hvdk8s.serving import textproto
+    from hvdk8s.serving.server import textproto
 
     message = textproto.parse(text, model_server_config_pb2.ModelServerConfig(), source, CONFIG_MESSAGE)
     if message.WhichOneof("config") == "custom_model_config":
@@ -181,7 +181,7 @@ def _policy(proto: Any) -> VersionPolicy:
 
 
 def read_model_config(path: str | os.PathLike[str]) -> list[ModelConfig]:
-    from hvdk8s.serving import textproto
+    from hvdk8s.serving.server import textproto
 
     return parse_model_config(*textproto.read(path, "--model_config_file"))
 
@@ -217,7 +217,7 @@ class ConfigWatcher:
         log.info("model config reloaded from %s: %s", self.path, ", ".join(self.models.names))
 
     def _read(self) -> str:
-        from hvdk8s.serving import textproto
+        from hvdk8s.serving.server import textproto
 
         try:
             return textproto.read(self.path, "--model_config_file")[0]
