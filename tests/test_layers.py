@@ -9,6 +9,12 @@
     hvdk8s.<module>                             the core: training library and neutral helpers
                                                 (atomic writes, Kubernetes names and YAML, errors)
 
+Inside ``hvdk8s.serving``, its sub-packages form layers of their own:
+
+    hvdk8s.serving.cli                          the serving commands (export, select, serve, predict, loadtest)
+    server | clients | kube                     the server; its clients and the load test; Kubernetes manifests
+    model | api                                 export and selection; TF Serving's API contract (no server, no TF)
+
 Imports inside functions count too, so none can dodge a contract. The folders are installed as
 ``hvdk8s.<folder>`` (setuptools ``package-dir``), which import-linter cannot follow, so the test lays
 them out under one ``hvdk8s/`` folder in a temporary directory first.
@@ -35,6 +41,11 @@ LAYERS = [
     "hvdk8s.mpijob",
     "hvdk8s.launcher | hvdk8s.migrate",
 ]
+SERVING_LAYERS = [  # inside hvdk8s.serving (its __init__ imports nothing: the public names load lazily)
+    "cli",
+    "server | clients | kube",
+    "model | api",
+]
 
 
 def _staged_package(root: Path) -> list[str]:
@@ -56,13 +67,19 @@ def test_no_import_cycles_and_every_layer_imports_only_those_below(tmp_path: Pat
         "ancestors = hvdk8s", "",
         "[importlinter:contract:layers]", "name = each layer imports only the layers below it", "type = layers",
         "layers =", *(f"    {layer}" for layer in LAYERS), "",
+        "[importlinter:contract:serving]", "name = serving: each layer imports only the layers below it",
+        "type = layers", "containers = hvdk8s.serving",
+        "layers =", *(f"    {layer}" for layer in SERVING_LAYERS), "",
         "[importlinter:contract:core]", "name = the core imports nothing above it", "type = forbidden",
         "source_modules =", *(f"    {m}" for m in core),
         "forbidden_modules =", *(f"    {m}" for m in [*subpackages, "hvdk8s.cli"]), "",
     ]))  # fmt: skip
     assert set(subpackages) == {m.strip() for layer in LAYERS[1:] for m in layer.split("|")}  # every package placed
+    serving = {p.stem for p in (tmp_path / "hvdk8s" / "serving").iterdir()
+               if p.suffix == ".py" and p.stem != "__init__" or (p / "__init__.py").is_file()}  # fmt: skip
+    assert serving == {m.strip() for layer in SERVING_LAYERS for m in layer.split("|")}  # every module placed
     lint = Path(sys.executable).with_name("lint-imports")
     proc = subprocess.run([str(lint), str(config), "--no-cache"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(tmp_path)})  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
-    assert "Contracts: 3 kept, 0 broken." in proc.stdout
+    assert "Contracts: 4 kept, 0 broken." in proc.stdout

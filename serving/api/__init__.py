@@ -1,2 +1,3 @@
-"""TensorFlow Serving's API contract, with neither TensorFlow nor a server: REST paths and JSON, the types REST and
-gRPC share, Classify and Regress, the ports and default addresses."""
+"""TensorFlow Serving's API contract, without the server: the types REST and gRPC share, REST paths and JSON, Classify
+and Regress, TF Serving's float text, the default ports and addresses. TensorFlow is imported only inside
+``classify_regress``, where ``tf.Example`` protos are built."""
