@@ -21,6 +21,7 @@ then deletes the pods still running, and the succeeded Chief's pod stays with it
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -77,13 +78,17 @@ def render_tfjob(spec: JobSpec, *, chief: bool = False, ps: int = 0,
     """
     serve = tuple(serve_command or spec.command)
     commands = {CHIEF: spec.command, WORKER: serve if chief else spec.command, PS: serve}
-    mpijob = render(dataclasses.replace(spec, workers=max(spec.workers, 1)))
+    job = dataclasses.replace(spec, workers=max(spec.workers, 1))
+    mpijob = render(job)
     counts = _replicas(spec, chief, ps)
+    # Every task's pod is a copy of the MPIJob's Worker pod: as rendered, or without GPU (nor GPU-model selector).
+    cpu = render(dataclasses.replace(job, gpu=False, scheduling=dataclasses.replace(job.scheduling, gpu_product=None)))
+    pods = {gpu: m["spec"]["mpiReplicaSpecs"]["Worker"]["template"] for gpu, m in ((True, mpijob), (False, cpu))}
     replicas: dict[str, dict[str, Any]] = {
         rtype: {
             "replicas": count,
             "restartPolicy": spec.restart_policy.worker,
-            "template": _template(spec, rtype, commands[rtype], gpu=rtype not in CPU_ROLES),
+            "template": _template(pods[rtype not in CPU_ROLES], rtype, commands[rtype]),
         }
         for rtype, count in counts.items()
     }
@@ -114,12 +119,9 @@ def _replicas(spec: JobSpec, chief: bool, ps: int) -> dict[str, int]:
     return {rtype: count for rtype, count in counts.items() if count > 0}
 
 
-def _template(spec: JobSpec, rtype: str, command: Sequence[str], *, gpu: bool) -> dict[str, Any]:
-    """The MPIJob worker's pod template as a TF task's: container ``tensorflow`` on the TF port, no sshd;
-    without ``gpu``, no GPU (and so no GPU-model selector)."""
-    if not gpu:
-        spec = dataclasses.replace(spec, gpu=False, scheduling=dataclasses.replace(spec.scheduling, gpu_product=None))
-    template = render(dataclasses.replace(spec, workers=max(spec.workers, 1)))["spec"]["mpiReplicaSpecs"]["Worker"]["template"]
+def _template(worker: dict[str, Any], rtype: str, command: Sequence[str]) -> dict[str, Any]:
+    """A copy of the MPIJob Worker's pod template as a TF task's: container ``tensorflow`` on the TF port, no sshd."""
+    template = copy.deepcopy(worker)
     template["metadata"]["labels"][COMPONENT_LABEL] = rtype.lower()
     container = template["spec"]["containers"][0]
     container["name"] = CONTAINER
