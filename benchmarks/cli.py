@@ -107,6 +107,8 @@ def _minutes(jobs: int) -> str:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from .costmodel import NETWORKS
+
     p = sub.add_parser(
         "bench",
         help="benchmark hvdk8s against raw Horovod and TF strategies; write results.json, report.md, plots",
@@ -151,8 +153,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     k8s.add_argument("--job-file", metavar="JOB.yaml", help="hvdk8s job file every job is built from, without "
                      "command and workers (the benchmark sets them); its name is the jobs' prefix (default bench)")
     k8s.add_argument("--image", help="image with hvdk8s installed (Dockerfile.gpu); overrides the job file's")
-    k8s.add_argument("--network", default="25 GbE", help="the cluster's network as the cost model names it, for the "
-                     "predicted allreduce bus bandwidth: '25 GbE', '100 GbE', 'IB NDR' (default 25 GbE)")
+    k8s.add_argument("--network", default="25 GbE", choices=NETWORKS, metavar="NETWORK",
+                     help="the cluster's network as the cost model names it, for the predicted allreduce bus bandwidth: "
+                     f"{', '.join(repr(name) for name in NETWORKS)} (default 25 GbE)")
     k8s.add_argument("--logs", type=Path, metavar="DIR", help="collect: the folder of the jobs' logs (<job>.log: "
                      "kubectl logs of the MPIJob's launcher, the TFJob's chief or worker 0)")
     k8s.add_argument("--kubeconfig", help="submit: kubeconfig file (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
@@ -247,7 +250,7 @@ def _cluster(args: argparse.Namespace) -> int:
 
     from hvdk8s import atomic
 
-    from . import cluster_collect, cluster_jobs, costmodel
+    from . import cluster_collect, cluster_jobs
     from .suite import Progress
 
     if args.strategies is None:
@@ -258,15 +261,17 @@ def _cluster(args: argparse.Namespace) -> int:
     if args.cluster == "render":
         sys.stdout.write(cluster_jobs.render_yaml(jobs))
         return 0
-    if args.network not in costmodel.NETWORKS:
-        raise UserError(f"--network {args.network!r}: expected one of {', '.join(costmodel.NETWORKS)}")
     command = args.command_line or ["hvdk8s", *sys.argv[1:]]
     started = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     logs: list[cluster_collect.JobLog] = []
 
-    def save() -> dict[str, Any]:
+    def save(report: bool = True) -> dict[str, Any]:
+        """results.json of the jobs so far, with the report and plots unless ``report`` is False."""
         results = cluster_collect.results(settings, logs, network=args.network, command=command, started=started)
-        cluster_collect.write(results, args.out)
+        if report:
+            cluster_collect.write(results, args.out)
+        else:
+            atomic.write_json(args.out / "results.json", results)
         return results
 
     if args.cluster == "collect":
@@ -287,8 +292,7 @@ def _cluster(args: argparse.Namespace) -> int:
         try:
             for log in cluster_submit.run_jobs(cluster, namespace, jobs, args.out / "logs", Progress(len(jobs)).step):
                 logs.append(log)
-                atomic.write_json(args.out / "results.json", cluster_collect.results(
-                    settings, logs, network=args.network, command=command, started=started))
+                save(report=False)
         except BaseException:  # the API or Ctrl-C: the report of what was measured, then the error
             if logs:
                 save()

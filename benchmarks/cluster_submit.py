@@ -40,24 +40,24 @@ def run_job(cluster: Cluster, namespace: str, job: BenchJob, logs_dir: Path) -> 
     explainer.start()
     try:
         pods: dict[str, str] = {}
-        ended = None
-        for obj in watch.job_updates(cluster, namespace, job.name, kind=kind):
-            status = obj.get("status") or {}
-            if jobstatus.started(jobstatus.phase(status)):  # note each pod's node while the pods exist
-                pods |= {p["metadata"]["name"]: p["spec"]["nodeName"] for p in kube.job_pods(cluster, namespace, job.name, kind)
-                         if (p.get("spec") or {}).get("nodeName")}
-            if ended := jobstatus.outcome(status):
-                failed = None if ended.type in jobstatus.SUCCESS else jobstatus.failure_message(obj)
-                break
-        else:
-            failed = f"{kind.kind} {namespace}/{job.name} was deleted before it finished"
-        explainer.stop()
+        try:  # the explainer says why the job waits while it is followed, and only then
+            for obj in watch.job_updates(cluster, namespace, job.name, kind=kind):
+                status = obj.get("status") or {}
+                if jobstatus.started(jobstatus.phase(status)):  # note each pod's node while the pods exist
+                    pods |= {p["metadata"]["name"]: p["spec"]["nodeName"]
+                             for p in kube.job_pods(cluster, namespace, job.name, kind) if (p.get("spec") or {}).get("nodeName")}
+                if ended := jobstatus.outcome(status):
+                    failed = None if ended.type in jobstatus.SUCCESS else jobstatus.failure_message(obj)
+                    break
+            else:
+                failed = f"{kind.kind} {namespace}/{job.name} was deleted before it finished"
+        finally:
+            explainer.stop()
         pod = kube.launcher_pod(cluster, namespace, job.name, kind)
         text = "\n".join(kube.log_lines(cluster, namespace, pod, follow=False)) if pod and pod.phase != "Pending" else ""
         atomic.write_text(logs_dir / f"{job.name}.log", text + "\n")
         return JobLog(job, text, pods, failed)
     finally:
-        explainer.stop()
         kube.delete_job(cluster, namespace, job.name, kind)
         watch.wait_deleted(cluster, namespace, job.name, kind)
 
