@@ -5,9 +5,9 @@
 
 Runs the suite's own process (``worker`` for training, ``comm_worker allreduce``) on the job the JSON
 describes, as a local run's ``Launcher`` runs it, with two additions for a cluster, where the only thing
-that leaves a pod is its log: each process first prints a ``HOST`` line (its pod, node and GPUs), and the
-process that wrote a result (rank 0, the Chief, worker 0) prints it as a ``RECORD`` line, the same record
-a local run keeps, with this pod's environment. Both are one line of JSON after ``MARKER``; mpirun's
+that leaves a pod is its log: each process first prints a ``HOST`` line (its pod, its node where its
+environment has it, and GPUs), and the process that wrote a result (rank 0, the Chief, worker 0) prints it
+as a ``RECORD`` line, the same record a local run keeps, with this pod's environment. Both are one line of JSON after ``MARKER``; mpirun's
 ``--tag-output`` prefixes are undone by the collector.
 """
 from __future__ import annotations

@@ -113,8 +113,10 @@ def matrix(s: Settings, base: Mapping[str, Any], origin: str) -> list[BenchJob]:
 
 def _manifest(base: Mapping[str, Any], origin: str, name: str, strategy: str, n: int, command: list[str],
               threads: int | None) -> dict[str, Any]:
-    """One job, validated as ``hvdk8s render`` validates a job file, every container told its node; its ranks get
-    ``threads`` as the local launcher's do (``launch.rank_env``), under the job file's env."""
+    """One job, validated as ``hvdk8s render`` validates a job file; its ranks get ``threads`` as the local
+    launcher's do (``launch.rank_env``), under the job file's env. Every container is given its node (``NODE_ENV``),
+    which a TFJob's tasks read; an MPIJob's ranks, started through sshd, never see it (the collector takes their
+    nodes from the API's placement of the pods)."""
     data = {**base, "name": name, "command": command, "workers": n, "env": rank_env(threads) | dict(base.get("env") or {})}
     where = f"{origin} (job {name})"
     spec = load_spec(data, origin=where)
