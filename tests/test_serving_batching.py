@@ -1,4 +1,4 @@
-"""Server-side batching (serving/batching.py): TF Serving's parameter file, batch forming, isolation of failures.
+"""Server-side batching (serving/server/batching.py): TF Serving's parameter file, batch forming, isolation of failures.
 
 A stand-in model (NumPy, no TensorFlow) records every batch it runs, so the
 tests see exactly what was merged, padded and split.

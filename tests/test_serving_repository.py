@@ -1,4 +1,4 @@
-"""Version tracking of the local server (serving/repository.py) with a stand-in loader."""
+"""Version tracking of the local server (serving/server/repository.py) with a stand-in loader."""
 from __future__ import annotations
 
 import os
