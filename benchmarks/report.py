@@ -494,18 +494,15 @@ def _synthetic_section(rows: list[dict[str, Any]], settings: dict[str, Any], wha
     own = "synthetic_peer" in settings
     scripts = (
         "The benchmark of Horovod's `examples/tensorflow2/tensorflow2_synthetic_benchmark.py` and "
-        "`tensorflow2_keras_synthetic_benchmark.py` (v0.28.1: a `keras.applications` model built with `weights=None`, "
-        "one random batch of 224×224×3 images, SGD at learning rate 0.01, rank 0 printing img/s per rank of every timed "
-        "iteration), written in this suite with those scripts' flags: the raw `horovod.tensorflow` loop "
-        "(`python -m hvdk8s.benchmarks.synthetic_loop`: a `tf.function` step with `DistributedGradientTape`, rank 0's "
-        "variables broadcast after the first step) and Keras `fit` on hvdk8s (`synthetic_fit`: `DistributedOptimizer`, "
-        "Horovod's broadcast and metric-average callbacks)."
+        "`tensorflow2_keras_synthetic_benchmark.py` (v0.28.1), written in this suite with those scripts' flags: the raw "
+        "`horovod.tensorflow` loop (`python -m hvdk8s.benchmarks.synthetic_loop`) and Keras `fit` on hvdk8s "
+        "(`synthetic_fit`); what they run and how they follow Horovod's: `benchmarks/synthetic.py`."
         if own else
         "Horovod's `examples/tensorflow2/tensorflow2_synthetic_benchmark.py` (the raw `horovod.tensorflow` loop, with the "
         "fixes Keras 3 forces: one `hvd.allreduce` per gradient in place of `DistributedGradientTape`, whose "
         "`Variable.ref()` Keras 3 variables lack, and `opt.variables` as a list) against "
-        "`tensorflow2_keras_synthetic_benchmark.py` as `hvdk8s migrate` ports it; both copied into "
-        "`benchmarks/horovod_examples/` with their origin and every change marked."
+        "`tensorflow2_keras_synthetic_benchmark.py` as `hvdk8s migrate` ports it; both run from copies in the "
+        "repository at the time, since removed (the suite now runs its own versions: `benchmarks/synthetic.py`)."
     )
     out = [
         "## Horovod's synthetic benchmarks: the raw loop and hvdk8s" + ("" if own else " on Horovod's own scripts")
@@ -528,8 +525,8 @@ def _synthetic_section(rows: list[dict[str, Any]], settings: dict[str, Any], wha
         agree = {True: "yes", False: "no", None: "–"}
         out += [
             "Horovod's own scripts in the same rounds, with the same flags (setting `synthetic_peer`: their folder): the raw "
-            "one with the two changes Keras 3 forces (`DistributedGradientTape` given the Keras variables' `tf.Variable`s, "
-            "`opt.variables` as a list), the Keras one as `hvdk8s migrate` ports it, both run from a temporary copy. "
+            "one with the changes Keras 3 forces (`PEER_FIXES` in `benchmarks/synthetic.py`), the Keras one as "
+            "`hvdk8s migrate` ports it, both run from a temporary copy. "
             "Each of the suite's scripts over Horovod's launch of the same round; they agree when the medians of all "
             f"their timed iterations are within {PEER_TOLERANCE:.0%} of each other or those iterations' ranges overlap.",
             "",
