@@ -38,8 +38,8 @@ SMALL_MESSAGE = 64 << 10  # sizes re-measured at a short Horovod cycle time
 FAST_CYCLE = "cycle_0.1ms"
 LINK_PROBE_BYTES = 64 << 20
 LINK_PROBE_PINGS = 200
-# What ``estimate_seconds`` assumes a job takes: launches of 9-38 s on an idle 2-core machine in the committed runs
-# (benchmarks/reports/example, headline: about 20 s on average, start-up and model build included).
+# What a job takes on an idle 2-core machine, start-up and model build included, for the estimate a run prints first:
+# about the average launch of the committed runs (benchmarks/reports/example, headline).
 JOB_SECONDS = 20
 
 
