@@ -30,7 +30,7 @@ demo: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
 
 test: setup lint
-	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # ruff (pyflakes, pycodestyle errors, import order; [tool.ruff]) and mypy (scripts/typecheck.py; [tool.mypy]),
 # both configured in pyproject.toml; make test runs them first
@@ -43,7 +43,7 @@ lint: setup
 	touch $@
 
 test-stack: .venv-tf$(TF)/.hvdk8s-setup
-	.venv-tf$(TF)/bin/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS) $(CORE_TESTS)
+	.venv-tf$(TF)/bin/python -m pytest -n 2 --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS) $(CORE_TESTS)
 
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
