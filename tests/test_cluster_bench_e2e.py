@@ -9,7 +9,7 @@ TFJob). A pod runs its container's command with its container's environment (``H
 downward API would) and what the controller adds: the hostfile and Open MPI's variables on an MPIJob's launcher,
 TF_CONFIG in every TFJob task. Where this is not a pod: an MPIJob worker runs a listener on the ssh port instead
 of sshd (the launcher's wait connects to it), and mpirun reaches the workers through tests/netns_pod_agent.py
-instead of ssh, with Open MPI kept to the pods' interface. Every strategy runs at N = 1..3 and the collector's
+instead of ssh, with Open MPI kept to the pods' interface. Every strategy runs at N = 1 and 3 (one task; the most pods) and the collector's
 report has all of them; the allreduce jobs (the same MPIJob path, another worker) are left out to keep it short:
 their bus bandwidth and prediction are tested from logs (tests/test_cluster_bench.py). Needs root, iproute2 and
 Open MPI (make setup installs them).
@@ -124,7 +124,7 @@ def test_every_strategy_scales_on_namespace_pods_built_as_the_controllers_build_
                 kubeconfig = double.write_kubeconfig(tmp_path / "kubeconfig", namespace="bench")
                 code = cli.main([
                     "--cluster", "submit", "--image", "hvdk8s:test", "--kubeconfig", str(kubeconfig), "--out", str(out),
-                    "--workloads", "mlp", "--mlp-width", "32", "--ranks", "1,2,3", "--warmup", "1", "--steps", "2",
+                    "--workloads", "mlp", "--mlp-width", "32", "--ranks", "1,3", "--warmup", "1", "--steps", "2",
                     "--windows", "1", "--models", "1", "--rounds", "1", "--no-tta", "--sizes", "none",
                 ])
                 ran = double.ran
@@ -133,10 +133,10 @@ def test_every_strategy_scales_on_namespace_pods_built_as_the_controllers_build_
     results = json.loads((out / "results.json").read_text())
     logs = {p.stem: p.read_text()[-3000:] for p in (out / "logs").glob("*.log")}
     assert code == 0 and results["errors"] == [], (results["errors"], logs)
-    assert ran == [j for n in (1, 2, 3) for j in (f"bench-hvdk8s-n{n}-r0", f"bench-horovod-n{n}-r0", f"bench-tf-mwms-n{n}-r0",
+    assert ran == [j for n in (1, 3) for j in (f"bench-hvdk8s-n{n}-r0", f"bench-horovod-n{n}-r0", f"bench-tf-mwms-n{n}-r0",
                                                   f"bench-tf-ps-n{n}-r0")]
     rows = {(r["strategy"], r["workers"]): r for r in results["derived"]["training"]["throughput"]}
-    assert sorted(rows) == sorted((s, n) for s in cluster_jobs.DEFAULT_CLUSTER_STRATEGIES for n in (1, 2, 3))
+    assert sorted(rows) == sorted((s, n) for s in cluster_jobs.DEFAULT_CLUSTER_STRATEGIES for n in (1, 3))
     assert all(r["examples_per_s"]["median"] > 0 and r["workload"] == "mlp" for r in rows.values())
     # each strategy's processes really ran as N workers: Horovod's size, MultiWorkerMirrored's replicas, PS workers
     for run in results["raw"]["training"]:
