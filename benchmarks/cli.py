@@ -100,14 +100,16 @@ def _jobs(preset: str) -> int:
 
 
 def _minutes(jobs: int) -> str:
-    """``about 8 min``: ``suite.estimate_seconds``, rounded up to a minute."""
-    from .suite import estimate_seconds
+    """``about 8 min``: ``suite.JOB_SECONDS`` a job, rounded up to a minute (longer where other processes share the
+    cores)."""
+    from .suite import JOB_SECONDS
 
-    return f"about {-(-estimate_seconds(jobs) // 60)} min"
+    return f"about {-(-jobs * JOB_SECONDS // 60)} min"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     from .costmodel import NETWORKS
+    from .suite import JOB_SECONDS
 
     p = sub.add_parser(
         "bench",
@@ -115,7 +117,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Measure training throughput, scaling efficiency, time to accuracy, allreduce bandwidth and "
         "bandwidth-limited (network-namespace) clusters side by side, fit an alpha-beta cost model and "
         "extrapolate it. The run prints the job count and an estimate of its time first, then each job as it starts "
-        "([bench k/total]); a job takes about 20 s on an idle 2-core machine and up to a minute on a slower, shared one.",
+        f"([bench k/total]); a job takes about {JOB_SECONDS} s on an idle 2-core machine and up to a minute on a slower, "
+        "shared one.",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="preset", action="store_const", const="quick",

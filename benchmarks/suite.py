@@ -163,12 +163,6 @@ def allreduce_job_data(s: Settings, sizes: list[int], fusion_bytes: list[int]) -
             "repeats": s.allreduce_repeats, "fusion_tensors": s.fusion_tensors, "fusion_tensor_bytes": fusion_bytes}
 
 
-def estimate_seconds(jobs: int) -> int:
-    """A rough wall time for ``jobs`` jobs on an idle 2-core machine (``JOB_SECONDS`` each): an estimate, longer
-    where other processes share the cores."""
-    return jobs * JOB_SECONDS
-
-
 class Suite:
     def __init__(self, settings: Settings, out_dir: Path, command: list[str]) -> None:
         """Refuses (``ValueError``) a stack knob that cannot run, Horovod's scripts missing from ``synthetic_peer`` or
