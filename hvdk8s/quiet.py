@@ -3,7 +3,8 @@
 Each process that loads TensorFlow prints its C++ INFO and WARNING lines (the CPU feature guard, absl's
 "All log messages before absl::InitializeLog()"), once per rank: noise a user reads as a problem. The CLI
 sets ``TF_CPP_MIN_LOG_LEVEL=2`` (errors still print) in its own environment, which the launched ranks inherit
-(``hvdk8s run`` forwards ``TF_*`` and ``HVDK8S_*`` with ``mpirun -x``). A value the user set is kept;
+(``hvdk8s run`` forwards ``TF_*`` and ``HVDK8S_*`` with ``mpirun -x``); ``hvdk8s render`` gives every pod of
+a rendered job the same default through its env. A value the user set (or a job file's env) is kept;
 ``hvdk8s --verbose`` or ``HVDK8S_VERBOSE=1`` leaves TensorFlow's own default (everything printed).
 """
 from __future__ import annotations
