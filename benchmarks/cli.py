@@ -167,14 +167,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=run, command_line=None)
 
 
+# Each settings field as the command line sets it, for its errors: --rounds, not rounds.
+FLAG_OF = {field: flag for flag, (field, _p, _t) in OVERRIDES.items()} | {"tta": "--no-tta", "profile": "--profile"}
+
+
 def settings_from_args(args: argparse.Namespace) -> Any:
-    from .settings import preset
+    from hvdk8s.k8s import SpecError
+
+    from .settings import SettingsError, preset, validate
 
     overrides = {field: getattr(args, flag.lstrip("-").replace("-", "_")) for flag, (field, _p, _t) in OVERRIDES.items()}
     overrides["tta"] = args.tta
     overrides["profile"] = args.profile
     try:
         return preset(args.preset, **overrides)
+    except SettingsError as err:
+        preset_flag = "" if args.preset == "full" else f" (--{args.preset})"
+        raise SpecError(f"command line{preset_flag}", validate(err.settings, spell=lambda f: FLAG_OF.get(f, f))) from None
     except ValueError as err:
         raise UserError(str(err)) from None
 

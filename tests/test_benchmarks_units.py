@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -334,20 +335,20 @@ def test_the_profile_breaks_down_every_workload_or_the_ones_named() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (("--strategies", "single,nccl"), "strategies: unknown"),
+        (("--strategies", "single,nccl"), "--strategies: unknown"),
         (("--ranks", "2"), "must include 1"),
         (("--emulated-workers", "1"), "at least 2 workers"),
         (("--emulated-rates", "1"), "link rate '1'"),
-        (("--emulated-rates", "1gbit", "--emulated-train-rates", "10gbit"), "not among emulated_rates"),
-        (("--knobs", "cycle_5ms,turbo"), "knobs: unknown"),
-        (("--workloads", "cnn", "--profile-workloads", "cnn,mlp"), r"profile_workloads: \['mlp'\] not among workloads \['cnn'\]"),
-        (("--strategies", "hvdk8s_spe", "--steps", "12"), r"\n  steps: 12 is not a multiple of 5: hvdk8s_spe runs 5 steps "
+        (("--emulated-rates", "1gbit", "--emulated-train-rates", "10gbit"), "not among --emulated-rates"),
+        (("--knobs", "cycle_5ms,turbo"), "--knobs: unknown"),
+        (("--workloads", "cnn", "--profile-workloads", "cnn,mlp"), r"--profile-workloads: \['mlp'\] not among --workloads \['cnn'\]"),
+        (("--strategies", "hvdk8s_spe", "--steps", "12"), r"\n  --steps: 12 is not a multiple of 5: hvdk8s_spe runs 5 steps "
          "per compiled call"),
         (("--strategies", "hvdk8s", "--emulated-train-strategies", "hvdk8s_spe", "--emulated-train-steps", "7"),
-         r"\n  emulated_train_steps: 7 is not a multiple of 5: hvdk8s_spe"),
+         r"\n  --emulated-train-steps: 7 is not a multiple of 5: hvdk8s_spe"),
     ],
 )
-def test_cli_rejects_bad_settings_naming_the_field(argv: tuple[str, ...], message: str) -> None:
+def test_cli_rejects_bad_settings_naming_the_flag(argv: tuple[str, ...], message: str) -> None:
     with pytest.raises(UserError, match=message):
         cli.settings_from_args(_bench_args("--quick", *argv))
 
@@ -407,7 +408,10 @@ def test_the_cli_lists_every_bad_setting_without_a_traceback(capsys: pytest.Capt
     import hvdk8s.cli
 
     assert hvdk8s.cli.main(["bench", *MANY_BAD]) == 2
-    assert capsys.readouterr().err == "hvdk8s bench: error: settings: invalid:\n  " + "\n  ".join(MANY_BAD_ERRORS) + "\n"
+    # each under the flag that sets it, with the fields it names
+    as_flags = [re.sub(r"^(\w+):", lambda m: "--" + m[1].replace("_", "-") + ":", e) for e in MANY_BAD_ERRORS]
+    as_flags[6] = as_flags[6].replace("among emulated_rates", "among --emulated-rates")
+    assert capsys.readouterr().err == "hvdk8s bench: error: command line (--quick): invalid:\n  " + "\n  ".join(as_flags) + "\n"
 
 
 def test_bad_arguments_are_refused_before_any_work(tmp_path: Path) -> None:
