@@ -28,6 +28,7 @@ function. It is installed only where it computes what Keras's does: compiled
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -45,7 +46,16 @@ def _none_for_optionals(batch: Any) -> Any:
 
 
 class LeanTrainFunction:
-    """``fit``'s per-step call: one compiled ``train_step`` on the iterator's next batch."""
+    """``fit``'s per-step call: one compiled ``train_step`` on the iterator's next batch.
+
+    The first call on an iterator goes through the ``tf.function`` (tracing,
+    variable creation); later calls on the same iterator go straight to the
+    concrete function that call used. ``fit`` hands the same iterator to
+    every step of an epoch (of every epoch with ``steps_per_epoch``), and the
+    ``tf.function``'s per-call dispatch (the iterator's type spec, the
+    function-cache lookup) took 0.3 ms of a 1.3 ms step on a one-layer model
+    here, on every step (benchmarks/reports/step).
+    """
 
     def __init__(self, model: keras.Model, keras_function: Callable[[Any], Any]) -> None:
         self.keras_function = keras_function
@@ -56,11 +66,18 @@ class LeanTrainFunction:
             return strategy.run(model.train_step, args=(_none_for_optionals(next(iterator)),))
 
         self.step = tf.function(one_step, reduce_retracing=True)
+        # the iterator of the last call (weakly: an epoch's iterator must not outlive its fit) and its function
+        self._iterator: weakref.ref[Any] | None = None
+        self._concrete: Callable[[Any], Any] | None = None
 
     def __call__(self, iterator: Any) -> Any:
-        if isinstance(iterator, _ITERATORS):
-            return self.step(iterator)
-        return self.keras_function(iterator)
+        if not isinstance(iterator, _ITERATORS):
+            return self.keras_function(iterator)
+        if self._concrete is not None and self._iterator is not None and self._iterator() is iterator:
+            return self._concrete(iterator)
+        logs = self.step(iterator)
+        self._iterator, self._concrete = weakref.ref(iterator), self.step.get_concrete_function(iterator)
+        return logs
 
 
 def applies(model: keras.Model) -> bool:
