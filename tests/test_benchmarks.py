@@ -60,7 +60,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory, name: str, args: list[str], 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return bench(tmp_path_factory, "bench", TINY, 900)
+    return bench(tmp_path_factory, "bench", TINY, 1800)  # a hang guard: 17 launches take minutes, many more under load
 
 
 def _json_values(obj: Any, numbers: list[float], strings: set[str]) -> None:
