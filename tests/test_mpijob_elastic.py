@@ -210,7 +210,7 @@ def test_a_deleted_worker_pods_replacement_joins_the_running_job(tmp_path: Path)
         deleted = replaced = False
         with subprocess.Popen(hosts.driver_argv(command), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True) as job:
-            watchdog = threading.Timer(300, job.kill)
+            watchdog = threading.Timer(600, job.kill)  # a hang guard: 40 epochs on 1-2 ranks, minutes under load
             watchdog.start()
             assert job.stdout is not None
             for line in job.stdout:
