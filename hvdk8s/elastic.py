@@ -50,20 +50,7 @@ class KerasState(ObjectState):
             ``state.batch``, ...), committed, restored and broadcast from rank 0 with the variables.
 
     Example:
-        ```python
-        state = hvd.elastic.KerasState(model, epoch=0, batch=0)
-        callbacks = [  # Keras's epoch stays global across rounds (fit's initial_epoch below)
-            keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: setattr(state, "epoch", epoch + 1)),
-            hvd.elastic.UpdateBatchStateCallback(state),
-            hvd.elastic.CommitStateCallback(state),
-        ]
-
-        @hvd.elastic.run
-        def train(state):
-            model.fit(dataset, initial_epoch=state.epoch, epochs=12, callbacks=callbacks)
-
-        train(state)
-        ```
+        ``run``'s example makes one and trains with it.
     """
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer | None = None, **kwargs: Any) -> None:
