@@ -48,7 +48,10 @@ class BroadcastGlobalVariablesCallback(DistributedFitCallback):
     A model that is already built is broadcast at train begin, so every rank
     takes its first step from the same weights; a model that Keras builds
     during the first step (no ``Input``) is broadcast after that step, as in
-    Horovod. ``local_variables`` (Keras or TF variables) keep each rank's
+    Horovod. As in Horovod, one instance broadcasts once: a later ``fit`` call
+    with the same callback (a script that calls ``fit`` once per epoch) starts
+    from weights the ranks already share and broadcasts nothing; given another
+    model, it broadcasts that one once. ``local_variables`` (Keras or TF variables) keep each rank's
     values. ``device`` is accepted for Horovod compatibility (a placement hint
     Horovod uses for the broadcast; here the variables' own device is used).
     Warns when Keras's own ``train_step`` would apply each rank's gradients
@@ -75,6 +78,7 @@ class BroadcastGlobalVariablesCallback(DistributedFitCallback):
         self.root_rank = root_rank
         self.device = device
         self.broadcast_done = False
+        self._broadcast_model: Any = None
         self._local_vars: set = set()
         if local_variables is None:
             local_variables = []
@@ -101,7 +105,9 @@ class BroadcastGlobalVariablesCallback(DistributedFitCallback):
                 "rank applies only its own gradients and the ranks diverge; wrap it with "
                 "hvdk8s.DistributedOptimizer, or load saved models with hvdk8s.load_model", stacklevel=2,
             )
-        if self.model.built:
+        if self._broadcast_model is not self.model:
+            self.broadcast_done = False
+        if self.model.built and not self.broadcast_done:
             self._broadcast()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
@@ -116,7 +122,7 @@ class BroadcastGlobalVariablesCallback(DistributedFitCallback):
         if optimizer is not None:
             variables += list(optimizer.variables)
         collectives.broadcast_variables(variables, self.root_rank)
-        self.broadcast_done = True
+        self.broadcast_done, self._broadcast_model = True, self.model
 
 
 class MetricAverageCallback(DistributedFitCallback):

@@ -106,3 +106,19 @@ def test_broadcast_warns_of_diverging_ranks_only_where_keras_applies_unreduced_g
     assert len(broadcast_warnings(hvd, model(hvd, keras.optimizers.SGD(0.1)))) == 1
     assert broadcast_warnings(hvd, model(hvd, keras.optimizers.SGD(0.1), cls=TapeModel)) == []
     assert broadcast_warnings(hvd, model(hvd)) == []
+
+
+def test_broadcast_runs_once_per_callback_and_model_as_in_horovod(hvd, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A script that calls ``fit`` once per epoch with the same callback broadcasts before its first step only
+    (Horovod's ``broadcast_done``); the same callback given another model broadcasts that one."""
+    from hvdk8s import collectives
+
+    calls: list[int] = []
+    real = collectives.broadcast_variables
+    monkeypatch.setattr(collectives, "broadcast_variables", lambda v, root: calls.append(len(v)) or real(v, root))
+    broadcast = hvd.callbacks.BroadcastGlobalVariablesCallback(0)
+    first, second = model(hvd), model(hvd)
+    for m in (first, first, first, second, second):
+        m.fit(*DATA, batch_size=4, verbose=0, callbacks=[broadcast])
+    assert len(calls) == 2 and broadcast.broadcast_done
+    assert calls[0] == len(first.variables) + len(first.optimizer.variables)
