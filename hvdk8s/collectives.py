@@ -270,7 +270,28 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0, process_se
     The broadcasts are named by position, not (as Horovod's ``broadcast_variables`` names them) by variable name:
     Horovod pairs collectives across ranks by name, and the same model's variables are named differently on a rank
     that loaded it (``hvdk8s.load_model`` of a Sequential: ``dense/kernel``) and on one that built it
-    (``sequential/dense/kernel``), so a resumed job would wait forever at its first broadcast.
+    (``sequential/dense/kernel``), so a resumed job would wait forever at its first broadcast. So every rank must
+    pass the same variables in the same order, with the same shapes and dtypes. An empty sequence does nothing
+    (no collective runs). Unlike Horovod's, ``root_rank`` defaults to 0 and there is no ``inplace`` argument.
+
+    Args:
+        variables: The variables to overwrite: Keras variables (``model.variables``, ``optimizer.variables``)
+            or ``tf.Variable``s, in the same order on every rank.
+        root_rank: The rank whose values every rank takes.
+        process_set: The Horovod process set to broadcast within; defaults to every rank of the job.
+
+    Returns:
+        Nothing; the variables are assigned in place.
+
+    Raises:
+        tensorflow.errors.FailedPreconditionError: Horovod is not initialized (call ``hvdk8s.init()`` first).
+
+    Example:
+        ```python
+        # a custom training loop: every rank starts from rank 0's weights and optimizer state
+        optimizer.build(model.trainable_variables)
+        hvd.broadcast_variables(model.variables + optimizer.variables, root_rank=0)
+        ```
     """
     if variables:
         _broadcast_group([v.value if isinstance(v, keras.Variable) else v for v in variables], root_rank, process_set)
@@ -297,12 +318,48 @@ def average_scalars(values: Mapping[str, float], name: str = "hvdk8s.metrics") -
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = global_process_set) -> Any:
-    """Send a picklable Python object from ``root_rank`` to every rank (Horovod's ``broadcast_object``)."""
+    """Send a picklable Python object from ``root_rank`` to every rank (Horovod's ``broadcast_object``).
+
+    Horovod pickles the object with cloudpickle on ``root_rank`` and broadcasts its size, then its bytes; the
+    other ranks unpickle it. Every rank calls it; what the other ranks pass is ignored (``None`` will do).
+    Horovod's TF1 ``session`` argument is not taken.
+
+    Args:
+        obj: On ``root_rank``, the object to send: anything cloudpickle can serialize.
+        root_rank: The rank whose object every rank receives.
+        name: A prefix for the names of the two broadcasts it runs; ``None`` uses the name of ``obj``'s type,
+            as Horovod does.
+        process_set: The Horovod process set to broadcast within; defaults to every rank of the job.
+
+    Returns:
+        ``root_rank``'s object: on ``root_rank`` the object passed in, on the others an unpickled copy.
+
+    Raises:
+        ValueError: Horovod is not initialized (call ``hvdk8s.init()`` first).
+        tensorflow.errors.InvalidArgumentError: ``root_rank`` is not a rank of the process set.
+    """
     return hvd.broadcast_object(obj, root_rank=root_rank, name=name, process_set=process_set)
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = global_process_set) -> list[Any]:
-    """Every rank's picklable object, in rank order (Horovod's ``allgather_object``)."""
+    """Every rank's picklable object, in rank order (Horovod's ``allgather_object``).
+
+    Horovod pickles each rank's object with cloudpickle, gathers the sizes and then the bytes from every rank,
+    and unpickles them all on every rank. Horovod's TF1 ``session`` argument is not taken.
+
+    Args:
+        obj: This rank's object: anything cloudpickle can serialize.
+        name: A prefix for the names of the two allgathers it runs; ``None`` uses the name of ``obj``'s type,
+            as Horovod does.
+        process_set: The Horovod process set to gather from; defaults to every rank of the job.
+
+    Returns:
+        A list with one object per rank of the process set, in rank order (this rank's own object included,
+            as an unpickled copy).
+
+    Raises:
+        tensorflow.errors.FailedPreconditionError: Horovod is not initialized (call ``hvdk8s.init()`` first).
+    """
     return hvd.allgather_object(obj, name=name, process_set=process_set)
 
 
@@ -318,7 +375,41 @@ def allreduce(
     op: Any = None,
     compression: Any = Compression.none,
 ) -> tf.Tensor:
-    """Allreduce a tensor-compatible value (``horovod.tensorflow.keras.allreduce``)."""
+    """Allreduce a tensor-compatible value (``horovod.tensorflow.keras.allreduce``).
+
+    Every rank calls it with a value of the same shape and dtype, and every rank gets the same result. The value
+    is first turned into a ``tf.constant``, as in Horovod's Keras ``allreduce``, so it takes concrete values (in
+    eager code, or Python values inside a ``tf.function``) but not a symbolic tensor of a traced function; the
+    reduction runs over every rank of the job (Horovod's Keras version takes no process set either).
+
+    Args:
+        value: What to reduce: anything ``tf.constant`` accepts (a number, a nested list, a NumPy array, an eager
+            tensor).
+        name: A name for that constant; it is not passed to Horovod's op.
+        average: Horovod's deprecated switch, kept for old scripts: True means ``op=Average``, False
+            ``op=Sum`` (Horovod warns with a ``DeprecationWarning``). Leave it ``None`` and use ``op``.
+        prescale_factor: Horovod multiplies each rank's value by this before reducing.
+        postscale_factor: Horovod multiplies the reduced result by this.
+        op: How the ranks' values combine: ``hvdk8s.Average`` (what ``None`` means), ``hvdk8s.Sum`` or
+            ``hvdk8s.Adasum``; Horovod's ``Min``, ``Max`` and ``Product`` (from ``horovod.tensorflow``) are
+            passed through too.
+        compression: How Horovod compresses the value on the wire: ``Compression.none`` or ``Compression.fp16``,
+            or (an hvdk8s addition) their names ``"none"`` and ``"fp16"``.
+
+    Returns:
+        An eager ``tf.Tensor`` of the value's shape and dtype holding the reduced result, the same on every rank.
+
+    Raises:
+        ValueError: ``compression`` is a string other than ``"none"`` or ``"fp16"``; both ``average`` and
+            ``op`` are given (Horovod's check); or Horovod is not initialized (call ``hvdk8s.init()`` first).
+
+    Example:
+        ```python
+        hvd.init()
+        mean_loss = float(hvd.allreduce(local_loss))  # the average of every rank's float
+        correct, seen = hvd.allreduce([local_correct, local_seen], op=hvd.Sum).numpy()
+        ```
+    """
     return hvd.allreduce(
         tf.constant(value, name=name), average=average, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor, op=op, compression=resolve_compression(compression),
@@ -326,24 +417,85 @@ def allreduce(
 
 
 def allgather(value: Any, name: str | None = None) -> tf.Tensor:
-    """Concatenate every rank's value along the first dimension (``hvd.allgather``)."""
+    """Concatenate every rank's value along the first dimension (``hvd.allgather``).
+
+    As in Horovod's Keras ``allgather``, the value becomes a ``tf.constant`` first and the gather runs over every
+    rank of the job. The values must have the same dtype, the same number of dimensions (at least one) and the
+    same sizes past the first on every rank; the first dimension may differ from rank to rank.
+
+    Args:
+        value: This rank's part: anything ``tf.constant`` accepts, with at least one dimension.
+        name: A name for that constant; it is not passed to Horovod's op.
+
+    Returns:
+        An eager ``tf.Tensor`` holding every rank's value, rank 0's rows first: its first dimension is the sum of
+            the ranks' first dimensions, the rest as in ``value``.
+
+    Raises:
+        tensorflow.errors.FailedPreconditionError: Horovod is not initialized (call ``hvdk8s.init()`` first),
+            or ``value`` is a scalar.
+    """
     return hvd.allgather(tf.constant(value, name=name))
 
 
 def broadcast(value: Any, root_rank: int, name: str | None = None) -> tf.Tensor:
-    """``root_rank``'s value on every rank (``hvd.broadcast``)."""
+    """``root_rank``'s value on every rank (``hvd.broadcast``).
+
+    As in Horovod's Keras ``broadcast``, the value becomes a ``tf.constant`` first and the broadcast runs over
+    every rank of the job. Every rank passes a value of the same shape and dtype; only ``root_rank``'s is kept.
+    To overwrite variables, use ``broadcast_variables``.
+
+    Args:
+        value: This rank's value: anything ``tf.constant`` accepts.
+        root_rank: The rank whose value every rank receives.
+        name: A name for that constant; it is not passed to Horovod's op.
+
+    Returns:
+        An eager ``tf.Tensor`` with ``root_rank``'s value, of the value's shape and dtype.
+
+    Raises:
+        tensorflow.errors.FailedPreconditionError: Horovod is not initialized (call ``hvdk8s.init()`` first).
+        tensorflow.errors.InvalidArgumentError: ``root_rank`` is not a rank of the job.
+    """
     return hvd.broadcast(tf.constant(value, name=name), root_rank)
 
 
 def reducescatter(value: Any, name: str | None = None, op: Any = Average) -> tf.Tensor:
-    """Reduce across ranks and give each rank its slice of the first dimension (``hvd.reducescatter``)."""
+    """Reduce across ranks and give each rank its slice of the first dimension (``hvd.reducescatter``).
+
+    As in Horovod's Keras ``reducescatter``, the value becomes a ``tf.constant`` first and the operation runs over
+    every rank of the job. Every rank passes a value of the same shape and dtype, with at least one dimension;
+    the reduced result is split along its first dimension into one contiguous slice per rank, in rank order.
+    When the ranks do not divide that dimension evenly, the first ranks get one row more.
+
+    Args:
+        value: This rank's value: anything ``tf.constant`` accepts, with at least one dimension.
+        name: A name for that constant; it is not passed to Horovod's op.
+        op: ``hvdk8s.Average`` or ``hvdk8s.Sum``, the only reductions Horovod's reducescatter supports.
+
+    Returns:
+        An eager ``tf.Tensor`` with this rank's slice of the reduced value: the value's dtype and shape, except
+            for the first dimension.
+
+    Raises:
+        tensorflow.errors.FailedPreconditionError: Horovod is not initialized (call ``hvdk8s.init()`` first).
+        tensorflow.errors.AbortedError: ``op`` is neither ``Average`` nor ``Sum``.
+    """
     return hvd.reducescatter(tf.constant(value, name=name), op=op)
 
 
 def broadcast_global_variables(root_rank: int) -> None:
     """Horovod's TF1 ``broadcast_global_variables``, which Horovod itself refuses under eager TF2.
 
-    Keras 3 has no global variable collection: refused with what to use instead.
+    Keras 3 has no global variable collection: refused with what to use instead. In ``fit``, that is
+    ``hvdk8s.callbacks.BroadcastGlobalVariablesCallback(root_rank)``; in a custom loop,
+    ``hvdk8s.broadcast_variables(model.variables + optimizer.variables, root_rank)``.
+
+    Args:
+        root_rank: In Horovod, the rank whose global variables every rank would take; not used here.
+
+    Raises:
+        RuntimeError: Always, naming those two replacements.
     """
     raise RuntimeError(
         "broadcast_global_variables: Keras 3 and TF2 have no global variables collection; use "

@@ -35,14 +35,6 @@ SECTIONS_NOT_YET_WRITTEN = {
     "hvdk8s.optimizer.DistributedOptimizer",
     "hvdk8s.optimizer.PartialDistributedOptimizer",
     "hvdk8s.optimizer.DistributedGradientTape",
-    "hvdk8s.collectives.allreduce",
-    "hvdk8s.collectives.allgather",
-    "hvdk8s.collectives.broadcast",
-    "hvdk8s.collectives.reducescatter",
-    "hvdk8s.collectives.broadcast_object",
-    "hvdk8s.collectives.allgather_object",
-    "hvdk8s.collectives.broadcast_variables",
-    "hvdk8s.collectives.broadcast_global_variables",
 }
 PUBLIC_MODULES = ["hvdk8s.runtime", "hvdk8s.optimizer", "hvdk8s.callbacks", "hvdk8s.defaults", "hvdk8s.checkpoint",
                   "hvdk8s.loading", "hvdk8s.elastic", "hvdk8s.data", "hvdk8s.models", "hvdk8s.observability"]  # fmt: skip
