@@ -9,7 +9,7 @@ from hvdk8s.mpijob.files import SpecError, load_spec, manifest_from_file, object
 from hvdk8s.mpijob.render import launcher_command, render, render_podmonitor
 from hvdk8s.mpijob.spec import JobSpec
 from hvdk8s.mpijob.trainjob import render_trainjob
-from hvdk8s.mpijob.validate import check_manifest
+from hvdk8s.mpijob.validation import check_manifest
 
 __all__ = [
     "JobSpec",

@@ -13,7 +13,7 @@ from typing import Any
 from hvdk8s.atomic import write_text
 from hvdk8s.errors import UserError
 from hvdk8s.k8s import FieldError, SpecError, read_yaml, to_yaml
-from hvdk8s.mpijob import parse, validate
+from hvdk8s.mpijob import defaults, parse, validation
 from hvdk8s.mpijob.render import KIND, render
 from hvdk8s.mpijob.spec import JobSpec
 from hvdk8s.mpijob.trainjob import checked_render_trainjob
@@ -42,15 +42,15 @@ def load_spec(source: str | os.PathLike[str] | Mapping[str, Any], *, origin: str
 
 def check_spec_data(data: Any, path: str = "", api: str = "mpijob") -> tuple[JobSpec | None, list[FieldError]]:
     """A job spec's mapping parsed strictly and defaulted, and every problem (for ``api``, see
-    ``validate.check_spec``) at its path under ``path``: the spec only when there are none."""
+    ``validation.check_spec``) at its path under ``path``: the spec only when there are none."""
     parse_errors: list[FieldError] = []
     spec = parse.from_mapping(JobSpec, data, parse_errors, path)
     if spec is None:
         return None, parse_errors
-    derived = validate.derived_paths(spec, path)
-    spec = validate.with_defaults(spec)
+    derived = defaults.derived_paths(spec, path)
+    spec = defaults.with_defaults(spec)
     refused = {e.path for e in parse_errors}  # those fields kept their (valid) defaults
-    errors = parse_errors + [e for e in validate.check_spec(spec, path, api) if e.path not in refused]
+    errors = parse_errors + [e for e in validation.check_spec(spec, path, api) if e.path not in refused]
     if own := [e for e in errors if e.path not in derived]:
         errors = own  # a derived value is wrong only because a field it comes from is (workers: -2)
     return (None, errors) if errors else (spec, [])
@@ -60,7 +60,7 @@ def checked_render(spec: JobSpec, where: str) -> dict[str, Any]:
     """Render once and hold the result to the operator's rules: a failure is an
     hvdk8s bug, but one the user sees as an error instead of a silent MPIJob."""
     manifest = render(spec)
-    if errors := validate.check_manifest(manifest):
+    if errors := validation.check_manifest(manifest):
         raise SpecError(where, errors)
     return manifest
 
@@ -74,9 +74,9 @@ def manifest_from_data(data: Any, where: str, warn: Callable[[str], None] | None
     """An MPIJob as is (after the operator's checks; ``warn`` gets what it allows
     but is likely wrong, default stderr), or a job spec rendered; ``where`` names the source."""
     if is_mpijob(data):
-        if errors := validate.check_manifest(data):
+        if errors := validation.check_manifest(data):
             raise SpecError(where, errors)
-        for line in validate.manifest_warnings(data):
+        for line in validation.manifest_warnings(data):
             (warn or _stderr)(f"hvdk8s: warning: {where}: {line}")
         return dict(data)
     return checked_render(load_spec(data, origin=where), where)

@@ -3,7 +3,7 @@
 Field names are snake_case here and camelCase in the YAML file
 (``slots_per_worker`` <-> ``slotsPerWorker``), like Kubernetes objects. Every
 field has a default that works on a real cluster except ``name``, ``image``
-and ``command``; ``parse.from_mapping`` fills them, ``validate`` checks them.
+and ``command``; ``parse.from_mapping`` fills them, ``defaults`` completes them, ``validation`` checks them.
 Fields that take one of a few values say which beside their type (``Literal``):
 the parser refuses any other value, and the manifest checks read the same lists.
 """

@@ -53,7 +53,7 @@ from hera.workflows import DAG, Container, Resource, RetryStrategy, Step, Steps,
 from hvdk8s.k8s import to_yaml
 from hvdk8s.mpijob.files import SpecError
 from hvdk8s.mpijob.render import API_VERSION as MPIJOB_API, KIND as MPIJOB_KIND, render as render_mpijob
-from hvdk8s.mpijob.validate import check_manifest
+from hvdk8s.mpijob.validation import check_manifest
 from hvdk8s.pipeline import dag as d, naming
 from hvdk8s.pipeline.load import model_base_path, serving_options
 from hvdk8s.pipeline.spec import Candidate, Pipeline

@@ -19,7 +19,7 @@ from hvdk8s.k8s import FieldError, at_least, invalid, join, name_problem, one_of
 from hvdk8s.mpijob import parse
 from hvdk8s.mpijob.files import SpecError, check_spec_data, is_mpijob
 from hvdk8s.mpijob.spec import JobSpec
-from hvdk8s.mpijob.validate import pod_hostname_problem
+from hvdk8s.mpijob.validation import pod_hostname_problem
 from hvdk8s.pipeline import naming, spec as s
 from hvdk8s.serving.kube.options import OptionsError, ServingOptions, validate as validate_serving
 from hvdk8s.serving.model.selection import METRICS

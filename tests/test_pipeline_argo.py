@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from hvdk8s.mpijob.files import SpecError
-from hvdk8s.mpijob.validate import check_manifest
+from hvdk8s.mpijob.validation import check_manifest
 from hvdk8s.pipeline import build, load_pipeline, rbac, render_workflow
 from hvdk8s.pipeline.load import from_data
 

@@ -5,7 +5,7 @@ What its controller creates for an MPIJob, and when: ``pkg/controller/mpi_job_co
 updateDiscoverHostsInConfigMap, setupSSHOnPod) and ``pkg/controller/podgroup.go``
 (VolcanoCtrl/SchedulerPluginsCtrl.newPodGroup, calculateMinAvailable, calPGMinResource).
 Objects are plain dicts; the MPIJob is defaulted first (SetDefaults_MPIJob, which
-``hvdk8s.mpijob.validate.manifest_defaults`` already models).
+``hvdk8s.mpijob.defaults.manifest_defaults`` already models).
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from hvdk8s.mpijob.validate import manifest_defaults
+from hvdk8s.mpijob.defaults import manifest_defaults
 
 ROOT_SSH = "/root/.ssh"  # rootSSHPath
 CONFIG_MOUNT = "/etc/mpi"  # configMountPath

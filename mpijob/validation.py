@@ -1,5 +1,9 @@
-"""Defaulting, then validation: of job specs (paths as written in the job file)
-and of MPIJob manifests (the MPI Operator's own rules, MPIJob paths).
+"""Validation: of defaulted job specs (paths as written in the job file) and of
+MPIJob manifests (the MPI Operator's own rules, MPIJob paths).
+
+Runs after ``defaults``, as the operator's validation.go runs after its default.go: ``check_spec``
+gets the spec ``with_defaults`` returned (``files``: parse -> default -> validate -> render), and
+``check_manifest`` checks what ``manifest_defaults`` leaves of a manifest.
 
 Shaped like the operator's ``pkg/apis/kubeflow/validation``: one validator per
 section, each returning field errors (kind, path, detail), all collected at
@@ -12,7 +16,6 @@ accepts but no scheduler will run (see ``_check_gang`` and ``_check_launcher_cre
 """
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -20,6 +23,7 @@ from typing import Any
 from hvdk8s import k8s
 from hvdk8s.k8s import MULTIKUEUE, FieldError, at_least, forbidden, invalid, join, one_of, quantity, required
 from hvdk8s.launcher.mpirun import OWNED_MCA, mca_problems, tcp_eager_limit_problem
+from hvdk8s.mpijob.defaults import created_suspended, manifest_defaults
 from hvdk8s.mpijob.render import API_VERSION, GENERATED_ENV, KIND, LAUNCHER_COMMANDS
 from hvdk8s.mpijob.spec import (
     GPU_RESOURCE,
@@ -32,7 +36,6 @@ from hvdk8s.mpijob.spec import (
     MPIImplementation,
     OpenMpi,
     RestartPolicyName,
-    SchedulingPolicy,
     Toleration,
     allowed,
 )
@@ -41,76 +44,6 @@ MCA_ENV = "OMPI_MCA_"  # Open MPI reads its parameters from these variables too
 USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,31}\Z")
 CAPABILITY = re.compile(r"^[A-Z][A-Z_]*\Z")
 AFFINITY_KINDS = ("nodeAffinity", "podAffinity", "podAntiAffinity")
-GPU_TOLERATION = Toleration(key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
-
-
-# ---- defaulting --------------------------------------------------------------
-
-
-def with_defaults(spec: JobSpec) -> JobSpec:
-    """Fill the defaults that depend on other fields (before any rule is checked)."""
-    changes: dict[str, Any] = {}
-    if spec.ssh_auth_mount_path is None:
-        changes["ssh_auth_mount_path"] = f"{spec.home}/.ssh"
-    if spec.scheduling.tolerations is None:
-        tolerations = (GPU_TOLERATION,) if spec.gpu else ()
-        changes["scheduling"] = dataclasses.replace(spec.scheduling, tolerations=tolerations)
-    policy = spec.launcher_creation_policy
-    if policy is None:
-        # A job created suspended gets its launcher created at once anyway
-        # (mpi-operator issue 615): AtStartup says what really happens.
-        policy = "AtStartup" if _created_suspended(spec) else "WaitForWorkersReady"
-        changes["launcher_creation_policy"] = policy
-    gang = spec.run_policy.scheduling_policy or SchedulingPolicy()
-    pods = gang_pods(spec, policy) if gang.min_available is None else gang.min_available
-    gang = dataclasses.replace(gang, min_available=pods)
-    if gang.min_resources is None and policy == "WaitForWorkersReady" and spec.workers > 0:
-        gang = dataclasses.replace(gang, min_resources=gang_resources(spec, pods))
-    changes["run_policy"] = dataclasses.replace(spec.run_policy, scheduling_policy=gang)
-    return dataclasses.replace(spec, **changes)
-
-
-def derived_paths(spec: JobSpec, path: str = "") -> set[str]:
-    """Job-file paths (under ``path``) ``with_defaults`` fills from other fields when the file leaves them
-    out: their errors are reported only when the fields they come from are valid."""
-    gang = spec.run_policy.scheduling_policy or SchedulingPolicy()
-    fields = {"minAvailable": gang.min_available, "minResources": gang.min_resources}
-    return {join(path, "runPolicy", "schedulingPolicy", key) for key, value in fields.items() if value is None}
-
-
-def gang_resources(spec: JobSpec, pods: int) -> dict[str, str] | None:
-    """What ``pods`` workers request together: the PodGroup's minResources.
-
-    Without it the operator's calPGMinResource (podgroup.go) counts the launcher and cuts the
-    workers to minAvailable - 1, so under WaitForWorkersReady (no launcher yet) Volcano would
-    reserve a launcher and one worker too few. None while the worker's quantities are invalid
-    (their own errors say why).
-    """
-    res = spec.resources.worker
-    amounts: dict[str, str | int] = {"cpu": res.cpu, "memory": res.memory, **res.extra}
-    if spec.gpu:
-        amounts[GPU_RESOURCE] = spec.slots_per_worker
-    if pods < 1 or not all(k8s.QUANTITY.match(str(v)) for v in amounts.values()):
-        return None
-    return {name: k8s.scale_quantity(value, pods) for name, value in amounts.items()}
-
-
-def gang_pods(spec: JobSpec, launcher_creation_policy: str) -> int:
-    """Pods a gang scheduler must place together for the job to start.
-
-    The operator's default (workers + 1) counts the launcher, which under
-    WaitForWorkersReady is created only after the workers run: a PodGroup
-    waiting for it never fills (mpi-operator issue 608). Elastic jobs start
-    with as few as ``minWorkers``.
-    """
-    workers = min(spec.elastic.min_workers, spec.workers) if spec.elastic else spec.workers
-    launcher = launcher_creation_policy == "AtStartup"
-    return workers + int(launcher) if workers else 1
-
-
-def _created_suspended(spec: JobSpec) -> bool:
-    """Kueue creates queued jobs suspended (its webhook sets runPolicy.suspend)."""
-    return spec.queue is not None or bool(spec.run_policy.suspend)
 
 
 # ---- job specs: one validator per section ------------------------------------
@@ -316,7 +249,7 @@ def _check_gang(spec: JobSpec, path: str) -> list[FieldError]:
 
 def _check_launcher_creation(spec: JobSpec, path: str) -> list[FieldError]:
     """The MPI Operator's launcher creation under suspension: a policy it does not honour."""
-    if spec.launcher_creation_policy == "WaitForWorkersReady" and _created_suspended(spec):
+    if spec.launcher_creation_policy == "WaitForWorkersReady" and created_suspended(spec):
         why = "queue (Kueue creates it suspended)" if spec.queue else "runPolicy.suspend: true"
         return [forbidden(join(path, "launcherCreationPolicy"), f"WaitForWorkersReady does not hold with {why}: "
                           "the operator creates the launcher while no worker exists and starts it together "
@@ -388,23 +321,6 @@ _RUN_POLICY_FIELDS = {
     "schedulingPolicy", "suspend", "managedBy",
 }  # fmt: skip
 _REPLICA_FIELDS = {"replicas", "template", "restartPolicy"}
-
-
-def manifest_defaults(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """The MPIJob's ``spec`` as the operator's SetDefaults_MPIJob leaves it (v2beta1)."""
-    spec = dict(manifest.get("spec") or {})
-    spec.setdefault("slotsPerWorker", 1)
-    spec.setdefault("sshAuthMountPath", "/root/.ssh")
-    spec.setdefault("mpiImplementation", "OpenMPI")
-    spec.setdefault("launcherCreationPolicy", "AtStartup")
-    spec["runPolicy"] = {"cleanPodPolicy": "None"} | dict(spec.get("runPolicy") or {})
-    replicas = spec.get("mpiReplicaSpecs")
-    if isinstance(replicas, Mapping):
-        defaults = {"Launcher": {"restartPolicy": "OnFailure", "replicas": 1},
-                    "Worker": {"restartPolicy": "Never", "replicas": 0}}
-        spec["mpiReplicaSpecs"] = {role: defaults[role] | dict(r) if role in defaults and isinstance(r, Mapping) else r
-                                   for role, r in replicas.items()}
-    return spec
 
 
 def check_manifest(manifest: Mapping[str, Any], path: str = "") -> list[FieldError]:
