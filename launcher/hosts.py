@@ -88,15 +88,24 @@ def private_identity(key: str, env: dict[str, str]) -> dict[str, str]:
     return env | {RSH_ARGS_ENV: rsh_args, NO_TREE_SPAWN_ENV: "1"}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hvdk8s.launcher.hosts", description=__doc__.split("\n\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m hvdk8s.launcher.hosts`` (the docs' Command line page renders it too).
+
+    It parses the arguments before ``--``; ``main`` takes what follows as the command.
+    """
+    parser = argparse.ArgumentParser(prog="python -m hvdk8s.launcher.hosts", description=__doc__.split("\n\n")[0],
+                                     epilog="after --: the discovery script (ready) or the command to run (wait)")
     parser.add_argument("mode", choices=("ready", "wait"))
     parser.add_argument("--port", type=int, required=True, help="the workers' sshd port")
     parser.add_argument("--hostfile", default=os.environ.get(HOSTFILE_ENV, "/etc/mpi/hostfile"),
                         help=f"wait: the controller's hostfile (default: ${HOSTFILE_ENV}, else /etc/mpi/hostfile)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="wait: give up after this many seconds")
     parser.add_argument("--identity", metavar="KEY", help="wait: ssh with a private 0600 copy of this key")
-    parser.epilog = "after --: the discovery script (ready) or the command to run (wait)"
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
     args, command = parser.parse_args(argv[:split]), argv[split + 1:]
