@@ -4,14 +4,17 @@
   cannot follow from the repository root: ``on_startup`` lays the package out as it is imported, symbolic links
   under ``out/docs-api/hvdk8s`` (as scripts/typecheck.py does for mypy), the path mkdocs.yml gives mkdocstrings,
   so ``::: hvdk8s.serving.model.savedmodel.export`` resolves.
-- ``on_page_markdown`` replaces the marker line in docs/cli.md with every command's usage and arguments, read from
-  the real parsers (``hvdk8s.cli.build_parser()``, which each package's ``cli`` module registers into), so the page
-  cannot drift from ``--help``.
+- ``on_page_markdown`` replaces the marker lines in docs/cli.md with every command's usage and arguments, read from
+  the real parsers, so the page cannot drift from ``--help``: ``<!-- hvdk8s-cli-reference -->`` with the ``hvdk8s``
+  command's (``hvdk8s.cli.build_parser()``, which each package's ``cli`` module registers into), and
+  ``<!-- hvdk8s-cli-reference MODULE -->`` with those of ``python -m MODULE`` (``MODULE.build_parser()``), for the
+  entry points that are not ``hvdk8s`` subcommands, such as ``hvdk8s.launcher.hosts`` in MPIJob launcher pods.
 """
 from __future__ import annotations
 
 import argparse
 import html
+import importlib
 import os
 import re
 import sys
@@ -21,7 +24,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 API_SOURCES = REPO / "out" / "docs-api"  # mkdocs.yml: mkdocstrings' python handler ``paths``
-CLI_MARKER = "<!-- hvdk8s-cli-reference -->"
+CLI_MARKER = re.compile(r"^<!-- hvdk8s-cli-reference(?: (?P<module>[\w.]+))? -->$", flags=re.M)
 USAGE_WIDTH = 100  # columns of the usage blocks, whatever the terminal building the docs is
 
 
@@ -64,13 +67,17 @@ def on_config(config: Any) -> Any:  # a build started from Python, where no on_s
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    if CLI_MARKER not in markdown:
+    if not CLI_MARKER.search(markdown):
         return markdown
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
-    from hvdk8s.cli import build_parser
+    return CLI_MARKER.sub(lambda marker: cli_reference(entry_point_parser(marker["module"])), markdown)
 
-    return markdown.replace(CLI_MARKER, cli_reference(build_parser()))
+
+def entry_point_parser(module: str | None) -> argparse.ArgumentParser:
+    """The parser of ``hvdk8s`` (``module`` None) or of ``python -m module``: the module's ``build_parser()``."""
+    parser: argparse.ArgumentParser = importlib.import_module(module or "hvdk8s.cli").build_parser()
+    return parser
 
 
 def cli_reference(parser: argparse.ArgumentParser, level: int = 2) -> str:

@@ -174,3 +174,25 @@ def test_public_api_documents_arguments_and_results() -> None:
     )
     done = sorted(SECTIONS_NOT_YET_WRITTEN - set(missing))
     assert not done, f"remove from SECTIONS_NOT_YET_WRITTEN, their docstrings are complete now: {done}"
+
+
+def test_cli_page_has_the_launcher_hosts_entry_point() -> None:
+    """``python -m hvdk8s.launcher.hosts``, which the rendered launchers run, is its own section of the Command line
+    page, generated from its parser as the ``hvdk8s`` commands are (the strict build checks the page's link to it)."""
+    from importlib.util import module_from_spec, spec_from_file_location
+
+    from hvdk8s.launcher.hosts import build_parser
+
+    spec = spec_from_file_location("mkdocs_hooks", REPO / "scripts" / "mkdocs_hooks.py")
+    assert spec is not None and spec.loader is not None
+    hooks = module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    page = hooks.on_page_markdown((REPO / "docs" / "cli.md").read_text(), page=None, config=None, files=None)
+    assert "hvdk8s-cli-reference" not in page  # every marker replaced
+    heading = "\n## `python -m hvdk8s.launcher.hosts`\n"
+    assert heading in page
+    section = page.split(heading, 1)[1].split("\n## ", 1)[0]
+    assert "usage: python -m hvdk8s.launcher.hosts" in section and "{ready,wait}" in section
+    options = [option for action in build_parser()._actions for option in action.option_strings]
+    assert {"--port", "--hostfile", "--timeout", "--identity"} <= set(options)
+    assert all(f"- `{option}" in section or f", {option}" in section for option in options), section
