@@ -11,8 +11,8 @@ from typing import Any
 
 from hvdk8s.errors import UserError
 
-from .knobs import KNOBS, settings_names, stacks
-from .settings import DEFAULT_STRATEGIES, QUICK_STRATEGIES, STRATEGIES
+from .config.knobs import KNOBS, settings_names, stacks
+from .config.settings import DEFAULT_STRATEGIES, QUICK_STRATEGIES, STRATEGIES
 
 _SIZE = re.compile(r"^(\d+)\s*([kmg]?)(i?b)?$", re.I)
 _SCALE = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -93,8 +93,8 @@ OVERRIDES: dict[str, tuple[str, Callable[[str], Any], str]] = {
 
 def _jobs(preset: str) -> int:
     """Jobs a preset runs with emulated links available (``suite.job_count``)."""
-    from .settings import PRESETS
-    from .suite import job_count
+    from .config.settings import PRESETS
+    from .harness.suite import job_count
 
     return job_count(PRESETS[preset], emulated=bool(PRESETS[preset].emulated_rates))
 
@@ -102,14 +102,14 @@ def _jobs(preset: str) -> int:
 def _minutes(jobs: int) -> str:
     """``about 8 min``: ``suite.JOB_SECONDS`` a job, rounded up to a minute (longer where other processes share the
     cores)."""
-    from .suite import JOB_SECONDS
+    from .harness.suite import JOB_SECONDS
 
     return f"about {-(-jobs * JOB_SECONDS // 60)} min"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from .costmodel import NETWORKS
-    from .suite import JOB_SECONDS
+    from .harness.suite import JOB_SECONDS
+    from .reporting.costmodel import NETWORKS
 
     p = sub.add_parser(
         "bench",
@@ -174,7 +174,7 @@ FLAG_OF = {field: flag for flag, (field, _p, _t) in OVERRIDES.items()} | {"tta":
 def settings_from_args(args: argparse.Namespace) -> Any:
     from hvdk8s.k8s import SpecError
 
-    from .settings import SettingsError, preset, validate
+    from .config.settings import SettingsError, preset, validate
 
     overrides = {field: getattr(args, flag.lstrip("-").replace("-", "_")) for flag, (field, _p, _t) in OVERRIDES.items()}
     overrides["tta"] = args.tta
@@ -208,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
     """
     from hvdk8s import atomic
 
-    from . import cluster_collect, report
+    from .harness import cluster_collect
+    from .reporting import report
 
     if args.report_only:
         source = f"--report-only {args.report_only}"
@@ -226,19 +227,19 @@ def run(args: argparse.Namespace) -> int:
     if args.cluster:
         return _cluster(args)
     if args.chaos:
-        from . import chaos
+        from .harness import chaos
 
         return chaos.main(args.chaos, random.randrange(2**31), args.out, args.command_line or ["hvdk8s", *sys.argv[1:]])
     if args.serving:
-        from . import serving
+        from .harness import serving_bench
 
-        settings = serving.QUICK if args.preset == "quick" else serving.Settings()
-        paths = serving.write(serving.run(settings, args.command_line or ["hvdk8s", *sys.argv[1:]]),
-                              args.out)
+        settings = serving_bench.QUICK if args.preset == "quick" else serving_bench.Settings()
+        paths = serving_bench.write(serving_bench.run(settings, args.command_line or ["hvdk8s", *sys.argv[1:]]),
+                                    args.out)
         print(f"hvdk8s bench: wrote {paths['markdown']}", flush=True)
         return 0
-    from . import suite as suite_module
-    from .suite import Suite
+    from .harness import suite as suite_module
+    from .harness.suite import Suite
 
     settings = settings_from_args(args)
     try:
@@ -262,8 +263,8 @@ def _cluster(args: argparse.Namespace) -> int:
 
     from hvdk8s import atomic
 
-    from . import cluster_collect, cluster_jobs
-    from .suite import Progress
+    from .harness import cluster_collect, cluster_jobs
+    from .harness.suite import Progress
 
     if args.strategies is None:
         args.strategies = cluster_jobs.DEFAULT_CLUSTER_STRATEGIES
@@ -297,7 +298,7 @@ def _cluster(args: argparse.Namespace) -> int:
     else:
         from hvdk8s.cluster import client
 
-        from . import cluster_submit
+        from .harness import cluster_submit
 
         cluster = client.connect(args.kubeconfig, args.context)
         namespace = client.resolve_namespace(args.namespace, base.get("namespace"), cluster.namespace)

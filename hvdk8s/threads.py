@@ -2,7 +2,7 @@
 
 Pure data and arithmetic, importable without TensorFlow (the benchmarks' knobs name the policies);
 ``hvdk8s.runtime`` applies the result. ``hvdk8s bench --knobs threads_*`` measures the policies
-against each other (benchmarks/knobs.py).
+against each other (benchmarks/config/knobs.py).
 """
 from __future__ import annotations
 

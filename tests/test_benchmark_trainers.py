@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hvdk8s.benchmarks import trainers, workloads
-from hvdk8s.benchmarks.settings import Workload
+from hvdk8s.benchmarks.config.settings import Workload
+from hvdk8s.benchmarks.workers import trainers, workloads
 
 pytestmark = pytest.mark.unit
 

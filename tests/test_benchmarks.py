@@ -25,7 +25,8 @@ from typing import Any
 
 import pytest
 
-from hvdk8s.benchmarks import analysis, netns, report
+from hvdk8s.benchmarks.emulation import netns
+from hvdk8s.benchmarks.reporting import analysis, report
 
 from conftest import job_env
 
@@ -258,7 +259,7 @@ def test_horovods_synthetic_scripts_run_alternately_and_are_reported(run: dict[s
     assert [(r["workers"], r["hvdk8s_over_raw"]["n"]) for r in rows] == [(1, 1), (2, 1)]
     assert analysis.derive(raw) == results["derived"]
     md = (out / "report.md").read_text()
-    assert "## Horovod's synthetic benchmarks" in md and "`python -m hvdk8s.benchmarks.synthetic_loop`" in md
+    assert "## Horovod's synthetic benchmarks" in md and "`python -m hvdk8s.benchmarks.workers.synthetic_loop`" in md
     assert any(line.startswith("| horovod-synthetic:MobileNetV3Small | Horovod's scripts, separate launches | ") for line in md.splitlines())
     assert untraced_cells(md, results) == []
 

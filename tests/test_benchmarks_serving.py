@@ -1,4 +1,5 @@
-"""``hvdk8s bench --serving`` report logic (benchmarks/serving.py) on a synthetic result: ratios, Markdown, plot."""
+"""``hvdk8s bench --serving`` report logic (benchmarks/harness/serving_bench.py) on a synthetic result: ratios, Markdown,
+plot."""
 from __future__ import annotations
 
 import subprocess
@@ -6,7 +7,7 @@ import sys
 
 import pytest
 
-from hvdk8s.benchmarks import serving
+from hvdk8s.benchmarks.harness import serving_bench
 
 # wrk 4.1's output (Debian's wrk) for a load whose every answer was a 404
 WRK_OUTPUT = """Running 1s test @ http://127.0.0.1:18999/nonexistent
@@ -39,7 +40,7 @@ def cost_run(workers: int, rps: float, predict_us: float, status_rps: float, p50
                "cpu_us_by_thread": {"event loop": predict_us / 2, "batching and other": predict_us / 4,
                                     "TensorFlow": predict_us / 4}}
     rounds = [{"status": status, "predict": predict}] * 2
-    return {"workers": workers, "rounds": rounds, "summary": serving._cost_summary(rounds),
+    return {"workers": workers, "rounds": rounds, "summary": serving_bench._cost_summary(rounds),
             "loadtest_predict": {"rps": rps / 2, "latency_ms": {"p50": 2 * p50, "p99": 4 * p50}, "errors": 0}}
 
 
@@ -74,7 +75,7 @@ def results() -> dict:
 
 def test_checks_are_the_issue_targets_as_ratios_of_one_run(tmp_path):
     data = results()
-    checks = {c["name"]: (round(c["measured"], 3), c["met"]) for c in serving.checks(data)}
+    checks = {c["name"]: (round(c["measured"], 3), c["met"]) for c in serving_bench.checks(data)}
     assert checks == {
         "p50_ms_c1": (1.5, True),
         "predict_vs_trivial_c32_null": (0.95, True),
@@ -89,8 +90,8 @@ def test_checks_are_the_issue_targets_as_ratios_of_one_run(tmp_path):
         "server_cpu_predict_vs_status_c32": (2.5, False),  # the one-worker run: 100 / 40 µs
         "p99_over_p50_c32": (7.0, False),
     }
-    data["checks"] = serving.checks(data)
-    paths = serving.write(data, tmp_path)
+    data["checks"] = serving_bench.checks(data)
+    paths = serving_bench.write(data, tmp_path)
     text = paths["markdown"].read_text()
     assert ("| digits (with the model's own compute), REST, c=32: :predict requests/s / status endpoint requests/s "
             "| 0.8 | 0.7 | yes |") in text
@@ -134,7 +135,7 @@ def test_server_cpu_is_split_into_event_loop_other_python_threads_and_tensorflow
     proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline() == "done\n"
-        cpu = serving._tree_cpu_s(proc.pid)
+        cpu = serving_bench._tree_cpu_s(proc.pid)
     finally:
         proc.communicate("")
     assert cpu["event loop"] == pytest.approx(0.6, abs=0.1)
@@ -146,15 +147,15 @@ def test_server_cpu_is_split_into_event_loop_other_python_threads_and_tensorflow
 def test_without_wrk_the_report_says_so_and_has_no_wrk_checks(tmp_path):
     data = results()
     data["server_cost"] = {"skipped": "wrk is not on PATH (Debian: apt-get install wrk): no wrk figures in this run"}
-    data["checks"] = serving.checks(data)
+    data["checks"] = serving_bench.checks(data)
     assert not {"server_cpu_predict_vs_status_c32", "p99_over_p50_c32"} & {c["name"] for c in data["checks"]}
-    text = serving.write(data, tmp_path)["markdown"].read_text()
+    text = serving_bench.write(data, tmp_path)["markdown"].read_text()
     assert "Not measured: wrk is not on PATH (Debian: apt-get install wrk): no wrk figures in this run." in text
 
 
 def test_wrk_output_is_read_as_requests_latencies_and_bad_answers():
-    assert serving.parse_wrk(WRK_OUTPUT) == {"requests": 1806, "p50_ms": 0.625, "p99_ms": 8.35, "non_2xx": 1806}
+    assert serving_bench.parse_wrk(WRK_OUTPUT) == {"requests": 1806, "p50_ms": 0.625, "p99_ms": 8.35, "non_2xx": 1806}
     # latencies of a second and more are printed in seconds, padded to the width of "ms"
-    assert serving.parse_wrk(WRK_OUTPUT.replace("99%    8.35ms", "99%    1.19s "))["p99_ms"] == 1190.0
+    assert serving_bench.parse_wrk(WRK_OUTPUT.replace("99%    8.35ms", "99%    1.19s "))["p99_ms"] == 1190.0
     with pytest.raises(ValueError, match="unexpected wrk output"):
-        serving.parse_wrk(WRK_OUTPUT.replace("Latency Distribution", "").replace("     99%    8.35ms\n", ""))
+        serving_bench.parse_wrk(WRK_OUTPUT.replace("Latency Distribution", "").replace("     99%    8.35ms\n", ""))

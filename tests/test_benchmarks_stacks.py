@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from hvdk8s.benchmarks import analysis, knobs, report
-from hvdk8s.benchmarks.settings import preset
-from hvdk8s.benchmarks.suite import Suite
+from hvdk8s.benchmarks.config import knobs
+from hvdk8s.benchmarks.config.settings import preset
+from hvdk8s.benchmarks.harness.suite import Suite
+from hvdk8s.benchmarks.reporting import analysis, report
 
 from test_benchmarks import untraced_cells
 

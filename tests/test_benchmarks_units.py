@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import math
 import re
@@ -15,8 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from hvdk8s.benchmarks import analysis, cli, costmodel, knobs, launch, netns, report, stats, suite
-from hvdk8s.benchmarks.settings import NO_TTA, PRESETS, STRATEGIES, SettingsError, preset, validate
+from hvdk8s.benchmarks import cli
+from hvdk8s.benchmarks.config import knobs
+from hvdk8s.benchmarks.config.settings import NO_TTA, PRESETS, STRATEGIES, SettingsError, preset, validate
+from hvdk8s.benchmarks.emulation import netns
+from hvdk8s.benchmarks.harness import chaos, cluster_jobs, suite
+from hvdk8s.benchmarks.machine import launch
+from hvdk8s.benchmarks.reporting import analysis, costmodel, report, stats
 from hvdk8s.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,7 +87,7 @@ def test_predictions_follow_the_formulas_and_keep_published_apart() -> None:
 
 
 def test_h100_rates_are_the_packages_own_data_with_their_source(tmp_path: Path) -> None:
-    assert costmodel.H100_RATES_PATH == REPO / "benchmarks" / "h100_training_rates.json"  # package data, beside the code
+    assert costmodel.H100_RATES_PATH == REPO / "benchmarks" / "h100_training_rates.json"  # package data, at the package root
     measured = json.loads(costmodel.H100_RATES_PATH.read_text())
     assert all(measured[key] for key in ("what", "device", "framework", "measured", "unit"))  # what, on what, when
     bf16 = {"ResNet-50": [3970.0, 256], "ResNet-101": [2642.0, 256], "VGG-16": [3233.0, 128]}
@@ -483,8 +489,21 @@ def test_a_stack_knobs_ranks_run_its_interpreter_unresolved() -> None:
     venv_python = launch.interpreter(".venv-tf2.18/bin/python")
     assert venv_python == str(REPO / ".venv-tf2.18" / "bin" / "python")  # the venv's own path, not its symlink's target
     assert launch.interpreter("") == sys.executable and launch.interpreter("/opt/py/bin/python") == "/opt/py/bin/python"
-    assert launch.module_argv("worker", "--x", python=venv_python)[:2] == [venv_python, "-u"]
-    assert launch.module_argv("worker")[0] == sys.executable
+    assert launch.module_argv("workers.worker", "--x", python=venv_python)[:2] == [venv_python, "-u"]
+    assert launch.module_argv("workers.worker")[0] == sys.executable
+
+
+def test_what_is_started_by_path_or_module_name_is_there() -> None:
+    """Processes start by file path (the netns agent, the chaos worker) or module name (named from the package's root,
+    as ``benchmarks`` or ``hvdk8s.benchmarks``); each names a file of its sub-package."""
+    from hvdk8s.benchmarks.config import synthetic
+
+    assert launch.PKG == "hvdk8s.benchmarks" and launch.CHECKOUT == REPO
+    assert launch.AGENT.is_file() and chaos.WORKER.is_file()
+    launched = ["workers.worker", "workers.comm_worker", "emulation.linkprobe",
+                *(f"workers.{m}" for m in synthetic.MODULES.values())]
+    modules = [cluster_jobs.ENTRY[-1], *(launch.module_argv(m)[3] for m in launched)]
+    assert [m for m in modules if importlib.util.find_spec(m) is None] == []
 
 
 def test_check_stacks_probes_only_stack_knobs_and_names_the_build_command(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -600,7 +619,7 @@ def test_thread_knobs_set_the_policy_and_leave_the_thread_count_to_the_ranks() -
 
 
 def test_synthetic_scripts_run_the_same_steps_and_alternate_which_goes_first() -> None:
-    from hvdk8s.benchmarks import synthetic
+    from hvdk8s.benchmarks.config import synthetic
 
     assert synthetic.model_of("horovod-synthetic:ResNet50") == "ResNet50" and synthetic.model_of("cnn") is None
     with pytest.raises(ValueError, match="horovod-synthetic:<a keras.applications model"):
@@ -630,7 +649,7 @@ def test_synthetic_scripts_run_the_same_steps_and_alternate_which_goes_first() -
 
 
 def test_synthetic_modules_take_horovods_flags_and_the_loop_a_thread_count() -> None:
-    from hvdk8s.benchmarks import synthetic
+    from hvdk8s.benchmarks.config import synthetic
 
     loop = synthetic.parser(loop=True).parse_args([*synthetic.script_args("raw", "ResNet50", 5, 3), "--intra-op-threads", "1"])
     fit = synthetic.parser(loop=False).parse_args(synthetic.script_args("hvdk8s", "ResNet50", 5, 3))
@@ -643,7 +662,7 @@ def test_synthetic_modules_take_horovods_flags_and_the_loop_a_thread_count() -> 
 
 
 def test_synthetic_rates_are_rank_zeros_timed_iterations() -> None:
-    from hvdk8s.benchmarks import synthetic
+    from hvdk8s.benchmarks.config import synthetic
 
     # as mpirun tags it, a line's tag sometimes landing after its text when the output arrived in pieces
     log = ("[1,0]<stdout>:Iter #0: 0.334 img/sec per CPU\n[1,1]<stderr>:a warning\n"
@@ -659,7 +678,7 @@ def test_synthetic_rates_are_rank_zeros_timed_iterations() -> None:
 
 
 def test_horovods_scripts_refused_naming_the_file_where_they_cannot_run_as_ported(tmp_path: Path) -> None:
-    from hvdk8s.benchmarks import synthetic
+    from hvdk8s.benchmarks.config import synthetic
 
     with pytest.raises(ValueError, match=r"cannot read Horovod's tensorflow2_synthetic_benchmark.py in .*expected Horovod's examples"):
         synthetic.peer_sources(tmp_path)
@@ -705,7 +724,7 @@ def test_the_suites_synthetic_scripts_are_compared_with_horovods_per_round_and_o
     assert row["raw_agrees_with_peer"] is True and row["hvdk8s_agrees_with_peer"] is False  # twice the rate: not the same work
     lines = report._synthetic_section([row], {"synthetic_iters": 2, "synthetic_batches_per_iter": 3, "synthetic_peer": "x"}, {}).splitlines()
     assert "| ResNet50 | 1 | 0.925 [0.8–1.05] (2) | yes | 2 [2–2] (2) | no |" in lines
-    assert any("`python -m hvdk8s.benchmarks.synthetic_loop`" in line for line in lines)
+    assert any("`python -m hvdk8s.benchmarks.workers.synthetic_loop`" in line for line in lines)
 
 
 @pytest.mark.parametrize(("ours", "peer", "same"), [

@@ -1,8 +1,8 @@
 """Chaos: elastic jobs on network-namespace hosts lose a worker host and still finish.
 
-Real ``hvdk8s run`` elastic jobs of ``benchmarks/chaos_worker.py``: the driver
+Real ``hvdk8s run`` elastic jobs of ``benchmarks/workers/chaos_worker.py``: the driver
 on a namespace host of its own starting workers over ssh on two worker hosts,
-each with its own sshd (``benchmarks/chaos_netns.py``); ``hvdk8s bench --chaos
+each with its own sshd (``benchmarks/emulation/chaos_netns.py``); ``hvdk8s bench --chaos
 N`` runs N random faults the same way. Each case checks the job finished, lost
 no committed step, went on at one rank (re-sharded) and took the host back
 when it returned, at the accuracy of an undisturbed run. Needs root, iproute2
@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from hvdk8s.benchmarks import chaos, chaos_netns
+from hvdk8s.benchmarks.emulation import chaos_netns
+from hvdk8s.benchmarks.harness import chaos
 
-# The undisturbed chaos run's accuracy (benchmarks/chaos.py, 10 epochs on 2 ranks: 0.97 measured here);
+# The undisturbed chaos run's accuracy (benchmarks/harness/chaos.py, 10 epochs on 2 ranks: 0.97 measured here);
 # ``hvdk8s bench --chaos`` measures it afresh each time.
 UNDISTURBED_ACCURACY = 0.97
 

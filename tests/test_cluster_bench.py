@@ -11,9 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
-from hvdk8s.benchmarks import cli, cluster_collect, cluster_entry, cluster_jobs, envinfo
-from hvdk8s.benchmarks.cluster_entry import MARKER
-from hvdk8s.benchmarks.settings import preset
+from hvdk8s.benchmarks import cli
+from hvdk8s.benchmarks.config.settings import preset
+from hvdk8s.benchmarks.harness import cluster_collect, cluster_jobs
+from hvdk8s.benchmarks.machine import envinfo
+from hvdk8s.benchmarks.workers import cluster_entry
+from hvdk8s.benchmarks.workers.cluster_entry import MARKER
 
 from test_mpijob_schema import crd_errors, template_errors
 from test_tfjob import tfjob_crd_errors

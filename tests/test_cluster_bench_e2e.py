@@ -28,8 +28,10 @@ from typing import Any
 
 import pytest
 
-from hvdk8s.benchmarks import cli, cluster_jobs, netns
-from hvdk8s.benchmarks.cluster_entry import NODE_ENV
+from hvdk8s.benchmarks import cli
+from hvdk8s.benchmarks.emulation import netns
+from hvdk8s.benchmarks.harness import cluster_jobs
+from hvdk8s.benchmarks.workers.cluster_entry import NODE_ENV
 
 from conftest import shared
 from controllers.running import OperatedDouble

@@ -9,8 +9,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from hvdk8s.benchmarks import cli, cluster_jobs
-from hvdk8s.benchmarks.cluster_entry import MARKER, parse_args
+from hvdk8s.benchmarks import cli
+from hvdk8s.benchmarks.harness import cluster_jobs
+from hvdk8s.benchmarks.workers.cluster_entry import MARKER, parse_args
 
 from controllers import training_operator
 from controllers.running import OperatedDouble

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from hvdk8s import figures
-from hvdk8s.benchmarks import report
+from hvdk8s.benchmarks.reporting import report
 
 from conftest import REPO
 

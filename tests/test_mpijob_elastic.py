@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from hvdk8s.benchmarks import chaos_netns, netns
+from hvdk8s.benchmarks.emulation import chaos_netns, netns
 from hvdk8s.cluster import kube
 from hvdk8s.cluster.client import Cluster, connect
 from hvdk8s.mpijob import load_spec, render

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from hvdk8s import mpijob
-from hvdk8s.benchmarks import netns
+from hvdk8s.benchmarks.emulation import netns
 
 from conftest import REPO
 from controllers import mpi_operator, trainer

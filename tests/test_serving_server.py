@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 
-from hvdk8s.benchmarks.serving import MALFORMED_BODIES
+from hvdk8s.benchmarks.harness.serving_bench import MALFORMED_BODIES
 from hvdk8s.serving.api import rest
 from hvdk8s.serving.api.types import ServingError
 from hvdk8s.serving.clients import loadtest, rest_client

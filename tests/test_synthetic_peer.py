@@ -1,7 +1,7 @@
 """The suite's synthetic benchmarks beside Horovod's own scripts (``synthetic_peer``): the same speed.
 
-``hvdk8s.benchmarks.synthetic_loop`` and ``synthetic_fit`` are Horovod's two synthetic benchmarks written in this
-package. Here the suite launches them and Horovod's scripts from ../shared/peer/horovod/examples (the raw one with
+``hvdk8s.benchmarks.workers.synthetic_loop`` and ``synthetic_fit`` are Horovod's two synthetic benchmarks written in
+this package. Here the suite launches them and Horovod's scripts from ../shared/peer/horovod/examples (the raw one with
 the two fixes Keras 3 forces, the Keras one as ``hvdk8s migrate`` ports it, from a temporary copy) on a small
 keras.applications model at N=1, each of the suite's scripts right beside Horovod's, and each must agree with
 Horovod's in images per second (``analysis.agrees``: the medians of all timed iterations within 25%, or their ranges
@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from hvdk8s.benchmarks import analysis, report, synthetic
-from hvdk8s.benchmarks.settings import preset
-from hvdk8s.benchmarks.suite import Suite
+from hvdk8s.benchmarks.config import synthetic
+from hvdk8s.benchmarks.config.settings import preset
+from hvdk8s.benchmarks.harness.suite import Suite
+from hvdk8s.benchmarks.reporting import analysis, report
 
 from conftest import needs_shared, shared
 

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .settings import Settings
+from ..config.settings import Settings
 
 TIMELINE_STEPS = 6
 

@@ -9,10 +9,10 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
+from ..config.settings import THREAD_STRATEGIES
+from ..config.synthetic import PEER_OF
 from . import costmodel
-from .settings import THREAD_STRATEGIES
 from .stats import summary
-from .synthetic import PEER_OF
 
 REFERENCE = "horovod"  # the raw horovod.tensorflow loop every ratio is taken against
 PEER_TOLERANCE = 0.25  # ``agrees``: how far apart two synthetic scripts' median rates may be and still agree

@@ -11,8 +11,8 @@ from typing import Any
 
 from hvdk8s import atomic, figures
 
+from ..config.settings import STRATEGY_LABELS
 from .analysis import GRADIENT_TENSOR, PEER_TOLERANCE, busbw_factor
-from .settings import STRATEGY_LABELS
 from .stats import summary
 
 MEASURED = "measured on this machine"
@@ -495,14 +495,14 @@ def _synthetic_section(rows: list[dict[str, Any]], settings: dict[str, Any], wha
     scripts = (
         "The benchmark of Horovod's `examples/tensorflow2/tensorflow2_synthetic_benchmark.py` and "
         "`tensorflow2_keras_synthetic_benchmark.py` (v0.28.1), written in this suite with those scripts' flags: the raw "
-        "`horovod.tensorflow` loop (`python -m hvdk8s.benchmarks.synthetic_loop`) and Keras `fit` on hvdk8s "
-        "(`synthetic_fit`); what they run and how they follow Horovod's: `benchmarks/synthetic.py`."
+        "`horovod.tensorflow` loop (`python -m hvdk8s.benchmarks.workers.synthetic_loop`) and Keras `fit` on hvdk8s "
+        "(`synthetic_fit`); what they run and how they follow Horovod's: `benchmarks/config/synthetic.py`."
         if own else
         "Horovod's `examples/tensorflow2/tensorflow2_synthetic_benchmark.py` (the raw `horovod.tensorflow` loop, with the "
         "fixes Keras 3 forces: one `hvd.allreduce` per gradient in place of `DistributedGradientTape`, whose "
         "`Variable.ref()` Keras 3 variables lack, and `opt.variables` as a list) against "
         "`tensorflow2_keras_synthetic_benchmark.py` as `hvdk8s migrate` ports it; both run from copies in the "
-        "repository at the time, since removed (the suite now runs its own versions: `benchmarks/synthetic.py`)."
+        "repository at the time, since removed (the suite now runs its own versions: `benchmarks/config/synthetic.py`)."
     )
     out = [
         "## Horovod's synthetic benchmarks: the raw loop and hvdk8s" + ("" if own else " on Horovod's own scripts")
@@ -525,7 +525,7 @@ def _synthetic_section(rows: list[dict[str, Any]], settings: dict[str, Any], wha
         agree = {True: "yes", False: "no", None: "–"}
         out += [
             "Horovod's own scripts in the same rounds, with the same flags (setting `synthetic_peer`: their folder): the raw "
-            "one with the changes Keras 3 forces (`PEER_FIXES` in `benchmarks/synthetic.py`), the Keras one as "
+            "one with the changes Keras 3 forces (`PEER_FIXES` in `benchmarks/config/synthetic.py`), the Keras one as "
             "`hvdk8s migrate` ports it, both run from a temporary copy. "
             "Each of the suite's scripts over Horovod's launch of the same round; they agree when the medians of all "
             f"their timed iterations are within {PEER_TOLERANCE:.0%} of each other or those iterations' ranges overlap.",
@@ -600,7 +600,7 @@ def _profile_section(p: dict[str, Any] | None, measured: str = MEASURED) -> str:
     out = [
         "## 6. Where a step's time goes, N=2 (" + measured + ", `--profile`)",
         "",
-        "A profiling-only build (`benchmarks/profiling.py`): each phase is its own compiled function on a copy of the model, "
+        "A profiling-only build (`benchmarks/workers/profiling.py`): each phase is its own compiled function on a copy of the model, "
         "timed alone, round-robin between hvdk8s's `fit` windows; brackets inside the real step would order its ops and "
         "hide the overlap being measured. Input and forward+backward are the same model for both; the optimizer update is "
         "each one's own (Keras's SGD for the raw loop, the `DistributedOptimizer`'s fused SGD update for hvdk8s, without "

@@ -22,21 +22,21 @@ from hvdk8s.launcher import mpirun
 from hvdk8s.mpijob import tfjob
 from hvdk8s.quiet import quiet_tensorflow
 
-from . import netns
+from ..emulation import netns
 from .util import free_ports
 
-PKG = __package__
+PKG = __name__.rsplit(".", 2)[0]  # the benchmarks package (``benchmarks`` or ``hvdk8s.benchmarks``), not ``.machine``
 
 
 def _checkout() -> Path | None:
     """The source checkout this package runs from (an editable install, or ``python -m benchmarks`` at its root);
     None for an installed package, which has no repository around it."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     return root if (root / "pyproject.toml").is_file() else None
 
 
 CHECKOUT = _checkout()
-AGENT = Path(__file__).resolve().parent / "netns_agent.py"
+AGENT = Path(__file__).resolve().parents[1] / "emulation" / "netns_agent.py"
 TF_PORT = tfjob.PORT  # in the emulated cluster every task has a host (and its ports) to itself, as a TFJob's pods
 
 # Open MPI settings for every Horovod job: hvdk8s's own (ranks yield the core
@@ -71,8 +71,8 @@ class JobStats:
 
 
 def module_argv(module: str, *args: str, python: str | None = None) -> list[str]:
-    """This interpreter (or ``python``, see ``interpreter``) running one of this package's modules
-    (works as ``benchmarks`` or ``hvdk8s.benchmarks``)."""
+    """This interpreter (or ``python``, see ``interpreter``) running one of the benchmarks' modules, named from the
+    package's root (``workers.worker``; works as ``benchmarks`` or ``hvdk8s.benchmarks``)."""
     return [python or sys.executable, "-u", "-m", f"{PKG}.{module}", *args]
 
 
@@ -91,7 +91,7 @@ def probe_stack(python: str, timeout: float = STACK_PROBE_TIMEOUT_S) -> dict[str
     started as the workers are; ``ValueError`` says why it cannot run the benchmarks (missing, or an import fails)."""
     if not os.access(python, os.X_OK) or Path(python).is_dir():
         raise ValueError(f"{python}: no such interpreter")
-    code = f"import json; from {PKG}.envinfo import stack_versions; print(json.dumps(stack_versions()))"
+    code = f"import json; from {PKG}.machine.envinfo import stack_versions; print(json.dumps(stack_versions()))"
     try:
         done = subprocess.run([python, "-c", code], env=base_env(1), capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -1,7 +1,7 @@
 """Process entry point of the communication microbenchmarks.
 
-    python -m hvdk8s.benchmarks.comm_worker allreduce --job job.json --out r.json   (mpirun ranks)
-    python -m hvdk8s.benchmarks.comm_worker ps --job job.json --out r.json          (TF_CONFIG chief)
+    python -m hvdk8s.benchmarks.workers.comm_worker allreduce --job job.json --out r.json   (mpirun ranks)
+    python -m hvdk8s.benchmarks.workers.comm_worker ps --job job.json --out r.json          (TF_CONFIG chief)
 
 ``allreduce`` times Horovod allreduce of one float32 tensor per message size
 and, for fusion, many small tensors submitted at once (separately, or as one

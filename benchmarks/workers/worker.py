@@ -1,6 +1,6 @@
 """Process entry point of the training benchmarks: one process of one strategy.
 
-    python -m hvdk8s.benchmarks.worker --strategy S --job job.json --out result.json
+    python -m hvdk8s.benchmarks.workers.worker --strategy S --job job.json --out result.json
 
 Started by ``launch`` as a single process, as mpirun ranks (hvdk8s, horovod)
 or as the tasks of a TF_CONFIG cluster (tf_mwms workers; tf_ps chief, with
@@ -19,7 +19,7 @@ from typing import Any
 
 from hvdk8s import atomic
 
-from .settings import HVDK8S_STRATEGIES, PAIRED_STRATEGIES, RAW_LOOP_STRATEGIES, STEPS_PER_EXECUTION, Settings
+from ..config.settings import HVDK8S_STRATEGIES, PAIRED_STRATEGIES, RAW_LOOP_STRATEGIES, STEPS_PER_EXECUTION, Settings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     result["threads"] = {"intra_op": tf.config.threading.get_intra_op_parallelism_threads(),
                          "inter_op": tf.config.threading.get_inter_op_parallelism_threads()}
     result["wall_seconds"] = time.time() - started
-    from .envinfo import stack_versions
+    from ..machine.envinfo import stack_versions
 
     result["stack"] = stack_versions(load_ops=False)  # which stack this launch ran (a stack knob's is not the suite's)
     if rt.chief:

@@ -14,9 +14,9 @@ from typing import Any
 from hvdk8s.k8s import FieldError, SpecError, at_least, invalid, join
 from hvdk8s.launcher.mpirun import MIN_TCP_EAGER_LIMIT, transport_mca
 
+from ..emulation.netns import parse_rate
 from . import synthetic
 from .knobs import names as knob_names
-from .netns import parse_rate
 
 STRATEGIES = (
     "single", "hvdk8s", "horovod", "tf_mwms", "tf_ps", "hvdk8s_fp16", "hvdk8s_rd", "hvdk8s_eager64k", "hvdk8s_spe",

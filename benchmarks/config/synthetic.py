@@ -5,7 +5,7 @@ The benchmark of Horovod's ``examples/tensorflow2/tensorflow2_synthetic_benchmar
 ``weights=None``, one batch of uniform random 224x224x3 images with random labels among the model's 1000 classes,
 plain SGD at learning rate 0.01 (not scaled by the number of ranks), and rank 0 printing each timed iteration's
 images per second per rank (``Iter #k: R img/sec per CPU``). Written here as two modules that take those scripts'
-flags, each run under mpirun as a user runs it (``python -m hvdk8s.benchmarks.synthetic_loop`` / ``synthetic_fit``):
+flags, each run under mpirun as a user runs it (``python -m hvdk8s.benchmarks.workers.synthetic_loop`` / ``synthetic_fit``):
 ``synthetic_loop`` is the raw ``horovod.tensorflow`` loop with TensorFlow's thread defaults (``--intra-op-threads``
 to set its pool), ``synthetic_fit`` is Keras ``fit`` on hvdk8s, which applies its own CPU thread policy. The suite
 sets no thread count for either and reads only rank 0's per-iteration rates. Both run the same number of steps: the

@@ -41,9 +41,10 @@ from typing import Any
 from hvdk8s import atomic, figures
 from hvdk8s.errors import UserError
 
-from . import chaos_netns, envinfo
+from ..emulation import chaos_netns
+from ..machine import envinfo
 
-WORKER = Path(__file__).with_name("chaos_worker.py")
+WORKER = Path(__file__).parents[1] / "workers" / "chaos_worker.py"
 LOCAL_HOSTS = ("localhost", "127.0.0.1")
 LOCAL_VICTIM = "127.0.0.1"
 KINDS = ("kill", "cut")  # on namespace hosts

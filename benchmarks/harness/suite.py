@@ -20,9 +20,8 @@ from typing import Any
 
 from hvdk8s import atomic
 
-from . import analysis, costmodel, envinfo, knobs, memcopy, netns, synthetic
-from .launch import JobFailed, Launcher, base_env, interpreter, module_argv, probe_stack
-from .settings import (
+from ..config import knobs, synthetic
+from ..config.settings import (
     HOROVOD_STRATEGIES,
     MANY_PROCESSES_ONLY,
     NO_TTA,
@@ -32,6 +31,10 @@ from .settings import (
     THREAD_STRATEGIES,
     Settings,
 )
+from ..emulation import netns
+from ..machine import envinfo, memcopy
+from ..machine.launch import JobFailed, Launcher, base_env, interpreter, module_argv, probe_stack
+from ..reporting import analysis, costmodel
 
 SCHEMA = "hvdk8s-bench/2"
 SMALL_MESSAGE = 64 << 10  # sizes re-measured at a short Horovod cycle time
@@ -225,17 +228,17 @@ class Suite:
         if strategy in HOROVOD_STRATEGIES:
             knob = knob or knobs.KNOBS[knobs.BASELINE]
             mca = knob.mca | STRATEGY_MCA.get(strategy, {})
-            argv = module_argv("worker", *args, python=interpreter(knob.python))
+            argv = module_argv("workers.worker", *args, python=interpreter(knob.python))
             stats = self.launcher.mpi(name, n, argv, env=knob.env, mca=mca, cluster=cluster, own_threads=own_threads)
         elif strategy == "tf_mwms":
-            stats = self.launcher.tf_cluster(name, {"worker": n}, module_argv("worker", *args), [], mains="worker", cluster=cluster)
+            stats = self.launcher.tf_cluster(name, {"worker": n}, module_argv("workers.worker", *args), [], mains="worker", cluster=cluster)
         elif strategy == "tf_ps":
             stats = self.launcher.tf_cluster(
-                name, {"chief": 1, "worker": n, "ps": 1}, module_argv("worker", *args), module_argv("worker", *args, "--server"),
+                name, {"chief": 1, "worker": n, "ps": 1}, module_argv("workers.worker", *args), module_argv("workers.worker", *args, "--server"),
                 mains="chief", cluster=cluster,
             )
         else:
-            stats = self.launcher.single(name, module_argv("worker", *args))
+            stats = self.launcher.single(name, module_argv("workers.worker", *args))
         return {"strategy": strategy, "workers": n, "job": stats.to_json(), "result": json.loads(out.read_text())}
 
     def training(self) -> None:
@@ -254,7 +257,7 @@ class Suite:
         s, python = self.s, interpreter(knob.python)
         args = synthetic.script_args(which, model, s.synthetic_batches_per_iter, s.synthetic_iters)
         if which in synthetic.MODULES:
-            argv = module_argv(synthetic.MODULES[which], *args, python=python)
+            argv = module_argv(f"workers.{synthetic.MODULES[which]}", *args, python=python)
         else:
             assert peers is not None, which
             argv = [python, "-u", str(peers / synthetic.PEER_FILES[which]), *args]
@@ -313,7 +316,7 @@ class Suite:
     def _allreduce_job(self, name: str, n: int, sizes: list[int], fusion_bytes: list[int], env: dict[str, str], cluster: Any = None) -> dict[str, Any]:
         job = self._job_file(name, allreduce_job_data(self.s, sizes, fusion_bytes))
         out = self.jobs / f"{name}.result.json"
-        stats = self.launcher.mpi(name, n, module_argv("comm_worker", "allreduce", "--job", str(job), "--out", str(out)), env=env, cluster=cluster)
+        stats = self.launcher.mpi(name, n, module_argv("workers.comm_worker", "allreduce", "--job", str(job), "--out", str(out)), env=env, cluster=cluster)
         return {"job": stats.to_json(), "result": json.loads(out.read_text())}
 
     def allreduce(self) -> None:
@@ -333,8 +336,8 @@ class Suite:
         out = self.jobs / f"{name}.result.json"
         self.launcher.group(
             name,
-            [(b.exec_argv(module_argv("linkprobe", "probe", a.ip, "5201", str(LINK_PROBE_BYTES), str(LINK_PROBE_PINGS), str(out))), base_env(1))],
-            [(a.exec_argv(module_argv("linkprobe", "serve", "5201")), base_env(1))],
+            [(b.exec_argv(module_argv("emulation.linkprobe", "probe", a.ip, "5201", str(LINK_PROBE_BYTES), str(LINK_PROBE_PINGS), str(out))), base_env(1))],
+            [(a.exec_argv(module_argv("emulation.linkprobe", "serve", "5201")), base_env(1))],
         )
         return json.loads(out.read_text())
 
@@ -342,7 +345,7 @@ class Suite:
         job = self._job_file(name, {"threads": self.s.threads_per_rank, "sizes": list(self.s.emulated_sizes),
                                     "repeats": self.s.allreduce_repeats, "steps": self.s.emulated_comm_steps})
         out = self.jobs / f"{name}.result.json"
-        argv = module_argv("comm_worker", "ps", "--job", str(job), "--out", str(out))
+        argv = module_argv("workers.comm_worker", "ps", "--job", str(job), "--out", str(out))
         stats = self.launcher.tf_cluster(name, {"chief": 1, "worker": n, "ps": 1}, argv, [*argv, "--server"], mains="chief", cluster=cluster)
         return {"job": stats.to_json(), "result": json.loads(out.read_text())}
 

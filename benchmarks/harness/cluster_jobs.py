@@ -22,12 +22,12 @@ from hvdk8s.k8s import read_yaml, to_yaml
 from hvdk8s.mpijob import tfjob
 from hvdk8s.mpijob.files import checked_render, load_spec
 
-from .cluster_entry import NODE_ENV
-from .launch import rank_env
-from .settings import HOROVOD_STRATEGIES, Settings
+from ..config.settings import HOROVOD_STRATEGIES, Settings
+from ..machine.launch import rank_env
+from ..workers.cluster_entry import NODE_ENV
 from .suite import allreduce_job_data, train_job_data, training_configs
 
-ENTRY = ("python", "-m", "hvdk8s.benchmarks.cluster_entry")
+ENTRY = ("python", "-m", "hvdk8s.benchmarks.workers.cluster_entry")
 TF_STRATEGIES = ("tf_mwms", "tf_ps")
 # Strategies a cluster run can launch: the MPIJob ones differ from hvdk8s only in the worker's code.
 CLUSTER_STRATEGIES = ("single", "hvdk8s", "horovod", "hvdk8s_fp16", "hvdk8s_spe", *TF_STRATEGIES)

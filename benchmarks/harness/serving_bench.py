@@ -35,7 +35,8 @@ import numpy as np
 
 from hvdk8s import atomic, figures
 
-from . import envinfo, report
+from ..machine import envinfo
+from ..reporting import report
 
 
 @dataclass(frozen=True)

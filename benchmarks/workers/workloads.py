@@ -11,8 +11,8 @@ import tensorflow as tf
 import hvdk8s.data
 import hvdk8s.models
 
-from . import synthetic
-from .settings import Workload
+from ..config import synthetic
+from ..config.settings import Workload
 
 INPUT_SHAPE = {"cnn": (28, 28, 1)}
 APPLICATION_SHAPE = (224, 224, 3)  # Horovod's synthetic benchmarks' images

@@ -1,6 +1,6 @@
 """Horovod's synthetic benchmark as Keras ``fit`` on hvdk8s (the benchmark: ``synthetic``).
 
-    mpirun -np 2 python -m hvdk8s.benchmarks.synthetic_fit --model ResNet50 --batch-size 32
+    mpirun -np 2 python -m hvdk8s.benchmarks.workers.synthetic_fit --model ResNet50 --batch-size 32
 
 A Horovod Keras script on hvdk8s: ``hvd.init()`` (its CPU thread policy applies), the optimizer wrapped in
 ``hvd.DistributedOptimizer``, Horovod's broadcast and metric-average callbacks. Each epoch is one iteration of
@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import hvdk8s as hvd
 
-from . import synthetic
+from ..config import synthetic
 
 
 class IterationTimer(keras.callbacks.Callback):

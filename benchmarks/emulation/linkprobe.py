@@ -1,7 +1,7 @@
 """TCP link check between two emulated hosts: full-duplex throughput and small-message round trip.
 
-    python -m hvdk8s.benchmarks.linkprobe serve PORT
-    python -m hvdk8s.benchmarks.linkprobe probe HOST PORT BYTES ROUNDTRIPS OUT.json
+    python -m hvdk8s.benchmarks.emulation.linkprobe serve PORT
+    python -m hvdk8s.benchmarks.emulation.linkprobe probe HOST PORT BYTES ROUNDTRIPS OUT.json
 
 After ``ROUNDTRIPS`` one-byte ping-pongs, both ends send ``BYTES`` at once on
 one connection, as the two neighbours of a ring do. Shows what a shaped link

@@ -1,6 +1,6 @@
 """What each per-batch callback costs, measured on its own inside a real ``fit``.
 
-``python -m benchmarks.callback_cost --out out/callbacks`` trains the digits CNN
+``python -m benchmarks.harness.callback_cost --out out/callbacks`` trains the digits CNN
 (one process; Horovod initialised, so the collectives are real) once with no
 callbacks and once with each hvdk8s and Horovod-API callback that has
 per-batch hooks, every variant its own model, in interleaved rounds of one

@@ -1,4 +1,4 @@
-"""One worker of a chaos run (``benchmarks/chaos.py``): elastic digits training that faults on cue.
+"""One worker of a chaos run (``benchmarks/harness/chaos.py``): elastic digits training that faults on cue.
 
 Every process appends what it does to the events file (one JSON line per
 event): each (re)start of the elastic function with its rank, size and the

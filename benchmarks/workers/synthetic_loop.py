@@ -1,6 +1,6 @@
 """Horovod's synthetic benchmark as a raw ``horovod.tensorflow`` loop on Keras 3 (the benchmark: ``synthetic``).
 
-    mpirun -np 2 python -m hvdk8s.benchmarks.synthetic_loop --model ResNet50 --batch-size 32
+    mpirun -np 2 python -m hvdk8s.benchmarks.workers.synthetic_loop --model ResNet50 --batch-size 32
 
 The loop a careful user writes: one ``tf.function`` step with ``hvd.DistributedGradientTape``, given the Keras
 variables' ``tf.Variable`` values (the tape keys gradients by ``Variable.ref()``, which Keras 3 variables lack);
@@ -17,7 +17,7 @@ import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-from . import synthetic
+from ..config import synthetic
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -51,11 +51,11 @@ MODELS: dict[str, dict[str, float]] = {
     "VGG-16": {"params": 138e6, "gflops": 15.3},
 }
 
-# Per-GPU compute. H100: measured single-GPU training rates (images/s at a batch), this package's
+# Per-GPU compute. H100: measured single-GPU training rates (images/s at a batch), the benchmarks package's
 # h100_training_rates.json (``gpus``: its bf16 rows; the file says what was measured, on what and when).
 # P100 has no measurement here: the Horovod paper's era is modelled from an ASSUMED ResNet-50 rate,
 # other models scaled by forward FLOPs.
-H100_RATES_PATH = Path(__file__).with_name("h100_training_rates.json")
+H100_RATES_PATH = Path(__file__).parents[1] / "h100_training_rates.json"
 P100: dict[str, Any] = {"measured": False, "rates": {"ResNet-50": [220.0, 64]}}
 
 
@@ -78,7 +78,7 @@ def gpus(h100_rates: Path = H100_RATES_PATH) -> dict[str, dict[str, Any]]:
 
 BACKWARD_SHARE = 2 / 3  # ASSUMED: backward = 2 x forward, spread over layers by their multiply-adds
 BUCKET_BYTES = 25 * 2**20  # ASSUMED gradient bucket size of the overlap model (PyTorch DDP's default bucket_cap_mb=25)
-LAYERS: dict[str, list[list[int]]] = json.loads((Path(__file__).with_name("model_layers.json")).read_text())["models"]
+LAYERS: dict[str, list[list[int]]] = json.loads((Path(__file__).parents[1] / "model_layers.json").read_text())["models"]
 
 PS_RATIO = 4  # workers per parameter server in the predictions (ASSUMED)
 SCALE_WORKERS = (8, 16, 32, 64, 128, 256, 512)

@@ -1,7 +1,7 @@
 """Entry point of every process of a cluster benchmark job (``hvdk8s bench --cluster``), in its pod.
 
-    python -m hvdk8s.benchmarks.cluster_entry train --job-name J --strategy S --workers N --round R --job-json JSON [--server]
-    python -m hvdk8s.benchmarks.cluster_entry allreduce --job-name J --workers N --job-json JSON
+    python -m hvdk8s.benchmarks.workers.cluster_entry train --job-name J --strategy S --workers N --round R --job-json JSON [--server]
+    python -m hvdk8s.benchmarks.workers.cluster_entry allreduce --job-name J --workers N --job-json JSON
 
 Runs the suite's own process (``worker`` for training, ``comm_worker allreduce``) on the job the JSON
 describes, as a local run's ``Launcher`` runs it, with two additions for a cluster, where the only thing
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
 
             code = comm_worker.main(["allreduce", "--job", str(job), "--out", str(out)])
         if out.exists():
-            from .envinfo import collect
+            from ..machine.envinfo import collect
 
             emit(RECORD, {"job": args.job_name, "kind": args.kind, "strategy": args.strategy, "workers": args.workers,
                           "round": args.round, "wall_seconds": time.time() - started,

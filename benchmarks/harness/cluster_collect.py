@@ -20,10 +20,11 @@ from typing import Any
 from hvdk8s import atomic
 from hvdk8s.launcher.mpirun import rank_lines
 
-from . import analysis, costmodel, envinfo, report
-from .cluster_entry import HOST, MARKER, RECORD
+from ..config.settings import STRATEGY_LABELS, Settings
+from ..machine import envinfo
+from ..reporting import analysis, costmodel, report
+from ..workers.cluster_entry import HOST, MARKER, RECORD
 from .cluster_jobs import BenchJob
-from .settings import STRATEGY_LABELS, Settings
 from .suite import SCHEMA
 
 NOT_EMULATED = "a cluster run measures the cluster's own network (see the Cluster section), not emulated links"
