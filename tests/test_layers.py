@@ -15,6 +15,17 @@ Inside ``hvdk8s.serving``, its sub-packages form layers of their own:
     server | clients | kube                     the server; its clients and the load test; Kubernetes manifests
     model | api                                 export and selection; TF Serving's API contract (no server, no TF)
 
+and so do ``hvdk8s.benchmarks``'s, by job (``__main__`` only runs ``cli``):
+
+    hvdk8s.benchmarks.cli                       ``hvdk8s bench``: its flags, and which run they start
+    harness                                     what each run drives and writes: the suite (locally or as cluster
+                                                jobs), chaos runs, the serving benchmark, the callback study
+    reporting | workers                         raw timings to summaries, cost model and report; the processes the
+                                                harness starts (training, allreduce, chaos and synthetic workers)
+    config | machine                            what a run measures (settings, knobs, Horovod's synthetic
+                                                benchmarks); this machine (launching processes, its environment)
+    emulation                                   hosts in network namespaces, their links, chaos hosts with sshd
+
 Imports inside functions count too, so none can dodge a contract. The folders are installed as
 ``hvdk8s.<folder>`` (setuptools ``package-dir``), which import-linter cannot follow, so the test lays
 them out under one ``hvdk8s/`` folder in a temporary directory first.
@@ -46,6 +57,13 @@ SERVING_LAYERS = [  # inside hvdk8s.serving (its __init__ imports nothing: the p
     "server | clients | kube",
     "model | api",
 ]
+BENCHMARKS_LAYERS = [  # inside hvdk8s.benchmarks (its __init__ is empty; __main__ only runs cli)
+    "cli",
+    "harness",
+    "reporting | workers",
+    "config | machine",
+    "emulation",
+]
 
 
 def _staged_package(root: Path) -> list[str]:
@@ -70,16 +88,21 @@ def test_no_import_cycles_and_every_layer_imports_only_those_below(tmp_path: Pat
         "[importlinter:contract:serving]", "name = serving: each layer imports only the layers below it",
         "type = layers", "containers = hvdk8s.serving",
         "layers =", *(f"    {layer}" for layer in SERVING_LAYERS), "",
+        "[importlinter:contract:benchmarks]", "name = benchmarks: each layer imports only the layers below it",
+        "type = layers", "containers = hvdk8s.benchmarks",
+        "layers =", *(f"    {layer}" for layer in BENCHMARKS_LAYERS), "",
         "[importlinter:contract:core]", "name = the core imports nothing above it", "type = forbidden",
         "source_modules =", *(f"    {m}" for m in core),
         "forbidden_modules =", *(f"    {m}" for m in [*subpackages, "hvdk8s.cli"]), "",
     ]))  # fmt: skip
     assert set(subpackages) == {m.strip() for layer in LAYERS[1:] for m in layer.split("|")}  # every package placed
-    serving = {p.stem for p in (tmp_path / "hvdk8s" / "serving").iterdir()
-               if p.suffix == ".py" and p.stem != "__init__" or (p / "__init__.py").is_file()}  # fmt: skip
-    assert serving == {m.strip() for layer in SERVING_LAYERS for m in layer.split("|")}  # every module placed
+    for package, layers, unplaced in (("serving", SERVING_LAYERS, {"__init__"}),
+                                      ("benchmarks", BENCHMARKS_LAYERS, {"__init__", "__main__"})):
+        modules = {p.stem for p in (tmp_path / "hvdk8s" / package).iterdir()
+                   if p.suffix == ".py" and p.stem not in unplaced or (p / "__init__.py").is_file()}
+        assert modules == {m.strip() for layer in layers for m in layer.split("|")}, package  # every module placed
     lint = Path(sys.executable).with_name("lint-imports")
     proc = subprocess.run([str(lint), str(config), "--no-cache"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(tmp_path)})  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
-    assert "Contracts: 4 kept, 0 broken." in proc.stdout
+    assert "Contracts: 5 kept, 0 broken." in proc.stdout
