@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh machine (as root, package registries only):
 #   make demo   the example pipeline (hvdk8s pipeline run): 3 candidates on 2 ranks -> select -> serve -> load test
-#   make test   the test suite, on the default stack (TensorFlow 2.21 / Keras 3.15)
+#   make test   the test suite, on the default stack (TensorFlow 2.21 / Keras 3.15), without the e2e scenarios
+#   make test-e2e   the e2e scenarios (pytest -m e2e: whole jobs and benchmark runs of a minute or more each)
 #   make docs   the documentation site (MkDocs, docs/), served live at http://127.0.0.1:8000
 # Both run `setup` first: Debian packages, .venv, the stack, Horovod built from source (patched, cached wheel).
 #   make test-stack TF=2.18   the training core and Horovod's own Keras tests on another supported stack,
@@ -18,7 +19,7 @@ CORE_TESTS := tests/test_horovod_api.py tests/test_training.py tests/test_fit_st
 	tests/test_schedule.py tests/test_callbacks.py tests/test_mixed_precision.py tests/test_checkpoint.py \
 	tests/test_resume_h5.py tests/test_elastic.py tests/test_overlap.py tests/test_savedmodel_compat.py
 
-.PHONY: setup demo test test-stack lint docs clean
+.PHONY: setup demo test test-e2e test-stack lint docs clean
 
 setup: $(STAMP)
 
@@ -30,7 +31,10 @@ demo: setup
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
 
 test: setup lint
-	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -m "not e2e" $(PYTEST_ARGS)
+
+test-e2e: setup
+	$(PY) -m pytest -n 2 --dist loadgroup --no-loadscope-reorder -m e2e $(PYTEST_ARGS)
 
 # ruff (pyflakes, pycodestyle errors, import order; [tool.ruff]) and mypy (scripts/typecheck.py; [tool.mypy]),
 # both configured in pyproject.toml; make test runs them first

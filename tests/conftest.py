@@ -158,11 +158,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # The groups that take longest (minutes each: MPI jobs and benchmark runs one after another), longest first, as
-# pytest --durations showed them: ``make test`` starts them first (``--no-loadscope-reorder`` keeps this order;
-# pytest-xdist would otherwise start the groups with the most tests first), so that the many short modules fill
-# the other worker meanwhile instead of a long one running alone at the end.
+# pytest --durations showed them, the e2e scenarios' (``make test-e2e``) and then the rest's (``make test``): both
+# start them first (``--no-loadscope-reorder`` keeps this order; pytest-xdist would otherwise start the groups with
+# the most tests first), so that the many short modules fill the other worker meanwhile instead of a long one
+# running alone at the end.
 LONG_FIRST = (*sorted(NETNS_MODULES), "test_benchmarks", "test_synthetic_peer", "test_cluster_bench_e2e",
-              "test_migrate_examples", "test_elastic", "test_installed", "test_checkpoint", "test_tfserving_peer")
+              "test_tfserving_peer", "test_horovod_api", "test_migrate_examples", "test_elastic", "test_checkpoint",
+              "test_resume_h5", "test_training", "test_installed")
 
 
 def _module(item: pytest.Item) -> str:

@@ -114,6 +114,7 @@ def table_headers(markdown: str) -> set[str]:
     return {lines[i] for i in range(len(lines) - 1) if lines[i].startswith("| ") and lines[i + 1].startswith("|---")}
 
 
+@pytest.mark.e2e
 def test_run_succeeds_and_shows_progress(run: dict[str, Any]) -> None:
     proc = run["proc"]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -123,6 +124,7 @@ def test_run_succeeds_and_shows_progress(run: dict[str, Any]) -> None:
     assert any(line.startswith(f"[bench {total}/{total} ") for line in progress)
 
 
+@pytest.mark.e2e
 def test_report_structure_and_plots(run: dict[str, Any]) -> None:
     out = run["out"]
     md = (out / "report.md").read_text()
@@ -142,6 +144,7 @@ def test_report_structure_and_plots(run: dict[str, Any]) -> None:
     assert env["command"][:3] == ["python", "-m", "benchmarks"]
 
 
+@pytest.mark.e2e
 def test_every_summary_recomputes_from_the_raw_timings(run: dict[str, Any]) -> None:
     results = run["results"]
     assert analysis.derive(results["raw"]) == results["derived"]
@@ -176,6 +179,7 @@ def test_every_summary_recomputes_from_the_raw_timings(run: dict[str, Any]) -> N
     assert all(p["busbw_bytes_per_s"] == p["algbw_bytes_per_s"] for p in sweep)  # 2(N-1)/N = 1 at N=2
 
 
+@pytest.mark.e2e
 def test_profile_phases_and_timeline(run: dict[str, Any]) -> None:
     prof = run["results"]["derived"]["profile"]["workloads"]
     assert [w["workload"] for w in prof] == ["cnn", "mlp"]
@@ -194,6 +198,7 @@ def test_profile_phases_and_timeline(run: dict[str, Any]) -> None:
     assert (run["out"] / "timeline.png").is_file()
 
 
+@pytest.mark.e2e
 def test_every_table_number_traces_to_results(run: dict[str, Any]) -> None:
     md = (run["out"] / "report.md").read_text()
     assert untraced_cells(md, run["results"]) == []
@@ -203,6 +208,7 @@ def test_every_table_number_traces_to_results(run: dict[str, Any]) -> None:
     assert any("123,457" in cell for cell in untraced_cells(forged, run["results"]))
 
 
+@pytest.mark.e2e
 def test_emulated_cluster_measured_and_removed(run: dict[str, Any]) -> None:
     emu = run["results"]["derived"]["emulated"]
     assert netns.existing_namespaces() == []
@@ -242,6 +248,7 @@ def test_committed_example_report_traces_to_its_results(name: str) -> None:
 
 
 # --- Horovod's synthetic benchmarks (issues 30, 37): the suite's two modules launched as users run them ----------
+@pytest.mark.e2e
 def test_horovods_synthetic_scripts_run_alternately_and_are_reported(run: dict[str, Any]) -> None:
     proc, results, out = run["proc"], run["results"], run["out"]
     assert proc.returncode == 0 and results["errors"] == [], proc.stderr[-3000:]

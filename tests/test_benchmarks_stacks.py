@@ -46,6 +46,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"results": results, "probed": probed, "calls": calls.read_text().splitlines(), "python": str(python)}
 
 
+@pytest.mark.e2e
 def test_the_stack_is_probed_before_anything_runs_and_only_its_launch_runs_it(study: dict[str, Any]) -> None:
     assert study["results"]["errors"] == []
     (probe,) = study["probed"]
@@ -58,6 +59,7 @@ def test_the_stack_is_probed_before_anything_runs_and_only_its_launch_runs_it(st
     assert stacks["same_stack"]["executable"] == sys.executable  # the wrapper exec'd this interpreter
 
 
+@pytest.mark.e2e
 def test_each_launch_records_its_stack_and_ratio_beside_the_baselines(study: dict[str, Any]) -> None:
     results = study["results"]
     launches = {r["knob"]: r for r in results["raw"]["knobs"]}
@@ -78,6 +80,7 @@ def test_each_launch_records_its_stack_and_ratio_beside_the_baselines(study: dic
     assert analysis.derive(results["raw"]) == results["derived"]
 
 
+@pytest.mark.e2e
 def test_report_shows_the_stack_of_every_row_and_traces_to_results(study: dict[str, Any]) -> None:
     results = study["results"]
     md = report.render(results)

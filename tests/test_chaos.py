@@ -31,6 +31,7 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[chaos_netns.Clus
         yield built
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("fault", [
     chaos.Fault("kill", "step", 30),  # a worker host dies mid-step: its peer is in the step's allreduce
     # the host's link goes down mid-step with its worker alive: the peer, in the step's allreduce, sees

@@ -128,6 +128,7 @@ def kill_session(sid: int) -> None:
     assert not members(), "processes of the killed job survived"
 
 
+@pytest.mark.e2e
 def test_killed_job_resumes_from_last_checkpoint(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     args = ["run", "-np", "2", "examples/train_digits.py", "--checkpoint-dir", str(ckpt), "--warmup-epochs", "0"]

@@ -42,10 +42,10 @@ AGENT = Path(__file__).with_name("netns_pod_agent.py")
 SSH_PORT = 2222  # the job file's sshPort, where the launcher's wait looks for each worker's sshd
 LISTEN = "import socket,sys; s=socket.create_server(('0.0.0.0',int(sys.argv[1]))); [s.accept() for _ in iter(int,1)]"
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("mpirun") is None,
     reason="needs root, iproute2 and Open MPI (make setup installs them)",
-)
+)]
 
 
 class NetnsPods:

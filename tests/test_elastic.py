@@ -24,6 +24,7 @@ from collective_errors import GLOO_RESET, MISMATCHED_SHAPES, MPI_FAILED, PROCESS
 from conftest import HVDK8S, REPO, SCRIPTS, discovery_script, hvdk8s_cli, job_env, output_of
 
 
+@pytest.mark.e2e
 def test_job_survives_losing_a_rank_and_resumes_from_the_last_commit(tmp_path: Path) -> None:
     """With checkpoints and the default warm-up, as mpijob/examples/elastic.yaml runs it."""
     hosts, discover = discovery_script(tmp_path, "localhost:2\n")
@@ -94,6 +95,7 @@ def worker_pids(root: int, host: str) -> list[int]:
     return found
 
 
+@pytest.mark.e2e
 def test_readme_local_elastic_command_survives_a_killed_worker() -> None:
     lines: list[str] = []
     killed: list[int] = []

@@ -16,6 +16,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conftest import HVDK8S, SHARED, discovery_script, job_env, needs_shared, output_of
 
 pytestmark = needs_shared("peer/horovod/examples")
@@ -72,6 +74,7 @@ def test_tensorflow2_keras_mnist_elastic_with_mixed_precision_trains_on_2_ranks(
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1.keras", "checkpoint-2.keras"]
 
 
+@pytest.mark.e2e
 def test_keras_imagenet_resnet50_resumes_from_its_default_checkpoint(tmp_path: Path) -> None:
     """The example's default ``--checkpoint-format`` (``./checkpoint-{epoch}.h5``, rewritten to .keras by migrate):
     a second run finds epoch 1's checkpoint, ``hvd.load_model`` restores model and optimizer on rank 0, the
@@ -101,6 +104,7 @@ def optimizer_iterations(checkpoint: Path) -> int:
         return int(weights["optimizer/vars/0"][()])
 
 
+@pytest.mark.e2e
 def test_tensorflow2_keras_mnist_elastic_grows_from_1_to_2_ranks(tmp_path: Path) -> None:
     migrated(tmp_path, "tensorflow2_keras_mnist_elastic.py")
     hosts, discover = discovery_script(tmp_path, "localhost:1\n")

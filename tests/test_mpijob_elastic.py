@@ -167,6 +167,7 @@ def pods_command(command: list[str], script: Path, checkpoints: Path) -> list[st
     return [here.get(word, word) for word in command]
 
 
+@pytest.mark.e2e
 def test_a_deleted_worker_pods_replacement_joins_the_running_job(tmp_path: Path) -> None:
     """#28 on Kubernetes, with real training: the rendered elastic launcher command runs on a namespace host,
     its workers on namespace hosts (own address, host name and sshd on 2222) that the API's worker pods stand

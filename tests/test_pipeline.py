@@ -306,6 +306,7 @@ def test_role_grants_exactly_what_the_steps_do():
 # ------------------------------------------------------------------ the local executor, for real
 
 
+@pytest.mark.e2e
 def test_local_run_survives_a_broken_candidate_and_follows_the_dag(tmp_path, capsys):
     data = minimal(candidates=[
         {"name": "cnn", "job": {"command": ["python", TRAIN, "--epochs", 1]}},

@@ -25,7 +25,7 @@ from hvdk8s.benchmarks.reporting import analysis, report
 
 from conftest import needs_shared, shared
 
-pytestmark = needs_shared("peer/horovod/examples")
+pytestmark = [pytest.mark.e2e, needs_shared("peer/horovod/examples")]
 MODEL = "MobileNetV3Small"  # the smallest keras.applications model: a step of 8 images took 0.3-0.5 s here
 MAX_ROUNDS = 2
 

@@ -12,6 +12,8 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from conftest import REPO, SHARED, needs_shared, output_of
 
 PEER = SHARED / "peer" / "tfserving"
@@ -24,7 +26,7 @@ NOT_APPLICABLE = {
     "test_kPathRegex": "C++ constant",
 }
 
-pytestmark = needs_shared("peer/tfserving")
+pytestmark = [pytest.mark.e2e, needs_shared("peer/tfserving")]
 
 
 def test_tf_servings_own_tests_pass_with_upstreams_run_server(tmp_path: Path) -> None:
