@@ -157,7 +157,6 @@ def test_bench_report_only_on_a_committed_result(installed: Installed) -> None:
     assert "NVIDIA H100" in (out / "report.md").read_text()  # the cost model's measured rates, from the package
 
 
-@pytest.mark.e2e
 def test_a_minimal_bench_run(installed: Installed) -> None:
     installed.run(
         "bench", "--quick", "--strategies", "hvdk8s", "--workloads", "mlp", "--mlp-width", "16", "--ranks", "1",
