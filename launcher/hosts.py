@@ -95,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     """
     parser = argparse.ArgumentParser(prog="python -m hvdk8s.launcher.hosts", description=__doc__.split("\n\n")[0],
                                      epilog="after --: the discovery script (ready) or the command to run (wait)")
-    parser.add_argument("mode", choices=("ready", "wait"))
+    parser.add_argument("mode", choices=("ready", "wait"),
+                        help="ready: print the workers whose sshd answers (elastic host discovery); "
+                             "wait: run the command once every worker in the hostfile answers")
     parser.add_argument("--port", type=int, required=True, help="the workers' sshd port")
     parser.add_argument("--hostfile", default=os.environ.get(HOSTFILE_ENV, "/etc/mpi/hostfile"),
                         help=f"wait: the controller's hostfile (default: ${HOSTFILE_ENV}, else /etc/mpi/hostfile)")

@@ -16,8 +16,8 @@ def test_wheel_has_every_subpackage_and_the_public_names_stub(tmp_path: Path) ->
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    folders = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
-    for folder in folders:
+    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for folder in package_dirs.values():
         shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
@@ -28,8 +28,10 @@ def test_wheel_has_every_subpackage_and_the_public_names_stub(tmp_path: Path) ->
     names = set(zipfile.ZipFile(wheel).namelist())
     for stub in ("hvdk8s/__init__.pyi", "hvdk8s/serving/__init__.pyi", "hvdk8s/migrate/__init__.pyi"):
         assert stub in names, stub  # without it the package fails to import (lazy_loader reads it)
-    for package in ("launcher", "cluster", "mpijob", "serving", "benchmarks", "pipeline", "migrate"):
-        assert f"hvdk8s/{package}/__init__.py" in names, package
+    for name, folder in package_dirs.items():  # every package and sub-package of the checkout, at any depth
+        for init in (REPO / folder).rglob("__init__.py"):
+            inside = init.relative_to(REPO / folder).as_posix()
+            assert f"{name.replace('.', '/')}/{inside}" in names, f"{folder}/{inside} is not in the wheel"
     # libcst (hvdk8s migrate's codemod) is an extra, not a need of the training library
     (metadata,) = (n for n in names if n.endswith(".dist-info/METADATA"))
     requires = [line for line in zipfile.ZipFile(wheel).read(metadata).decode().splitlines()
