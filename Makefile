@@ -15,7 +15,7 @@ SETUP_INPUTS := pyproject.toml scripts/setup.sh scripts/install-horovod.sh scrip
 # The training core: Horovod's API and its own Keras tests (test_horovod_api runs ../shared/peer/horovod), fit,
 # the optimizer, schedules, callbacks, mixed precision, checkpoints (a migrated Horovod script's resume included),
 # elastic training; and a SavedModel exported on the default stack, loaded and called under the oldest.
-CORE_TESTS := tests/test_horovod_api.py tests/test_training.py tests/test_fit_step.py tests/test_fused.py \
+CORE_TESTS := tests/test_keras_compat.py tests/test_horovod_api.py tests/test_training.py tests/test_fit_step.py tests/test_fused.py \
 	tests/test_schedule.py tests/test_callbacks.py tests/test_mixed_precision.py tests/test_checkpoint.py \
 	tests/test_resume_h5.py tests/test_elastic.py tests/test_overlap.py tests/test_savedmodel_compat.py
 

@@ -14,14 +14,15 @@ with either function in interleaved rounds: the wrapper costs ~0.3 ms of a
 
 ``LeanTrainFunction`` is ``train_step(next(iterator))`` in one ``tf.function``
 (through the model's distribution strategy, as Keras calls it), installed as
-the model's public ``train_function``, the function ``fit`` calls with the
-epoch's iterator (``make_train_function`` returns an installed one as long as
-the model is not recompiled). As Keras's own does since 3.12
-(``_autoconvert_optionals``), it turns the empty ``tf.experimental.Optional``
-that Keras's generator and grain adapters put where a batch holds ``None``
-back into ``None`` before ``train_step`` sees it (Keras 3.8 to 3.11 put none
-there: a no-op; a ``PyDataset`` batch cannot hold ``None``). Anything
-else it is given (``train_on_batch`` passes a generator) goes to Keras's own
+the model's ``train_function``, the function ``fit`` calls with the epoch's
+iterator (``keras_compat.install_train_function``; ``make_train_function``
+returns an installed one as long as the model is not recompiled:
+``keras_compat.keras_train_function``). As Keras's own does from 3.12 on, it
+turns the empty ``tf.experimental.Optional`` that Keras's generator and grain
+adapters put where a batch holds ``None`` back into ``None`` before
+``train_step`` sees it (``keras_compat.none_for_optionals``; a no-op on
+earlier releases; a ``PyDataset`` batch cannot hold ``None``). Anything else
+it is given (``train_on_batch`` passes a generator) goes to Keras's own
 function. It is installed only where it computes what Keras's does: compiled
 (not ``run_eagerly``), no XLA, one step per call, one replica in sync.
 """
@@ -35,14 +36,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from hvdk8s import keras_compat
 from hvdk8s.optimizer import distribute_loss_scale, reduces_gradients
-
-_ITERATORS = (tf.data.Iterator, tf.distribute.DistributedIterator)
-
-
-def _none_for_optionals(batch: Any) -> Any:
-    """``batch`` with each ``tf.experimental.Optional`` (Keras's placeholder for a ``None`` in it) made ``None``."""
-    return keras.tree.map_structure(lambda item: None if isinstance(item, tf.experimental.Optional) else item, batch)
 
 
 class LeanTrainFunction:
@@ -63,7 +58,7 @@ class LeanTrainFunction:
 
         @tf.autograph.experimental.do_not_convert
         def one_step(iterator: Any) -> Any:
-            return strategy.run(model.train_step, args=(_none_for_optionals(next(iterator)),))
+            return strategy.run(model.train_step, args=(keras_compat.none_for_optionals(next(iterator)),))
 
         self.step = tf.function(one_step, reduce_retracing=True)
         # the iterator of the last call (weakly: an epoch's iterator must not outlive its fit) and its function
@@ -71,7 +66,7 @@ class LeanTrainFunction:
         self._concrete: Callable[[Any], Any] | None = None
 
     def __call__(self, iterator: Any) -> Any:
-        if not isinstance(iterator, _ITERATORS):
+        if not isinstance(iterator, keras_compat.EPOCH_ITERATORS):
             return self.keras_function(iterator)
         if self._concrete is not None and self._iterator is not None and self._iterator() is iterator:
             return self._concrete(iterator)
@@ -112,13 +107,12 @@ def install(model: keras.Model) -> None:
         warnings.warn("hvdk8s: XLA (jit_compile) cannot compile Horovod collectives; turning it off", stacklevel=2)
         model.jit_compile = False
         stale = True
-    model.make_train_function(force=stale)  # Keras's own, unless there is a current train function already
-    current = model.train_function
+    current = keras_compat.keras_train_function(model, force=stale)  # Keras's own, unless one is current already
     if not isinstance(current, LeanTrainFunction) and applies(model):
-        model.train_function = LeanTrainFunction(model, current)
+        keras_compat.install_train_function(model, LeanTrainFunction(model, current))
 
 
 def rebuild(model: keras.Model) -> None:
     """Recompile the train function (after the step gained state it must trace in), lean where it applies."""
-    model.make_train_function(force=True)
+    keras_compat.keras_train_function(model, force=True)
     install(model)

@@ -16,11 +16,12 @@ decays every row, and so do other dtypes.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import keras
 import tensorflow as tf
+
+from hvdk8s import keras_compat
 
 # the dtypes whose fused result is checked bit for bit against Keras's update (tests/test_fused.py)
 _KERNEL_DTYPES = (tf.float16, tf.float32, tf.float64)
@@ -31,8 +32,6 @@ class FusedSGD:
 
     momentum: float
     nesterov: bool
-    momentums: list[keras.Variable]
-    _get_variable_index: Callable[[Any], int]  # Keras's: a trainable variable's index among build's variables
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         var = variable.value if isinstance(variable, keras.Variable) else variable
@@ -43,8 +42,8 @@ class FusedSGD:
         if not self.momentum:
             tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=lr, delta=grad)
             return None
-        # Keras's SGD finds a variable's momentum the same way (one per trainable variable, in build's order).
-        accum = self.momentums[self._get_variable_index(variable)].value
+        # The buffer Keras's own SGD update uses for this variable.
+        accum = keras_compat.sgd_momentum(self, variable).value  # type: ignore[arg-type]  # an SGD, by the MRO
         tf.raw_ops.ResourceApplyKerasMomentum(
             var=var.handle, accum=accum.handle, lr=lr, grad=grad, momentum=tf.cast(self.momentum, var.dtype),
             use_locking=False, use_nesterov=bool(self.nesterov),

@@ -2,17 +2,14 @@
 
 ``keras.models.load_model`` returns the plain optimizer that was saved, so a
 model resumed that way trains each rank on its own gradients. This wraps the
-optimizer class while Keras deserialises it, so its saved state (slots,
-iterations) is restored into the distributed one.
+optimizer class while Keras deserialises it (``keras_compat.load_overrides``),
+so its saved state (slots, iterations) is restored into the distributed one.
 
 Legacy HDF5 (``.h5`` / ``.hdf5``) whole-model saves are refused: Keras 3.8 and
-3.15 load them with an optimizer built for no variables (``model.optimizer.build(
-model._trainable_variables)``, the model's own variables, none of its layers'),
-so the first training step fails ("Unknown variable", which Keras 3.8 hides
-behind "numpy() is only available when eager execution is enabled") and the
-saved optimizer state is dropped; and they deserialise the optimizer under its
-lower-cased class name, past the wrapped classes. Keras cannot resume training
-from such a file, distributed or not.
+3.15 load them with an optimizer built for none of the model's layers'
+variables, so the first training step fails and the saved optimizer state is
+dropped (``keras_compat.legacy_h5_saved_with_optimizer`` says how). Keras
+cannot resume training from such a file, distributed or not.
 """
 from __future__ import annotations
 
@@ -23,27 +20,17 @@ from typing import Any
 import keras
 from horovod.tensorflow import Compression
 
-from hvdk8s.optimizer import DistributedOptimizer, is_distributed_class
+from hvdk8s import keras_compat
+from hvdk8s.optimizer import DistributedOptimizer
 
 
 def _keras_optimizer_classes() -> list[type]:
-    """Keras's own optimizer classes (not user subclasses, not distributed wrappers sharing their names)."""
-    found, todo = [], [keras.optimizers.Optimizer]
-    while todo:
-        for sub in todo.pop().__subclasses__():
-            if sub not in found and sub.__module__.startswith("keras.") and not is_distributed_class(sub):
-                found.append(sub)
-                todo.append(sub)
-    return found
-
-
-def _wrapping(cls: type[keras.optimizers.Optimizer], compression: Any) -> type:
-    """A class Keras can deserialise by name whose ``from_config`` returns the distributed optimizer."""
-
-    def from_config(_cls: type, config: Mapping[str, Any], custom_objects: Any = None) -> keras.optimizers.Optimizer:
-        return DistributedOptimizer(cls.from_config(dict(config)), compression=compression)
-
-    return type(cls.__name__, (cls,), {"from_config": classmethod(from_config), "__module__": cls.__module__})
+    """Keras's own optimizer classes: those ``keras.optimizers`` exports (``Optimizer`` itself aside)."""
+    return [
+        value for value in vars(keras.optimizers).values()
+        if isinstance(value, type) and issubclass(value, keras.optimizers.Optimizer)
+        and value is not keras.optimizers.Optimizer
+    ]  # fmt: skip
 
 
 def load_model(
@@ -88,9 +75,13 @@ def load_model(
     if legacy_opts:
         raise ValueError("load_model(legacy_opts=True): Keras 3 has no keras.optimizers.legacy optimizers")
     _refuse_legacy_h5(filepath)
-    objects: dict[str, Any] = {}
-    for cls in [*_keras_optimizer_classes(), *(custom_optimizers or [])]:
-        objects[cls.__name__] = _wrapping(cls, compression)
+
+    def distributed(cls: type[Any], config: dict) -> keras.optimizers.Optimizer:
+        return DistributedOptimizer(cls.from_config(config), compression=compression)
+
+    objects: dict[str, Any] = keras_compat.load_overrides(
+        [*_keras_optimizer_classes(), *(custom_optimizers or [])], distributed
+    )
     objects.update(custom_objects or {})
     return keras.models.load_model(filepath, custom_objects=objects)
 
@@ -108,14 +99,5 @@ LEGACY_H5_MESSAGE = (
 
 def _refuse_legacy_h5(filepath: str | os.PathLike[str]) -> None:
     """Raise for a path Keras would load as a legacy HDF5 model that was saved with its optimizer."""
-    if not str(filepath).endswith((".h5", ".hdf5")):
-        return  # Keras chooses its loader by the suffix alone
-    import h5py
-
-    try:
-        with h5py.File(filepath, "r") as f:
-            compiled = "training_config" in f.attrs
-    except OSError:
-        return  # missing or not HDF5: Keras's own error says so
-    if compiled:
+    if keras_compat.legacy_h5_saved_with_optimizer(filepath):
         raise ValueError(LEGACY_H5_MESSAGE.format(path=os.fspath(filepath)))

@@ -21,7 +21,7 @@ from typing import Any
 import keras
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from hvdk8s import collectives, commtime, runtime, telemetry
+from hvdk8s import collectives, commtime, keras_compat, runtime, telemetry
 from hvdk8s.errors import UserError
 from hvdk8s.ranklog import log_once
 
@@ -159,20 +159,20 @@ def steps_done(batch: int, model: keras.Model, params: Mapping[str, object]) -> 
 
 
 def loss_tracker(model: keras.Model) -> keras.metrics.Metric | None:
-    """The model's ``loss`` metric (public ``model.metrics``), which counts samples.
+    """The model's ``loss`` metric, which counts samples (``keras_compat.loss_tracker``).
 
     ``fit`` resets it each epoch and the built-in ``train_step`` adds each
     batch's size (partial batches exact). It is fixed for a whole ``fit``, so
     callbacks look it up once: ``model.metrics`` walks every layer.
     """
-    return next((m for m in model.metrics if m.name == "loss" and hasattr(m, "count")), None)
+    return keras_compat.loss_tracker(model)
 
 
 def epoch_examples(tracker: keras.metrics.Metric | None, steps: int, batch_size: int | None) -> int:
     """Examples this rank has trained on in the current epoch: ``steps × batch_size``, else the tracker's count."""
     if batch_size:
         return steps * batch_size
-    return int(keras.ops.convert_to_numpy(tracker.count)) if tracker is not None else 0
+    return keras_compat.examples_counted(tracker) if tracker is not None else 0
 
 
 class TrainingMetrics(keras.callbacks.Callback):

@@ -15,13 +15,17 @@ rank whose float16 gradients overflow skips the reduction the others wait in.
 puts around a ``DistributedOptimizer`` (made distributed-aware when it builds
 its inner optimizer), reduce the scaled gradients first, as Horovod does under
 Keras 2, so every rank takes the same decision.
+
+What this relies on in Keras beyond its documentation (the subclass saved
+under the wrapped class's name, the loss-scale wrapper's flow, switching a
+wrapper's class in place, finding it from the inner optimizer's ``build``,
+untracked state) is in ``hvdk8s.keras_compat``.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import functools
-import inspect
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -29,7 +33,7 @@ import keras
 import tensorflow as tf
 from horovod.tensorflow import Compression
 
-from hvdk8s import collectives, schedule
+from hvdk8s import collectives, keras_compat, schedule
 from hvdk8s.collectives import Average, GradientReduction, global_process_set, variable_key
 from hvdk8s.fused import fused_bases
 
@@ -83,8 +87,8 @@ class DistributedState:
     """One distributed optimizer's own state beside Keras's: local variables, pass accumulators, the reduced flag.
 
     A plain object on purpose: neither Keras nor TensorFlow tracking sees into
-    it, so checkpoints and exported models hold only the wrapped optimizer's
-    own state and load without hvdk8s.
+    it (``keras_compat.hold_untracked``), so checkpoints and exported models
+    hold only the wrapped optimizer's own state and load without hvdk8s.
     """
 
     def __init__(self) -> None:
@@ -109,8 +113,8 @@ class _DistributedMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.distributed_state = DistributedState()
-        self.rate_schedule = schedule.RateSchedule(self)  # type: ignore[arg-type]  # a keras Optimizer, by the MRO
+        keras_compat.hold_untracked(self, "distributed_state", DistributedState())
+        keras_compat.hold_untracked(self, "rate_schedule", schedule.RateSchedule(self))  # type: ignore[arg-type]
 
     def register_local_var(self, var: Any) -> None:
         """Keep ``var``'s gradient local: not reduced, and divided by size (unless ``scale_local_gradients=False``)."""
@@ -119,10 +123,10 @@ class _DistributedMixin:
     def build(self, variables: list[Any]) -> None:
         super().build(variables)  # type: ignore[misc]
         # A LossScaleOptimizer builds its inner optimizer in its own build: switch it over here, also where no
-        # hvdk8s callback runs (an elastic script's warm-up fit). Keras 3.8's fit builds before tracing the
-        # first step, which then reduces before deciding; 3.15's builds inside that step, whose decision the
-        # switched class's check_finite agrees across ranks.
-        distribute_loss_scale(_wrapping_loss_scale(self))
+        # hvdk8s callback runs (an elastic script's warm-up fit). fit builds it inside the first step's trace,
+        # where the wrapper's apply has begun in Keras's class: the switched class's check_finite then agrees
+        # that step's decision across ranks. Called directly from here (keras_compat.wrapping_loss_scale).
+        distribute_loss_scale(keras_compat.wrapping_loss_scale(self))
 
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
         grads = list(grads)
@@ -260,9 +264,9 @@ class _DistributedLossScaleMixin:
         finite = super().check_finite(grads)  # type: ignore[misc]
         if self.inner_optimizer.distributed_state.reduced:
             return finite  # reduced gradients: the same on every rank
-        # The step being traced started in Keras's apply, before this wrapper was switched over (Keras 3.15's
-        # fit builds the optimizer inside its first step): every rank must take the same branch, and the
-        # inner optimizer then reduces in it as usual.
+        # The step being traced started in Keras's apply, before this wrapper was switched over (fit builds the
+        # optimizer inside its first step, Keras 3.8 and 3.15 alike): every rank must take the same branch, and
+        # the inner optimizer then reduces in it as usual.
         return collectives.all_true(finite)
 
     def _decide(self, reduced: list[Any], variables: list[Any] | None) -> None:
@@ -289,7 +293,7 @@ def _reduced(optimizer: Any) -> Iterator[None]:
 def _loss_scale_class(base: type) -> type:
     if issubclass(base, _DistributedLossScaleMixin):
         return base
-    return type(base.__name__, (_DistributedLossScaleMixin, base), {"__module__": base.__module__})
+    return keras_compat.loss_scale_subclass(base, _DistributedLossScaleMixin)
 
 
 def distribute_loss_scale(optimizer: Any) -> bool:
@@ -297,10 +301,11 @@ def distribute_loss_scale(optimizer: Any) -> bool:
 
     ``model.compile`` puts such a wrapper around the model's optimizer under the
     ``mixed_float16`` policy. Called when the wrapper builds its inner optimizer
-    (Keras 3.8's ``fit`` builds it before tracing the first step, 3.15's inside
-    that step, whose decision ``check_finite`` then agrees across ranks) and by
+    (``fit`` builds it inside the first step's trace, on Keras 3.8 and 3.15
+    alike, and that step's decision ``check_finite`` then agrees across ranks;
+    a ``build`` by hand or by ``KerasState.sync`` comes before any trace) and by
     ``fit_step.install`` (when ``fit`` begins with hvdk8s's Horovod callbacks; it retraces the step). It changes
-    the object in place (its class becomes the distributed-aware subclass, which
+    the object in place (``keras_compat.reclass``: its class becomes the distributed-aware subclass, which
     overrides only ``apply`` and ``check_finite``), so its variables, its state
     and every reference to it (elastic state, checkpoints) stay as they are.
     Returns whether it changed anything.
@@ -310,35 +315,9 @@ def distribute_loss_scale(optimizer: Any) -> bool:
         and not isinstance(optimizer, _DistributedLossScaleMixin)
         and is_distributed(optimizer.inner_optimizer)
     ):
-        optimizer.__class__ = _loss_scale_class(optimizer.__class__)
+        keras_compat.reclass(optimizer, _loss_scale_class(optimizer.__class__))
         return True
     return False
-
-
-# Keras's LossScaleOptimizer calls its inner optimizer's ``build`` directly from its own ``build``; a few
-# more frames allow for wrappers (name scopes, distribution strategies).
-_CALLER_DEPTH = 6
-
-
-def _wrapping_loss_scale(optimizer: Any) -> Any:
-    """The ``LossScaleOptimizer`` whose method called ``optimizer``'s caller, if any, found up the stack.
-
-    Keras gives an inner optimizer no reference to its wrapper, and ``compile``
-    creates the wrapper itself; the call stack is the only place it shows.
-    """
-    frame = inspect.currentframe()
-    try:
-        frame = frame.f_back.f_back if frame is not None and frame.f_back is not None else None
-        for _ in range(_CALLER_DEPTH):
-            if frame is None:
-                return None
-            owner = frame.f_locals.get("self")
-            if isinstance(owner, keras.optimizers.LossScaleOptimizer) and owner.inner_optimizer is optimizer:
-                return owner
-            frame = frame.f_back
-        return None
-    finally:
-        del frame
 
 
 def DistributedOptimizer(
@@ -408,9 +387,9 @@ def DistributedOptimizer(
         base=base, reduction=reduction, passes=int(backward_passes_per_step),
         average_passes=bool(average_aggregated_gradients), scale_local=bool(scale_local_gradients),
     )
-    cls: type[Any] = type(base.__name__, (_DistributedMixin, *fused_bases(base), base), {
-        "__module__": base.__module__, "aggregation": aggregation,
-    })
+    cls: type[Any] = keras_compat.distributed_subclass(
+        base, (_DistributedMixin, *fused_bases(base)), {"aggregation": aggregation}
+    )
     return cls.from_config(optimizer.get_config())
 
 

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 import keras
 import tensorflow as tf
 
+from hvdk8s import keras_compat
+
 
 class MomentumCorrection:
     """Horovod's ``momentum_correction`` for SGD, inside the compiled step.
@@ -58,7 +60,7 @@ class MomentumCorrection:
 
         def scaled() -> tf.Tensor:
             ratio = tf.math.divide_no_nan(lr, self.last_lr) + tf.cast(tf.equal(self.last_lr, 0), lr.dtype)
-            for buffer in optimizer.momentums:
+            for buffer in keras_compat.sgd_momentums(optimizer):
                 buffer.assign(buffer * tf.cast(ratio, buffer.dtype))
             return tf.constant(True)
 
