@@ -340,25 +340,72 @@ def DistributedOptimizer(
 
     The result is an instance of a subclass named like the original (same
     module, same ``get_config``), so models saved during training load with
-    plain Keras. As in Horovod: ``groups``/``num_groups`` choose how gradients
-    are grouped into allreduces (default: one per gradient, started as soon as
-    backprop produces it); ``sparse_as_dense=False`` allgathers sparse
-    (``IndexedSlices``) gradients; ``gradient_predivide_factor`` splits the
-    average around the sum; ``device_dense``/``device_sparse`` are placement
-    hints for Horovod's ops; ``process_set`` limits the reduction to a Horovod
-    process set; ``backward_passes_per_step=k`` accumulates k passes locally,
-    counts each in ``iterations`` and sums them (averages with
-    ``average_aggregated_gradients=True``); it refuses sparse gradients unless
-    ``sparse_as_dense=True``, with Horovod's message. ``name`` prefixes the
-    allreduce ops.
-    ``op=Adasum`` reduces each tensor on its own (Horovod 0.28.1's grouped
-    Adasum fails) and is refused with ``groups``.
+    plain Keras. It is made from ``optimizer``'s config: ``optimizer``'s own
+    state (slots, ``iterations``) is not carried over. Every update, through
+    ``fit``, ``apply_gradients`` or ``apply``, first reduces the gradients; the
+    arguments after ``optimizer`` are Horovod's, with Horovod's defaults and
+    meaning.
 
     A ``keras.optimizers.LossScaleOptimizer`` comes back as one (same scale
     settings and config, so ``compile`` does not wrap it again) around the
     distributed inner optimizer, reducing the scaled gradients before Keras
-    checks them for inf/NaN, so all ranks skip the same steps. An optimizer
-    that is already distributed is wrapped afresh with these settings.
+    checks them for inf/NaN, so all ranks skip the same steps; the wrapper
+    ``compile`` puts around the result under ``mixed_float16`` is made to do
+    the same. An optimizer that is already distributed is wrapped afresh with
+    these settings.
+
+    Args:
+        optimizer: The Keras 3 optimizer to distribute (a ``LossScaleOptimizer``: its inner optimizer).
+        name: Prefix of the reduction ops' names; None for ``Distributed<optimizer class name>``.
+        device_dense: Device of the allreduces of dense gradients, passed to Horovod's ops ("" for
+            Horovod's default).
+        device_sparse: Device of the allgathers of sparse gradients, passed to Horovod's ops.
+        compression: ``Compression.none``, or ``Compression.fp16`` to send floating-point gradients as
+            float16 (the names ``"none"`` and ``"fp16"`` are taken too).
+        sparse_as_dense: Reduce sparse (``IndexedSlices``) gradients as dense tensors; False allgathers
+            their values and indices instead.
+        gradient_predivide_factor: With ``op=Average``, divide the gradients by this before the sum and
+            by ``size / gradient_predivide_factor`` after it; 1.0 averages after the sum.
+        op: ``hvdk8s.Average``, ``hvdk8s.Sum`` or ``hvdk8s.Adasum``. Adasum reduces each tensor on its
+            own (Horovod 0.28.1's grouped Adasum fails), takes no ``groups``,
+            ``gradient_predivide_factor`` or sparse gradients, and on CPU needs a power-of-two number of
+            ranks.
+        backward_passes_per_step: Accumulate this many backward passes locally, counting each in
+            ``iterations``, and reduce and update on the last; sparse gradients need
+            ``sparse_as_dense=True`` then.
+        average_aggregated_gradients: Average the accumulated passes instead of summing them.
+        num_groups: Horovod's older spelling of ``groups=n``, used when ``groups`` is None; 0 for none.
+        groups: None for one allreduce per gradient, started as soon as backprop produces it; ``n`` for
+            ``n`` grouped allreduces over contiguous runs of gradients; a list of variable lists for one
+            grouped allreduce per list (other variables get one each). Fewer groups overlap less
+            communication with backprop.
+        process_set: The Horovod process set whose ranks reduce together; a rank outside it applies its
+            own gradients.
+        scale_local_gradients: Divide the gradients of local variables (``register_local_var``), which
+            are not reduced, by the number of ranks, so that summed over the ranks they weigh like one
+            averaged gradient.
+
+    Returns:
+        The distributed optimizer, for ``model.compile`` or a custom loop's ``apply_gradients``.
+
+    Raises:
+        TypeError: ``optimizer`` is not a ``keras.optimizers.Optimizer``.
+        ValueError: ``backward_passes_per_step`` is below 1; ``op`` is not one of the three;
+            ``compression`` is an unknown name; ``groups`` is neither a positive count nor a list of
+            variable lists; ``gradient_predivide_factor`` is not 1.0 with an ``op`` other than
+            ``Average``; ``Adasum`` with ``groups``, or on CPU with a number of ranks that is not a power
+            of two. At an update: a sparse gradient without ``sparse_as_dense`` where
+            ``backward_passes_per_step`` > 1 (Horovod's message), with ``Adasum``, or with a
+            ``gradient_predivide_factor`` other than 1.0; or gradients without their variables where
+            ``groups`` lists variables or local variables are registered.
+
+    Example:
+        ```python
+        hvd.init()
+        opt = keras.optimizers.SGD(0.01 * hvd.size(), momentum=0.9)
+        model.compile(optimizer=hvd.DistributedOptimizer(opt), loss="sparse_categorical_crossentropy")
+        model.fit(dataset, epochs=10, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+        ```
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"optimizer: expected a keras.optimizers.Optimizer, got {type(optimizer).__name__}")
@@ -407,7 +454,38 @@ def PartialDistributedOptimizer(
     local_layers: keras.layers.Layer | Iterable[keras.layers.Layer] | None = None,
     scale_local_gradients: bool = True,
 ) -> keras.optimizers.Optimizer:
-    """``DistributedOptimizer`` whose ``local_layers`` keep their gradients local (``horovod.keras``'s)."""
+    """``DistributedOptimizer`` whose ``local_layers`` keep their gradients local (``horovod.keras``'s).
+
+    The gradients of the local layers' trainable weights are not reduced:
+    each rank updates them with its own, divided by the number of ranks unless
+    ``scale_local_gradients=False``. The other arguments are
+    ``DistributedOptimizer``'s (Horovod's signature, which has no
+    ``backward_passes_per_step`` here).
+
+    Args:
+        optimizer: The Keras 3 optimizer to distribute.
+        name: Prefix of the reduction ops' names; None for ``Distributed<optimizer class name>``.
+        device_dense: Device of the allreduces of dense gradients, passed to Horovod's ops.
+        device_sparse: Device of the allgathers of sparse gradients, passed to Horovod's ops.
+        compression: ``Compression.none`` or ``Compression.fp16`` (or their names).
+        sparse_as_dense: Reduce sparse gradients as dense tensors instead of allgathering them.
+        gradient_predivide_factor: With ``op=Average``, the factor divided out before the sum and
+            multiplied back after it.
+        op: ``hvdk8s.Average``, ``hvdk8s.Sum`` or ``hvdk8s.Adasum``.
+        groups: How the reduced gradients are grouped into allreduces (``DistributedOptimizer``'s).
+        process_set: The Horovod process set whose ranks reduce together.
+        local_layers: A Keras layer, or several, whose trainable weights keep their gradients local;
+            None for none.
+        scale_local_gradients: Divide the local gradients by the number of ranks.
+
+    Returns:
+        The distributed optimizer, with the local layers' weights registered (``register_local_var``).
+
+    Raises:
+        TypeError: ``optimizer`` is not a ``keras.optimizers.Optimizer``.
+        ValueError: As ``DistributedOptimizer``; and at an update, gradients come without their
+            variables (``apply_gradients(zip(grads, variables))`` passes them).
+    """
     opt = DistributedOptimizer(
         optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
         sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor, op=op,
@@ -455,6 +533,40 @@ class DistributedGradientTape:
     apply with a plain optimizer; use it or ``DistributedOptimizer``, not both.
     With mixed precision, ``keras.optimizers.LossScaleOptimizer(opt)`` around a
     plain optimizer checks the reduced gradients, so every rank skips alike.
+    The reduction arguments are Horovod's, with ``DistributedOptimizer``'s
+    meaning.
+
+    Args:
+        gradtape: The recorded ``tf.GradientTape`` to wrap; None records with a tape of its own, made
+            with ``tape_kwargs``.
+        device_dense: Device of the allreduces of dense gradients, passed to Horovod's ops.
+        device_sparse: Device of the allgathers of sparse gradients, passed to Horovod's ops.
+        compression: ``Compression.none`` or ``Compression.fp16`` (or their names).
+        sparse_as_dense: Reduce sparse gradients as dense tensors instead of allgathering them.
+        op: ``hvdk8s.Average``, ``hvdk8s.Sum`` or ``hvdk8s.Adasum``.
+        gradient_predivide_factor: With ``op=Average``, the factor divided out before the sum and
+            multiplied back after it.
+        num_groups: Horovod's older spelling of ``groups=n``, used when ``groups`` is None.
+        groups: How gradients are grouped into allreduces (``DistributedOptimizer``'s).
+        process_set: The Horovod process set whose ranks reduce together.
+        scale_local_gradients: Divide the gradients of local sources (``register_local_source``) by the
+            number of ranks.
+        **tape_kwargs: ``tf.GradientTape``'s arguments (``persistent``, ``watch_accessed_variables``)
+            for the tape it makes when ``gradtape`` is None.
+
+    Raises:
+        ValueError: As ``DistributedOptimizer`` for these arguments: ``op``, ``compression``,
+            ``groups``, or ``gradient_predivide_factor`` with an ``op`` other than ``Average``, or
+            ``Adasum``'s limits.
+
+    Example:
+        ```python
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        ```
     """
 
     def __init__(
@@ -493,11 +605,33 @@ class DistributedGradientTape:
         return getattr(self._tape, name)
 
     def register_local_source(self, source: Any) -> None:
-        """Keep ``source``'s gradient local (Horovod's ``register_local_source``)."""
+        """Keep ``source``'s gradient local (Horovod's ``register_local_source``).
+
+        Args:
+            source: A variable (Keras's or the ``tf.Variable`` behind it) whose gradient each rank keeps,
+                divided by the number of ranks unless ``scale_local_gradients=False``.
+        """
         self._local.add(variable_key(source))
 
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None, use_generic_names: bool = False) -> Any:
-        """Horovod's signature. ``use_generic_names`` only names Horovod's allreduce ops; hvdk8s names its own."""
+        """The wrapped tape's gradients, reduced across ranks (Horovod's signature).
+
+        Args:
+            target: What to differentiate, as for ``tf.GradientTape.gradient``.
+            sources: The variables or tensors to differentiate with respect to (a nested structure).
+            output_gradients: Passed on to the wrapped tape.
+            use_generic_names: Accepted for Horovod compatibility: it only names Horovod's allreduce ops,
+                and hvdk8s names its own.
+
+        Returns:
+            The gradients, structured like ``sources``: reduced across the process set's ranks, local
+            sources' kept as they are (divided by the number of ranks unless
+            ``scale_local_gradients=False``); None where ``target`` does not depend on a source.
+
+        Raises:
+            ValueError: A sparse gradient with ``op=Adasum`` or a ``gradient_predivide_factor`` other than
+                1.0, without ``sparse_as_dense``.
+        """
         grads = self._tape.gradient(target, sources, output_gradients=output_gradients)
         reduced = reduce_keeping_locals(
             self._reduction, tf.nest.flatten(grads), tf.nest.flatten(sources), self._local, self._scale_local

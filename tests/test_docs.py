@@ -32,9 +32,7 @@ REFERENCE_PAGES = ["reference.md", "serving-api.md", "cli.md"]
 # its sections. Delete each name here as its docstring gains them; the test fails on a name listed here
 # that no longer needs to be, so the list can only shrink.
 SECTIONS_NOT_YET_WRITTEN = {
-    "hvdk8s.optimizer.DistributedOptimizer",
-    "hvdk8s.optimizer.PartialDistributedOptimizer",
-    "hvdk8s.optimizer.DistributedGradientTape",
+    *(),  # every name's sections are written; `*()` keeps this an (empty) set, not a dict
 }
 PUBLIC_MODULES = ["hvdk8s.runtime", "hvdk8s.optimizer", "hvdk8s.callbacks", "hvdk8s.defaults", "hvdk8s.checkpoint",
                   "hvdk8s.loading", "hvdk8s.elastic", "hvdk8s.data", "hvdk8s.models", "hvdk8s.observability"]  # fmt: skip
