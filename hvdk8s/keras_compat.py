@@ -456,3 +456,49 @@ def examples_counted(tracker: keras.metrics.Metric) -> int:
     """
     return int(keras.ops.convert_to_numpy(tracker.count))
 
+
+# --- callbacks -----------------------------------------------------------------------------------------------
+
+
+class CallSteps:
+    """The steps of the train call ``fit`` is running, from the batch numbers its callback hooks get.
+
+    Why: with ``steps_per_execution`` > 1 one call of the train function runs several steps, and the
+    observability callbacks count the steps done when a call returns. Keras documents a hook's
+    ``batch`` only as the batch's index in the epoch, and for a call of several steps the hooks get
+    different ones: ``on_train_batch_begin`` the call's first step, ``on_train_batch_end`` the call's
+    first step on Keras 3.8 but its last on 3.15. So the count goes by the first, noted by the begin
+    hook (``begin``), the same on both.
+
+    Checked on: 3.8.0, 3.15.1.
+
+    Breaks if Keras changes it: the step counts and the progress bar run ahead of or behind the
+    steps trained within an epoch (capped at the epoch's steps where ``fit`` knows them).
+    """
+
+    def __init__(self) -> None:
+        self.first = 0
+
+    def begin(self, batch: int) -> None:
+        """Note the call's first step.
+
+        Args:
+            batch: ``on_train_batch_begin``'s ``batch``.
+        """
+        self.first = batch
+
+    def done(self, model: keras.Model, params: Mapping[str, object]) -> int:
+        """Steps finished this epoch once the call noted by ``begin`` returns.
+
+        One call runs ``steps_per_execution`` steps, fewer at the end of an epoch of known length.
+
+        Args:
+            model: The model being trained.
+            params: The callback's ``params`` (``fit``'s ``steps`` per epoch, when known).
+
+        Returns:
+            The steps finished this epoch.
+        """
+        done = self.first + int(getattr(model, "steps_per_execution", 1) or 1)
+        total = params.get("steps")
+        return min(done, int(total)) if isinstance(total, int) and total else done

@@ -148,16 +148,6 @@ def exporter(port: int | None = None) -> Exporter:
     return _exporter
 
 
-def steps_done(batch: int, model: keras.Model, params: Mapping[str, object]) -> int:
-    """Steps finished this epoch once the train call that began at ``batch`` returns.
-
-    One call runs ``steps_per_execution`` batches, fewer at the end of an epoch of known length.
-    """
-    done = batch + int(getattr(model, "steps_per_execution", 1) or 1)
-    total = params.get("steps")
-    return min(done, int(total)) if isinstance(total, int) and total else done
-
-
 def loss_tracker(model: keras.Model) -> keras.metrics.Metric | None:
     """The model's ``loss`` metric, which counts samples (``keras_compat.loss_tracker``).
 
@@ -220,6 +210,7 @@ class TrainingMetrics(keras.callbacks.Callback):
         self._epoch_start: float | None = None
         self._last_end = 0.0
         self._steps = 0
+        self._call = keras_compat.CallSteps()
         self._sample = _Sample()
         self._allreduce_epoch = 0.0
         self._figures_in_logs = False
@@ -247,13 +238,14 @@ class TrainingMetrics(keras.callbacks.Callback):
         self._recent.clear()
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._call.begin(batch)
         if self._epoch_start is None:
             self._epoch_start = self._last_end = self._sample.time = time.perf_counter()
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         now = time.perf_counter()
         seconds, self._last_end = now - self._last_end, now
-        done = steps_done(batch, self.model, self.params)
+        done = self._call.done(self.model, self.params)
         steps, self._steps = done - self._steps, done
         exp = self.exporter
         exp.steps.inc(steps)

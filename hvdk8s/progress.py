@@ -16,8 +16,8 @@ from typing import TextIO
 import keras
 from tqdm import tqdm
 
-from hvdk8s import runtime
-from hvdk8s.metrics import epoch_examples, loss_tracker, steps_done
+from hvdk8s import keras_compat, runtime
+from hvdk8s.metrics import epoch_examples, loss_tracker
 from hvdk8s.ranklog import log_once
 
 
@@ -62,6 +62,7 @@ class ProgressBar(keras.callbacks.Callback):
         self.file = file
         self.mininterval = mininterval
         self._bar: tqdm | None = None
+        self._call = keras_compat.CallSteps()
         self._start = self._postfix_at = 0.0
 
     def on_train_begin(self, logs: dict | None = None) -> None:
@@ -87,10 +88,13 @@ class ProgressBar(keras.callbacks.Callback):
         )
         self._start = self._postfix_at = time.perf_counter()
 
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._call.begin(batch)
+
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self._bar is None:
             return
-        done = steps_done(batch, self.model, self.params)
+        done = self._call.done(self.model, self.params)
         now = time.perf_counter()
         if now - self._postfix_at >= self._bar.mininterval:
             # Reading the loss and the example count waits for TensorFlow: only when the bar will redraw.

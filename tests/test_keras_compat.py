@@ -25,14 +25,6 @@ X = np.random.default_rng(0).normal(size=(8, 3)).astype("float32")
 Y = np.random.default_rng(1).normal(size=(8, 2)).astype("float32")
 
 
-@pytest.fixture(scope="module")
-def hvd():
-    import hvdk8s
-
-    hvdk8s.init(quiet=True)
-    return hvdk8s
-
-
 @pytest.fixture
 def mixed_float16() -> Iterator[None]:
     import keras
@@ -410,6 +402,42 @@ def test_keras_train_step_counts_each_epoch_s_examples_in_its_loss_tracker() -> 
     model.fit(np.concatenate([X, X[:2]]), np.concatenate([Y, Y[:2]]), batch_size=4, epochs=2, verbose=0)
     tracker = keras_compat.loss_tracker(model)
     assert tracker is not None and keras_compat.examples_counted(tracker) == 10  # 4 + 4 + 2, reset each epoch
+
+
+# --- callbacks ----------------------------------------------------------------------------------------------------
+
+
+def test_on_train_batch_begin_gets_each_call_s_first_step() -> None:
+    """``CallSteps``: with 3 steps per call, the begin hook gets 0, 3, 6 (the end hook: 0, 3, 6 on Keras 3.8,
+    2, 5, 8 on 3.15), and the steps done after each call count from the begin hook's."""
+    import keras
+
+    from hvdk8s import keras_compat
+
+    begins: list[int] = []
+    ends: list[int] = []
+    done: list[int] = []
+
+    class Record(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.call = keras_compat.CallSteps()
+
+        def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+            begins.append(batch)
+            self.call.begin(batch)
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            ends.append(batch)
+            done.append(self.call.done(self.model, self.params))
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", steps_per_execution=3)
+    model.fit(np.concatenate([X, X[:1]]), np.concatenate([Y, Y[:1]]), batch_size=1, verbose=0, callbacks=[Record()])
+    assert begins == [0, 3, 6] and done == [3, 6, 9]
+    ends_by_version = {(3, 8): [0, 3, 6], (3, 15): [2, 5, 8]}  # the releases checked
+    if keras_compat.keras_version() in ends_by_version:
+        assert ends == ends_by_version[keras_compat.keras_version()]
 
 
 # --- where the uses live ------------------------------------------------------------------------------------------
