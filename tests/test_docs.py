@@ -27,13 +27,6 @@ pytestmark = pytest.mark.unit
 
 README_BUDGET_LINES = 250
 REFERENCE_PAGES = ["reference.md", "serving-api.md", "cli.md"]
-# TEMPORARY (issue 39): these docstrings lack their Args:/Returns: sections because their files,
-# hvdk8s/optimizer.py and hvdk8s/collectives.py, were being changed by others when the reference gained
-# its sections. Delete each name here as its docstring gains them; the test fails on a name listed here
-# that no longer needs to be, so the list can only shrink.
-SECTIONS_NOT_YET_WRITTEN = {
-    *(),  # every name's sections are written; `*()` keeps this an (empty) set, not a dict
-}
 PUBLIC_MODULES = ["hvdk8s.runtime", "hvdk8s.optimizer", "hvdk8s.callbacks", "hvdk8s.defaults", "hvdk8s.checkpoint",
                   "hvdk8s.loading", "hvdk8s.elastic", "hvdk8s.data", "hvdk8s.models", "hvdk8s.observability"]  # fmt: skip
 
@@ -166,12 +159,9 @@ def test_public_api_is_in_the_reference() -> None:
 def test_public_api_documents_arguments_and_results() -> None:
     names = {**_rendered(), **_exported()}
     missing = {name: problems for name, obj in sorted(names.items()) if (problems := _missing_sections(obj))}
-    failing = {name: problems for name, problems in missing.items() if name not in SECTIONS_NOT_YET_WRITTEN}
-    assert not failing, "docstrings without their Google sections:\n" + "\n".join(
-        f"  {name}: {'; '.join(problems)}" for name, problems in failing.items()
+    assert not missing, "docstrings without their Google sections:\n" + "\n".join(
+        f"  {name}: {'; '.join(problems)}" for name, problems in missing.items()
     )
-    done = sorted(SECTIONS_NOT_YET_WRITTEN - set(missing))
-    assert not done, f"remove from SECTIONS_NOT_YET_WRITTEN, their docstrings are complete now: {done}"
 
 
 def test_cli_page_has_the_launcher_hosts_entry_point() -> None:
