@@ -29,7 +29,7 @@ USAGE_WIDTH = 100  # columns of the usage blocks, whatever the terminal building
 
 
 def stage_package(root: Path = API_SOURCES) -> None:
-    """Link each ``package-dir`` folder (and the core's modules) under ``root/hvdk8s``; idempotent.
+    """Link each ``package-dir`` folder (and the core's modules and sub-packages) under ``root/hvdk8s``; idempotent.
 
     Links are only added or corrected, never the whole tree rebuilt, so two builds at once cannot trip over
     each other; links to modules that are gone are removed.
@@ -37,7 +37,7 @@ def stage_package(root: Path = API_SOURCES) -> None:
     package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     links: dict[Path, Path] = {}
     for module in (REPO / package_dirs["hvdk8s"]).iterdir():
-        if module.suffix in (".py", ".pyi"):
+        if module.suffix in (".py", ".pyi") or (module / "__init__.py").is_file():
             links[root / "hvdk8s" / module.name] = module
     for name, folder in package_dirs.items():
         if name != "hvdk8s":

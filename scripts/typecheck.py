@@ -16,12 +16,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def stage(root: Path, package_dirs: dict[str, str]) -> None:
-    """Link every ``package-dir`` folder (and the core's modules) under ``root/hvdk8s``."""
+    """Link every ``package-dir`` folder (and the core's modules and sub-packages) under ``root/hvdk8s``."""
     core = root / "hvdk8s"
     core.mkdir()
     for module in (REPO / package_dirs["hvdk8s"]).iterdir():
-        if module.suffix in (".py", ".pyi"):
-            (core / module.name).symlink_to(module)
+        if module.suffix in (".py", ".pyi") or (module / "__init__.py").is_file():
+            (core / module.name).symlink_to(module, target_is_directory=module.is_dir())
     for name, folder in package_dirs.items():
         if name != "hvdk8s":
             (root / name.replace(".", "/")).symlink_to(REPO / folder, target_is_directory=True)
