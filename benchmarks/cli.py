@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hvdk8s.errors import UserError
+from hvdk8s.common.errors import UserError
 
 from .config.knobs import KNOBS, settings_names, stacks
 from .config.settings import DEFAULT_STRATEGIES, QUICK_STRATEGIES, STRATEGIES
@@ -172,7 +172,7 @@ FLAG_OF = {field: flag for flag, (field, _p, _t) in OVERRIDES.items()} | {"tta":
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
-    from hvdk8s.k8s import SpecError
+    from hvdk8s.common.fields import SpecError
 
     from .config.settings import SettingsError, preset, validate
 
@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         UserError: Settings that cannot run, a results file that cannot be rendered, or a stack knob
             whose interpreter is missing or broken; nothing is started then.
     """
-    from hvdk8s import atomic
+    from hvdk8s.common import atomic
 
     from .harness import cluster_collect
     from .reporting import report
@@ -261,7 +261,7 @@ def _cluster(args: argparse.Namespace) -> int:
     """``--cluster render|submit|collect`` (see the argument group's description)."""
     import datetime as dt
 
-    from hvdk8s import atomic
+    from hvdk8s.common import atomic
 
     from .harness import cluster_collect, cluster_jobs
     from .harness.suite import Progress
@@ -321,7 +321,7 @@ def _read_results(path: Path, source: str) -> dict[str, Any]:
     """A ``results.json`` for ``--report-only``; a file that is not one is the user's to fix, named."""
     import json
 
-    from hvdk8s import files
+    from hvdk8s.common import files
 
     try:
         results = json.loads(files.read_text(path, source))

@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _submit(args: argparse.Namespace) -> int:
     from hvdk8s import mpijob
     from hvdk8s.cluster import client, kube, watch
-    from hvdk8s.errors import UserError
+    from hvdk8s.common.errors import UserError
 
     dry_run = args.dry_run == "server"
     if dry_run and (args.wait or args.follow):

@@ -10,7 +10,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hvdk8s.errors import UserError
+from hvdk8s.common.errors import UserError
 
 if TYPE_CHECKING:
     from kubernetes import client

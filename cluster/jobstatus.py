@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hvdk8s.k8s import QUEUE_LABEL
+from hvdk8s.common.fields import QUEUE_LABEL
 
 SUCCESS = ("Succeeded", "Complete")  # MPIJob, TrainJob
 TERMINAL = (*SUCCESS, "Failed")

@@ -3,7 +3,7 @@ TrainingRuntime a TrainJob runs on (owned by it), launcher pods and logs, pods' 
 (connecting is ``hvdk8s.cluster.client.connect``).
 
 Every call goes through :func:`translate`, which turns API and connection
-failures into :class:`~hvdk8s.errors.UserError` messages (see ``kubeerrors``),
+failures into :class:`~hvdk8s.common.errors.UserError` messages (see ``kubeerrors``),
 so the CLI prints an actionable line instead of a traceback.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from kubernetes import client, watch
 
 from hvdk8s.cluster.client import Cluster
 from hvdk8s.cluster.kubeerrors import Action, api_error_message, name_taken_message, parse_status, unreachable_message
-from hvdk8s.errors import UserError
+from hvdk8s.common.errors import UserError
 
 
 @dataclass(frozen=True)

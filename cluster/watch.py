@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 
 from hvdk8s.cluster import jobstatus, kube
 from hvdk8s.cluster.client import Cluster
-from hvdk8s.errors import UserError
+from hvdk8s.common.errors import UserError
 
 WATCH_SECONDS = 50  # per watch request; the server may end it sooner
 POD_POLL_SECONDS = 2.0  # launcher-pod lookups between status changes

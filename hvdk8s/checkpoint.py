@@ -19,7 +19,7 @@ from pathlib import Path
 import keras
 
 from hvdk8s import collectives, runtime
-from hvdk8s.atomic import atomic_path
+from hvdk8s.common.atomic import atomic_path
 
 _NAME = re.compile(r"^ckpt-(\d{4,})\.keras$")
 # save_atomic's temporary of a checkpoint; older versions wrote it without the host.

@@ -14,12 +14,12 @@ from collections.abc import Sequence
 from hvdk8s import __version__, doctor
 from hvdk8s.benchmarks import cli as benchmarks_cli
 from hvdk8s.cluster import cli as cluster_cli
-from hvdk8s.errors import UserError
+from hvdk8s.common.errors import UserError
+from hvdk8s.common.quiet import quiet_tensorflow
 from hvdk8s.launcher import cli as launcher_cli
 from hvdk8s.migrate import cli as migrate_cli
 from hvdk8s.mpijob import cli as mpijob_cli
 from hvdk8s.pipeline import cli as pipeline_cli
-from hvdk8s.quiet import quiet_tensorflow
 from hvdk8s.serving import cli as serving_cli
 from hvdk8s.serving.kube import cli as manifests_cli
 

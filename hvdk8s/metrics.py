@@ -22,7 +22,7 @@ import keras
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from hvdk8s import collectives, commtime, keras_compat, runtime, telemetry
-from hvdk8s.errors import UserError
+from hvdk8s.common.errors import UserError
 from hvdk8s.ranklog import log_once
 
 DEFAULT_PORT = 9090

@@ -38,7 +38,7 @@ from horovod.tensorflow import (  # noqa: F401  (re-exported)
     stop_timeline,
 )
 
-from .errors import UserError
+from .common.errors import UserError
 from .threads import DEFAULT_CPU_THREAD_POLICY, thread_pools
 
 T = TypeVar("T")

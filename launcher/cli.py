@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from hvdk8s.errors import UserError
+    from hvdk8s.common.errors import UserError
     from hvdk8s.launcher import local
 
     if not args.argv:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from hvdk8s.errors import UserError
+from hvdk8s.common.errors import UserError
 from hvdk8s.launcher import mpirun
 
 

@@ -11,8 +11,8 @@ import difflib
 import sys
 from pathlib import Path
 
-from hvdk8s.atomic import atomic_path
-from hvdk8s.errors import UserError
+from hvdk8s.common.atomic import atomic_path
+from hvdk8s.common.errors import UserError
 
 MANUAL_EXIT = 1
 

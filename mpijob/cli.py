@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def spec_source(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     """The job-spec mapping (the file's fields with the flags laid over them) and its origin."""
-    from hvdk8s.errors import UserError
+    from hvdk8s.common.errors import UserError
     from hvdk8s.mpijob.files import is_mpijob, read_yaml
 
     positional = list(args.args)
@@ -66,7 +66,7 @@ def spec_source(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 
 def _render(args: argparse.Namespace) -> int:
-    from hvdk8s.errors import UserError
+    from hvdk8s.common.errors import UserError
     from hvdk8s.mpijob import trainjob
     from hvdk8s.mpijob.files import checked_render, is_mpijob, load_spec, manifest_from_data, to_yaml, write_text
     from hvdk8s.mpijob.render import render_podmonitor

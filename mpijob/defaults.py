@@ -13,8 +13,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from hvdk8s import k8s
-from hvdk8s.k8s import join
+from hvdk8s.common.fields import QUANTITY, join, scale_quantity
 from hvdk8s.mpijob.spec import GPU_RESOURCE, JobSpec, SchedulingPolicy, Toleration
 
 GPU_TOLERATION = Toleration(key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
@@ -66,9 +65,9 @@ def gang_resources(spec: JobSpec, pods: int) -> dict[str, str] | None:
     amounts: dict[str, str | int] = {"cpu": res.cpu, "memory": res.memory, **res.extra}
     if spec.gpu:
         amounts[GPU_RESOURCE] = spec.slots_per_worker
-    if pods < 1 or not all(k8s.QUANTITY.match(str(v)) for v in amounts.values()):
+    if pods < 1 or not all(QUANTITY.match(str(v)) for v in amounts.values()):
         return None
-    return {name: k8s.scale_quantity(value, pods) for name, value in amounts.items()}
+    return {name: scale_quantity(value, pods) for name, value in amounts.items()}
 
 
 def gang_pods(spec: JobSpec, launcher_creation_policy: str) -> int:

@@ -10,9 +10,10 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hvdk8s.atomic import write_text
-from hvdk8s.errors import UserError
-from hvdk8s.k8s import FieldError, SpecError, read_yaml, to_yaml
+from hvdk8s.common.atomic import write_text
+from hvdk8s.common.errors import UserError
+from hvdk8s.common.fields import FieldError, SpecError
+from hvdk8s.common.files import read_yaml, to_yaml
 from hvdk8s.mpijob import defaults, parse, validation
 from hvdk8s.mpijob.render import KIND, render
 from hvdk8s.mpijob.spec import JobSpec

@@ -17,7 +17,7 @@ import typing
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from hvdk8s.k8s import FieldError, invalid, join, not_supported, required
+from hvdk8s.common.fields import FieldError, invalid, join, not_supported, required
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hvdk8s.k8s import QUEUE_LABEL
+from hvdk8s.common.fields import QUEUE_LABEL
+from hvdk8s.common.quiet import quiet_tensorflow
 from hvdk8s.launcher.mpirun import forwarded_env, horovodrun_argv, mpirun_argv, transport_mca
 from hvdk8s.mpijob.spec import (
     DEFAULT_POD_LABELS,
@@ -21,7 +22,6 @@ from hvdk8s.mpijob.spec import (
     Resources,
     Toleration,
 )
-from hvdk8s.quiet import quiet_tensorflow
 
 API_VERSION = "kubeflow.org/v2beta1"
 KIND = "MPIJob"
@@ -62,8 +62,9 @@ def labels(spec: JobSpec, component: str | None = None) -> dict[str, str]:
 
 def pod_env(spec: JobSpec) -> dict[str, str]:
     """Environment of every container (and, via ``-x``, of every rank): hvdk8s's, the job file's ``env``, and
-    TensorFlow's start-up lines off as the ``hvdk8s`` CLI's own default (``hvdk8s.quiet``: the pods run mpirun and
-    the script, not an ``hvdk8s`` command) unless that ``env`` sets ``TF_CPP_MIN_LOG_LEVEL`` or ``HVDK8S_VERBOSE``."""
+    TensorFlow's start-up lines off as the ``hvdk8s`` CLI's own default (``hvdk8s.common.quiet``: the pods run
+    mpirun and the script, not an ``hvdk8s`` command) unless that ``env`` sets ``TF_CPP_MIN_LOG_LEVEL`` or
+    ``HVDK8S_VERBOSE``."""
     env = {"HVDK8S_JOB_NAME": spec.name}
     if spec.metrics.enabled:
         env["HVDK8S_METRICS_PORT"] = str(spec.metrics.port)

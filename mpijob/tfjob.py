@@ -26,8 +26,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from hvdk8s import k8s
-from hvdk8s.k8s import MULTIKUEUE, FieldError, SpecError, forbidden, invalid
+from hvdk8s.common import fields
+from hvdk8s.common.fields import MULTIKUEUE, FieldError, SpecError, forbidden, invalid
 from hvdk8s.mpijob.render import render
 from hvdk8s.mpijob.spec import JobSpec
 
@@ -59,7 +59,7 @@ def tfjob_problems(spec: JobSpec, *, chief: bool = False, ps: int = 0) -> list[F
     # own name (common/service.go CreateNewService), and Service names are DNS-1035 labels too.
     longest = [f"{spec.name}-{rtype.lower()}-{count - 1}" for rtype, count in _replicas(spec, chief, ps).items()]
     for name in [spec.name, *longest]:
-        if problem := k8s.name_problem(name):
+        if problem := fields.name_problem(name):
             errors.append(invalid("name", f"{'TFJob name' if name == spec.name else 'Service'} "
                                   f"{name!r} {problem}"))
             break

@@ -32,8 +32,8 @@ import copy
 import dataclasses
 from typing import Any
 
-from hvdk8s import k8s
-from hvdk8s.k8s import MULTIKUEUE, FieldError, SpecError, forbidden, join
+from hvdk8s.common import fields
+from hvdk8s.common.fields import MULTIKUEUE, FieldError, SpecError, forbidden, join
 from hvdk8s.mpijob.render import labels, launcher_command, metadata, render
 from hvdk8s.mpijob.spec import JobSpec
 
@@ -67,10 +67,10 @@ def trainjob_problems(spec: JobSpec, path: str = "") -> list[FieldError]:
                                 "render an MPIJob (--api mpijob) for Volcano"))
     nodes = spec.workers  # JobSet pod hostnames: <job>-<replicated job>-<job index>-<pod index>
     for host in (f"{spec.name}-{NODE}-0-{max(nodes, 1) - 1}", f"{spec.name}-{LAUNCHER}-0-0"):
-        if problem := k8s.name_problem(host):
-            errors.append(k8s.invalid(join(path, "name"), f"pod hostname {host!r} {problem}"))
+        if problem := fields.name_problem(host):
+            errors.append(fields.invalid(join(path, "name"), f"pod hostname {host!r} {problem}"))
     if len(runtime_name(spec)) > 253:
-        errors.append(k8s.invalid(join(path, "name"), f"runtime name {runtime_name(spec)!r} is over 253 characters"))
+        errors.append(fields.invalid(join(path, "name"), f"runtime name {runtime_name(spec)!r} is over 253 characters"))
     return errors
 
 

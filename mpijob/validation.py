@@ -20,8 +20,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from hvdk8s import k8s
-from hvdk8s.k8s import MULTIKUEUE, FieldError, at_least, forbidden, invalid, join, one_of, quantity, required
+from hvdk8s.common import fields
+from hvdk8s.common.fields import MULTIKUEUE, FieldError, at_least, forbidden, invalid, join, one_of, quantity, required
 from hvdk8s.launcher.mpirun import OWNED_MCA, mca_problems, tcp_eager_limit_problem
 from hvdk8s.mpijob.defaults import created_suspended, manifest_defaults
 from hvdk8s.mpijob.render import API_VERSION, GENERATED_ENV, KIND, LAUNCHER_COMMANDS
@@ -68,7 +68,7 @@ def _check_identity(spec: JobSpec, path: str) -> list[FieldError]:
     errors = []
     if problem := pod_hostname_problem(spec.name, spec.elastic.max_workers if spec.elastic else spec.workers):
         errors.append(invalid(join(path, "name"), problem))
-    if spec.namespace is not None and (problem := k8s.name_problem(spec.namespace, "DNS-1123 label")):
+    if spec.namespace is not None and (problem := fields.name_problem(spec.namespace, "DNS-1123 label")):
         errors.append(invalid(join(path, "namespace"), f"{spec.namespace!r} {problem}"))
     if not spec.image or any(c.isspace() for c in spec.image):
         errors.append(invalid(join(path, "image"), f"{spec.image!r} is not an image reference"))
@@ -80,20 +80,20 @@ def _check_identity(spec: JobSpec, path: str) -> list[FieldError]:
 
 def _check_metadata(spec: JobSpec, path: str) -> list[FieldError]:
     errors = [
-        *k8s.labels_errors(join(path, "labels"), spec.labels),
-        *k8s.labels_errors(join(path, "annotations"), spec.annotations, values=False),
-        *k8s.labels_errors(join(path, "podAnnotations"), spec.pod_annotations, values=False),
+        *fields.labels_errors(join(path, "labels"), spec.labels),
+        *fields.labels_errors(join(path, "annotations"), spec.annotations, values=False),
+        *fields.labels_errors(join(path, "podAnnotations"), spec.pod_annotations, values=False),
     ]
     if ISTIO_INJECT in spec.pod_annotations:
         errors.append(forbidden(join(path, "podAnnotations", ISTIO_INJECT), f"set it as labels.{ISTIO_INJECT}: Istio "
                                 "reads the label (the annotation is deprecated), and hvdk8s's default label would "
                                 "win over it"))
-    if spec.queue is not None and not k8s.is_label_value(spec.queue):
+    if spec.queue is not None and not fields.is_label_value(spec.queue):
         errors.append(invalid(join(path, "queue"), f"{spec.queue!r} is not a LocalQueue name (a label value)"))
     names = (("serviceAccountName",), spec.service_account_name), (("schedulerName",), spec.scheduler_name), *(
         (("imagePullSecrets", i), secret) for i, secret in enumerate(spec.image_pull_secrets))
     for keys, name in names:
-        if name is not None and (problem := k8s.name_problem(name, "DNS-1123 subdomain")):
+        if name is not None and (problem := fields.name_problem(name, "DNS-1123 subdomain")):
             errors.append(invalid(join(path, *keys), f"{name!r} {problem}"))
     return errors
 
@@ -129,7 +129,7 @@ def _check_resources(spec: JobSpec, path: str) -> list[FieldError]:
             if name in ("cpu", "memory", GPU_RESOURCE):
                 errors.append(invalid(key, f"set {name} with resources.{role}.{name}"
                                       if name != GPU_RESOURCE else "set GPUs with gpu: true and slotsPerWorker"))
-            elif not k8s.is_label_key(name):
+            elif not fields.is_label_key(name):
                 errors.append(invalid(key, f"{name!r} is not a resource name"))
             else:
                 errors += quantity(key, value)
@@ -142,7 +142,7 @@ def _check_env(spec: JobSpec, path: str) -> list[FieldError]:
     errors = []
     for name in spec.env:
         where = join(path, "env", name)
-        if not k8s.ENV_NAME.match(name):
+        if not fields.ENV_NAME.match(name):
             errors.append(invalid(where, "not a valid environment variable name"))
         elif name in GENERATED_ENV:
             errors.append(forbidden(where, f"set by hvdk8s from {GENERATED_ENV[name]}; set it there"))
@@ -156,7 +156,7 @@ def _check_volumes(spec: JobSpec, path: str) -> list[FieldError]:
     if vol is None:
         return []
     errors = []
-    if problem := k8s.name_problem(vol.claim_name, "DNS-1123 subdomain"):
+    if problem := fields.name_problem(vol.claim_name, "DNS-1123 subdomain"):
         errors.append(invalid(join(path, "sharedVolume", "claimName"), f"{vol.claim_name!r} {problem}"))
     reserved = {"/dev/shm": "shmSize", MPI_CONFIG_DIR: "the MPI Operator's hostfile",
                 spec.ssh_auth_mount_path or "": "sshAuthMountPath"}
@@ -172,16 +172,16 @@ def _check_scheduling(spec: JobSpec, path: str) -> list[FieldError]:
     if sched.gpu_product is not None:
         if not spec.gpu:
             errors.append(invalid(join(where, "gpuProduct"), "only for GPU jobs (gpu: true)"))
-        if not k8s.is_label_value(sched.gpu_product):
+        if not fields.is_label_value(sched.gpu_product):
             errors.append(invalid(join(where, "gpuProduct"), f"{sched.gpu_product!r} is not a node label value, "
                                   "e.g. NVIDIA-A100-SXM4-80GB"))
-    if not k8s.is_label_key(sched.gpu_product_label):
+    if not fields.is_label_key(sched.gpu_product_label):
         errors.append(invalid(join(where, "gpuProductLabel"), f"{sched.gpu_product_label!r} is not a label key"))
-    errors += k8s.labels_errors(join(where, "nodeSelector"), sched.node_selector)
+    errors += fields.labels_errors(join(where, "nodeSelector"), sched.node_selector)
     for i, tol in enumerate(sched.tolerations or ()):
         errors += _toleration(join(where, "tolerations", i), tol)
     if sched.priority_class_name is not None and (
-        problem := k8s.name_problem(sched.priority_class_name, "DNS-1123 subdomain")
+        problem := fields.name_problem(sched.priority_class_name, "DNS-1123 subdomain")
     ):
         errors.append(invalid(join(where, "priorityClassName"), f"{sched.priority_class_name!r} {problem}"))
     # The rest of these objects is the pod schema's, which the API server applies on create.
@@ -450,7 +450,7 @@ def _containers(replica: Any) -> list[Any]:
 def pod_hostname_problem(name: str, workers: int) -> str | None:
     """What is wrong with the job's longest pod hostname, ``<name>-worker-<N-1>`` (``<name>-launcher`` is never longer)."""
     host = f"{name}-worker-{max(workers, 1) - 1}"
-    problem = k8s.name_problem(host)
+    problem = fields.name_problem(host)
     return f"pod hostname {host!r} {problem}" if problem else None
 
 

@@ -50,7 +50,7 @@ from typing import Any
 
 from hera.workflows import DAG, Container, Resource, RetryStrategy, Step, Steps, Task, Workflow, models as m
 
-from hvdk8s.k8s import to_yaml
+from hvdk8s.common.files import to_yaml
 from hvdk8s.mpijob.files import SpecError
 from hvdk8s.mpijob.render import API_VERSION as MPIJOB_API, KIND as MPIJOB_KIND, render as render_mpijob
 from hvdk8s.mpijob.validation import check_manifest

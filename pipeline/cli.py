@@ -50,9 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _render(args: argparse.Namespace) -> int:
-    from hvdk8s.atomic import write_text
-    from hvdk8s.errors import UserError
-    from hvdk8s.k8s import to_yaml
+    from hvdk8s.common.atomic import write_text
+    from hvdk8s.common.errors import UserError
+    from hvdk8s.common.files import to_yaml
     from hvdk8s.pipeline import build, load_pipeline, rbac, render_workflow
 
     pipeline = load_pipeline(args.file)
@@ -108,7 +108,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _ingest(args: argparse.Namespace) -> int:
-    from hvdk8s.errors import UserError
+    from hvdk8s.common.errors import UserError
     from hvdk8s.pipeline import ingest
 
     try:

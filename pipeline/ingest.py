@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from hvdk8s.atomic import atomic_path
+from hvdk8s.common.atomic import atomic_path
 
 DIGITS_SPLITS = ("train", "test")
 

@@ -15,7 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hvdk8s.k8s import FieldError, at_least, invalid, join, name_problem, one_of, read_yaml, required as required_error
+from hvdk8s.common.fields import FieldError, at_least, invalid, join, name_problem, one_of, required as required_error
+from hvdk8s.common.files import read_yaml
 from hvdk8s.mpijob import parse
 from hvdk8s.mpijob.files import SpecError, check_spec_data, is_mpijob
 from hvdk8s.mpijob.spec import JobSpec

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hvdk8s import figures
+from hvdk8s.common import figures
 from hvdk8s.pipeline import dag as d
 from hvdk8s.pipeline.local import SUCCEEDED, RunResult
 

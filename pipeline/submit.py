@@ -17,7 +17,7 @@ from kubernetes import client
 from hvdk8s.cluster import kube
 from hvdk8s.cluster.client import Cluster, connect, resolve_namespace
 from hvdk8s.cluster.kubeerrors import Action, invalid_message, parse_status
-from hvdk8s.errors import UserError
+from hvdk8s.common.errors import UserError
 
 GROUP, VERSION, PLURAL = "argoproj.io", "v1alpha1", "workflows"
 WORKFLOWS = f"{PLURAL}.{GROUP}"

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hvdk8s import doctor
-from hvdk8s.errors import UserError
+from hvdk8s.common.errors import UserError
 from hvdk8s.serving.api.address import GRPC_ADDRESS, GRPC_PORT, HOST, REST_PORT, REST_URL  # stdlib-only modules:
 from hvdk8s.serving.model.savedmodel import PREPROCESSING  # they keep the CLI fast
 

@@ -1,4 +1,4 @@
-"""hvdk8s.atomic: the one atomic writer every layer uses."""
+"""hvdk8s.common.atomic: the one atomic writer every layer uses."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdk8s import atomic
+from hvdk8s.common import atomic
 
 pytestmark = pytest.mark.unit
 

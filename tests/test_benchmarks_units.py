@@ -23,7 +23,7 @@ from hvdk8s.benchmarks.emulation import netns
 from hvdk8s.benchmarks.harness import chaos, cluster_jobs, suite
 from hvdk8s.benchmarks.machine import launch
 from hvdk8s.benchmarks.reporting import analysis, costmodel, report, stats
-from hvdk8s.errors import UserError
+from hvdk8s.common.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
 

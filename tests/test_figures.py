@@ -1,4 +1,4 @@
-"""hvdk8s.figures: every report figure is written beside its path and renamed onto it, then closed."""
+"""hvdk8s.common.figures: every report figure is written beside its path and renamed onto it, then closed."""
 from __future__ import annotations
 
 import re
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from hvdk8s import figures
 from hvdk8s.benchmarks.reporting import report
+from hvdk8s.common import figures
 
 from conftest import REPO
 
@@ -57,4 +57,4 @@ def test_every_figure_is_saved_through_save_figure():
                                 "examples") for p in (REPO / folder).rglob("*.py")]
     assert len(sources) > 50
     assert [str(p.relative_to(REPO)) for p in sources if re.search(r"\.savefig\(", p.read_text())] == [
-        "hvdk8s/figures.py"]
+        "hvdk8s/common/figures.py"]

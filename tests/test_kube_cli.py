@@ -18,7 +18,7 @@ from hvdk8s import mpijob
 from hvdk8s.cli import main
 from hvdk8s.cluster import jobstatus, kube, kubeerrors, watch
 from hvdk8s.cluster.client import connect
-from hvdk8s.errors import UserError
+from hvdk8s.common.errors import UserError
 
 from kube_double import (
     MPIJOBS,

@@ -8,7 +8,7 @@ import pytest
 from hvdk8s.cluster import jobstatus, kubeerrors
 from hvdk8s.cluster.client import resolve_namespace
 from hvdk8s.cluster.kubeerrors import MPIJOBS, Action
-from hvdk8s.errors import UserError
+from hvdk8s.common.errors import UserError
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdk8s.errors import UserError
+from hvdk8s.common.errors import UserError
 from hvdk8s.launcher import local, mpirun
 
 from conftest import SCRIPTS, discovery_script, hvdk8s_cli, run_ranks

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hvdk8s.errors import UserError
+from hvdk8s.common.errors import UserError
 from hvdk8s.launcher.mpirun import DEFAULT_TCP_EAGER_LIMIT, AllreduceAlgorithm, mpirun_argv, tcp_eager_mca
 from hvdk8s.mpijob import (
     SpecError,
@@ -510,7 +510,7 @@ def test_user_env_is_set_and_forwarded():
 
 @pytest.mark.parametrize(("env", "level"), [({}, "2"), ({"TF_CPP_MIN_LOG_LEVEL": "1"}, "1"), ({"HVDK8S_VERBOSE": "1"}, None)])
 def test_every_pod_is_quiet_as_an_hvdk8s_command_unless_the_job_file_says_otherwise(env, level):
-    """TensorFlow's start-up lines off in every pod (``hvdk8s.quiet``'s level), as the CLI's own ranks; the job
+    """TensorFlow's start-up lines off in every pod (``hvdk8s.common.quiet``'s level), as the CLI's own ranks; the job
     file's ``env`` may set the level, or HVDK8S_VERBOSE for TensorFlow's default."""
     manifest = render(load_spec(BASE | {"env": env}))
     for container in (launcher(manifest), worker_pod(manifest)["containers"][0]):

@@ -32,7 +32,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hvdk8s import ranklog, telemetry
-from hvdk8s.errors import UserError
+from hvdk8s.common.errors import UserError
 from hvdk8s.metrics import Exporter, metrics_port, rank_labels
 
 REPO = Path(__file__).resolve().parents[1]

@@ -20,7 +20,7 @@ from werkzeug.wrappers import Request, Response
 
 from hvdk8s.cli import main
 from hvdk8s.cluster.client import connect
-from hvdk8s.errors import UserError
+from hvdk8s.common.errors import UserError
 from hvdk8s.pipeline import argo, load_pipeline, submit
 
 from kube_double import ApiError, _json, _QuietHandler, answer, metadata_causes, schema_causes

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdk8s.quiet import QUIET_LEVEL, TF_LOG_LEVEL, VERBOSE, quiet_tensorflow
+from hvdk8s.common.quiet import QUIET_LEVEL, TF_LOG_LEVEL, VERBOSE, quiet_tensorflow
 
 from conftest import HVDK8S, REPO
 

@@ -31,7 +31,7 @@ def test_each_rank_gets_its_own_gpu_and_more_ranks_than_gpus_is_refused(monkeypa
     import tensorflow as tf
 
     from hvdk8s import runtime
-    from hvdk8s.errors import UserError
+    from hvdk8s.common.errors import UserError
 
     pinned: list[tuple[str, object]] = []
     monkeypatch.setattr(tf.config, "list_physical_devices", lambda kind: ["GPU:0", "GPU:1"] if kind == "GPU" else [])

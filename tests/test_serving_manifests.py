@@ -21,8 +21,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from hvdk8s.errors import UserError
-from hvdk8s.k8s import SpecError
+from hvdk8s.common.errors import UserError
+from hvdk8s.common.fields import SpecError
 from hvdk8s.serving.kube import cli as manifests_cli, manifests
 from hvdk8s.serving.kube.options import (
     TF_SERVING_VERSION,

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 
 from hvdk8s.cluster.kubeerrors import TFJOBS, Action, api_error_message
-from hvdk8s.k8s import SpecError
+from hvdk8s.common.fields import SpecError
 from hvdk8s.mpijob import load_spec
 from hvdk8s.mpijob.tfjob import checked_render_tfjob, render_tfjob, tfjob_problems
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hvdk8s.k8s import FieldError, SpecError, at_least, invalid, join
+from hvdk8s.common.fields import FieldError, SpecError, at_least, invalid, join
 from hvdk8s.launcher.mpirun import MIN_TCP_EAGER_LIMIT, transport_mca
 
 from ..emulation.netns import parse_rate

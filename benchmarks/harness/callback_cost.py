@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hvdk8s import atomic, figures
+from hvdk8s.common import atomic, figures
 
 HOOKS = ("on_train_batch_begin", "on_train_batch_end")
 BASELINE = "no callbacks"

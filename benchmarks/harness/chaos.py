@@ -38,8 +38,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hvdk8s import atomic, figures
-from hvdk8s.errors import UserError
+from hvdk8s.common import atomic, figures
+from hvdk8s.common.errors import UserError
 
 from ..emulation import chaos_netns
 from ..machine import envinfo

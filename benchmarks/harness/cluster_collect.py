@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hvdk8s import atomic
+from hvdk8s.common import atomic
 from hvdk8s.launcher.mpirun import rank_lines
 
 from ..config.settings import STRATEGY_LABELS, Settings

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hvdk8s.errors import UserError
-from hvdk8s.k8s import read_yaml, to_yaml
+from hvdk8s.common.errors import UserError
+from hvdk8s.common.files import read_yaml, to_yaml
 from hvdk8s.mpijob import tfjob
 from hvdk8s.mpijob.files import checked_render, load_spec
 

@@ -13,10 +13,10 @@ import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from hvdk8s import atomic
 from hvdk8s.cluster import jobstatus, kube, watch
 from hvdk8s.cluster.client import Cluster
-from hvdk8s.errors import UserError
+from hvdk8s.common import atomic
+from hvdk8s.common.errors import UserError
 
 from .cluster_collect import JobLog
 from .cluster_jobs import BenchJob

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdk8s import atomic, figures
+from hvdk8s.common import atomic, figures
 
 from ..machine import envinfo
 from ..reporting import report

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hvdk8s import atomic
+from hvdk8s.common import atomic
 
 from ..config import knobs, synthetic
 from ..config.settings import (

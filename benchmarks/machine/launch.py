@@ -18,9 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hvdk8s.common.quiet import quiet_tensorflow
 from hvdk8s.launcher import mpirun
 from hvdk8s.mpijob import tfjob
-from hvdk8s.quiet import quiet_tensorflow
 
 from ..emulation import netns
 from .util import free_ports

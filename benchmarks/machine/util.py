@@ -1,4 +1,4 @@
-"""Free localhost ports for the benchmark's jobs (atomic writes are ``hvdk8s.atomic``'s)."""
+"""Free localhost ports for the benchmark's jobs (atomic writes are ``hvdk8s.common.atomic``'s)."""
 from __future__ import annotations
 
 import socket

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hvdk8s import atomic, figures
+from hvdk8s.common import atomic, figures
 
 from ..config.settings import STRATEGY_LABELS
 from .analysis import GRADIENT_TENSOR, PEER_TOLERANCE, busbw_factor

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hvdk8s import atomic
+from hvdk8s.common import atomic
 
 
 def _calibrated_iters(once: float, min_seconds: float) -> int:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hvdk8s import atomic
+from hvdk8s.common import atomic
 
 from ..config.settings import HVDK8S_STRATEGIES, PAIRED_STRATEGIES, RAW_LOOP_STRATEGIES, STEPS_PER_EXECUTION, Settings
 

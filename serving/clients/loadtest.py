@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdk8s import atomic, figures
+from hvdk8s.common import atomic, figures
 from hvdk8s.serving.clients.rest_client import predict_url, request_body
 from hvdk8s.serving.model.savedmodel import IMAGE_INPUT
 

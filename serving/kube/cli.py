@@ -5,7 +5,7 @@ import argparse
 import sys
 from dataclasses import fields
 
-from hvdk8s.k8s import SpecError, invalid
+from hvdk8s.common.fields import SpecError, invalid
 from hvdk8s.serving.kube.options import (
     GRPC_PORT,
     HPA_SCALE_METRICS,

@@ -18,7 +18,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from hvdk8s import atomic, k8s
+from hvdk8s.common import atomic, files
 from hvdk8s.serving.kube.options import (
     GRPC_PORT,
     METRICS_PATH,
@@ -301,7 +301,7 @@ def render(opts: ServingOptions) -> list[Manifest]:
 def to_yaml(manifests: list[Manifest]) -> str:
     """One multi-document YAML stream, in order, for ``kubectl apply -f``."""
     header = "# Rendered by `hvdk8s serving-manifests`: regenerate rather than edit.\n"
-    return header + "---\n" + k8s.to_yaml(*manifests)
+    return header + "---\n" + files.to_yaml(*manifests)
 
 
 def output_name(opts: ServingOptions) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from decimal import Decimal
 from typing import Any
 
-from hvdk8s.k8s import FieldError, SpecError, invalid, join, name_problem, required
+from hvdk8s.common.fields import FieldError, SpecError, invalid, join, name_problem, required
 from hvdk8s.serving.api.address import GRPC_PORT as GRPC_PORT, REST_PORT as REST_PORT  # TF Serving's, the container's
 
 # tensorflow/serving publishes X.Y.Z and X.Y.Z-gpu tags per TF Serving release: an X.Y.0 built on each

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from hvdk8s.atomic import atomic_directory
+from hvdk8s.common.atomic import atomic_directory
 
 SERVING_SIGNATURE = "serving_default"
 TENSOR_SIGNATURE = "predict_tensor"

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdk8s.k8s import FieldError, SpecError, at_least, invalid
+from hvdk8s.common.fields import FieldError, SpecError, at_least, invalid
 from hvdk8s.serving.api import types
 
 log = logging.getLogger("hvdk8s.serving")

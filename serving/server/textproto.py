@@ -7,7 +7,7 @@ from typing import TypeVar
 from google.protobuf import text_format
 from google.protobuf.message import Message
 
-from hvdk8s import files
+from hvdk8s.common import files
 
 M = TypeVar("M", bound=Message)
 
@@ -25,6 +25,6 @@ def parse(text: str, message: M, source: str, what: str | None = None) -> M:
 
 def read(path: str | os.PathLike[str], flag: str) -> tuple[str, str]:
     """The text of the file a flag names, and the source its errors name (``--flag PATH``); a file that is
-    missing, unreadable or not UTF-8 text (protobuf's text format is) raises as ``hvdk8s.files.read_text``."""
+    missing, unreadable or not UTF-8 text (protobuf's text format is) raises as ``hvdk8s.common.files.read_text``."""
     source = f"{flag} {path}"
     return files.read_text(path, source), source

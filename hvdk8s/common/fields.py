@@ -1,25 +1,22 @@
-"""Kubernetes conventions shared by ``mpijob``, ``cluster``, ``serving`` and ``pipeline``: pure functions, no client.
+"""Kubernetes' rules for the fields hvdk8s checks, and the errors that name them: pure functions, no client.
 
 Naming, label and quantity rules (as apimachinery's validation spells them),
 field errors in the API server's shape (kind, field path, detail), the path
 builder every validator reports under (``join``) and the error that carries all
-of a file's, reading and dumping YAML. It imports none of those
-packages, so none of them import each other for it; talking to a cluster is
-``hvdk8s.cluster.client``'s.
+of a file's. Shared by ``mpijob``, ``cluster``, ``serving``, ``pipeline`` and
+``benchmarks``; it imports none of them, so none of them import each other for
+it. Talking to a cluster is ``hvdk8s.cluster``'s; reading and writing the YAML
+files is ``files``'.
 """
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
-import yaml
-
-from hvdk8s import files
-from hvdk8s.errors import UserError
+from hvdk8s.common.errors import UserError
 
 # \Z, not $: $ also matches before a final newline (YAML block scalars end in one).
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?\Z")
@@ -163,38 +160,3 @@ def labels_errors(path: str, labels: Mapping[str, str], *, values: bool = True) 
         elif values and not is_label_value(value):
             errors.append(invalid(f"{path}.{key}", f"{value!r} is not a label value (at most 63 of A-Z a-z 0-9 -_.)"))
     return errors
-
-
-# ---- YAML files ------------------------------------------------------------
-
-
-def read_yaml(path: str | os.PathLike[str]) -> Any:
-    """One YAML document; a missing file or bad syntax is the user's to fix."""
-    try:
-        text = files.read_text(path, str(path))
-    except (FileNotFoundError, ValueError) as exc:
-        raise UserError(str(exc)) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML: {exc}") from None
-
-
-class _Dumper(yaml.SafeDumper):
-    """Block style, no anchors/aliases, multi-line strings as ``|`` blocks (people read these files)."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
-_Dumper.add_representer(
-    str, lambda dumper, text: dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
-)
-
-
-def to_yaml(*manifests: Mapping[str, Any]) -> str:
-    """Manifests as YAML documents, keys in the order they were built."""
-    return "---\n".join(
-        yaml.dump(dict(m), Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=10_000)
-        for m in manifests
-    )

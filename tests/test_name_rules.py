@@ -1,9 +1,9 @@
-"""hvdk8s.k8s.name_problem: Kubernetes' name rules, worded once for every file hvdk8s reads."""
+"""hvdk8s.common.fields.name_problem: Kubernetes' name rules, worded once for every file hvdk8s reads."""
 from __future__ import annotations
 
 import pytest
 
-from hvdk8s.k8s import name_problem
+from hvdk8s.common.fields import name_problem
 
 pytestmark = pytest.mark.unit
 

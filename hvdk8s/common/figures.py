@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hvdk8s.atomic import atomic_path
+from hvdk8s.common.atomic import atomic_path
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
