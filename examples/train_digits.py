@@ -16,8 +16,8 @@ import argparse
 from pathlib import Path
 
 import hvdk8s
-from hvdk8s.checkpoint import load_latest
 from hvdk8s.common import atomic
+from hvdk8s.train.checkpoint import load_latest
 
 hvdk8s.init()
 

@@ -47,19 +47,19 @@ from .collectives import (
     broadcast_variables as broadcast_variables,
     broadcast_global_variables as broadcast_global_variables,
 )
-from .optimizer import (
+from .train.optimizer import (
     DistributedOptimizer as DistributedOptimizer,
     PartialDistributedOptimizer as PartialDistributedOptimizer,
     DistributedGradientTape as DistributedGradientTape,
 )
-from .loading import (
+from .train.loading import (
     load_model as load_model,
 )
 # hvdk8s's own
 from .defaults import (
     default_callbacks as default_callbacks,
 )
-from .checkpoint import (
+from .train.checkpoint import (
     Checkpoint as Checkpoint,
     restore_latest as restore_latest,
     save_atomic as save_atomic,

@@ -23,9 +23,10 @@ from typing import Any
 
 import keras
 
-from hvdk8s import collectives, fit_step, runtime, schedule
+from hvdk8s import collectives, runtime
 from hvdk8s.collectives import variable_key
-from hvdk8s.optimizer import is_distributed, reduces_gradients
+from hvdk8s.train import fit_step, schedule
+from hvdk8s.train.optimizer import is_distributed, reduces_gradients
 
 
 class DistributedFitCallback(keras.callbacks.Callback):

@@ -6,8 +6,8 @@ import os
 import keras
 
 from hvdk8s.callbacks import BroadcastGlobalVariablesCallback, LearningRateWarmupCallback, MetricAverageCallback
-from hvdk8s.checkpoint import Checkpoint
 from hvdk8s.observability import observability_callbacks
+from hvdk8s.train.checkpoint import Checkpoint
 
 
 def default_callbacks(

@@ -21,9 +21,10 @@ from typing import Any
 import keras
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from hvdk8s import collectives, commtime, keras_compat, runtime, telemetry
+from hvdk8s import collectives, commtime, runtime, telemetry
 from hvdk8s.common.errors import UserError
 from hvdk8s.ranklog import log_once
+from hvdk8s.train import keras_compat
 
 DEFAULT_PORT = 9090
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, float("inf"))

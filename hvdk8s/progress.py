@@ -16,9 +16,10 @@ from typing import TextIO
 import keras
 from tqdm import tqdm
 
-from hvdk8s import keras_compat, runtime
+from hvdk8s import runtime
 from hvdk8s.metrics import epoch_examples, loss_tracker
 from hvdk8s.ranklog import log_once
+from hvdk8s.train import keras_compat
 
 
 class _LineStream:

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 import pytest
 
-from hvdk8s import checkpoint
+from hvdk8s.train import checkpoint
 
 from conftest import HVDK8S, REPO, hvdk8s_cli, job_env, run_ranks
 

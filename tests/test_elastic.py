@@ -16,9 +16,9 @@ from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrup
 from horovod.runner.elastic.discovery import HostState
 
 from hvdk8s import elastic
-from hvdk8s.checkpoint import list_checkpoints
 from hvdk8s.launcher import mpirun
 from hvdk8s.mpijob.render import BLACKLIST_COOLDOWN as MPIJOB_COOLDOWN
+from hvdk8s.train.checkpoint import list_checkpoints
 
 from collective_errors import GLOO_RESET, MISMATCHED_SHAPES, MPI_FAILED, PROCESS_SET_REMOVED, raised, recorded
 from conftest import HVDK8S, REPO, SCRIPTS, discovery_script, hvdk8s_cli, job_env, output_of

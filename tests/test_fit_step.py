@@ -71,7 +71,7 @@ def weights(model) -> list[np.ndarray]:
 @pytest.mark.parametrize("known_length", [True, False])
 @pytest.mark.filterwarnings("ignore:Your input ran out of data:UserWarning")  # Keras's, at an unknown length's end
 def test_lean_call_trains_bit_for_bit_like_keras(hvd, known_length: bool) -> None:
-    from hvdk8s.fit_step import LeanTrainFunction
+    from hvdk8s.train.fit_step import LeanTrainFunction
 
     keras_model, lean_model = compiled(hvd), compiled(hvd)
     counts = []
@@ -135,7 +135,7 @@ def test_one_installed_call_serves_later_fits_and_train_on_batch(hvd) -> None:
 
 @pytest.mark.parametrize("compile_kw", [{"steps_per_execution": 2}, {"run_eagerly": True}])
 def test_keras_call_kept_where_lean_would_differ(hvd, compile_kw: dict) -> None:
-    from hvdk8s.fit_step import LeanTrainFunction
+    from hvdk8s.train.fit_step import LeanTrainFunction
 
     model = compiled(hvd, **compile_kw)
     count = step_counter()
@@ -146,7 +146,7 @@ def test_keras_call_kept_where_lean_would_differ(hvd, compile_kw: dict) -> None:
 
 def test_rate_callback_rebuild_keeps_lean_call(hvd) -> None:
     """The warm-up's momentum correction forces a new train function: it is lean again, and traces the correction."""
-    from hvdk8s.fit_step import LeanTrainFunction
+    from hvdk8s.train.fit_step import LeanTrainFunction
 
     model = compiled(hvd)
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
@@ -162,7 +162,7 @@ def test_broadcast_callback_leaves_a_keras_models_step_as_keras_made_it(hvd) -> 
     """With a plain Keras optimizer there are no collectives in the step: XLA and Keras's train function stay."""
     import keras
 
-    from hvdk8s.fit_step import LeanTrainFunction
+    from hvdk8s.train.fit_step import LeanTrainFunction
 
     model = hvd.models.cnn("cnn", input_shape=(8, 8, 1), seed=3)
     model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy", jit_compile=True)
@@ -174,8 +174,8 @@ def test_broadcast_callback_leaves_a_keras_models_step_as_keras_made_it(hvd) -> 
 def test_a_distributed_model_gets_horovods_step_without_the_broadcast_callback(hvd, how: str) -> None:
     """Any of hvdk8s's Horovod callbacks, or ``fit_step.install`` called directly, switches XLA off (Horovod's
     ops cannot be compiled: with XLA on, this fit fails) and installs the lean call."""
-    from hvdk8s import fit_step
-    from hvdk8s.fit_step import LeanTrainFunction
+    from hvdk8s.train import fit_step
+    from hvdk8s.train.fit_step import LeanTrainFunction
 
     model = compiled(hvd, jit_compile=True)
     callbacks = []
@@ -195,7 +195,7 @@ def test_lean_call_takes_batches_holding_none(hvd) -> None:
     import keras
     from packaging.version import Version
 
-    from hvdk8s.fit_step import LeanTrainFunction
+    from hvdk8s.train.fit_step import LeanTrainFunction
 
     # Keras 3.12 added the placeholder and the conversion (absent in the 3.11.3 wheel, present in 3.12.0's).
     if Version(keras.version()) < Version("3.12"):

@@ -46,7 +46,7 @@ def weights(model) -> list[np.ndarray]:
 def test_direct_calls_train_bit_for_bit_like_keras_across_epochs_and_datasets(hvd) -> None:
     """``steps_per_epoch`` keeps one iterator over epochs (direct calls throughout); a second fit on float64 data
     has another element spec, so the step must switch to that data's own concrete function."""
-    from hvdk8s.fit_step import LeanTrainFunction
+    from hvdk8s.train.fit_step import LeanTrainFunction
 
     keras_model, lean_model = compiled(hvd), compiled(hvd)
     histories, traces = [], []

@@ -77,7 +77,7 @@ def test_sparse_gradients_keep_keras_update_whose_momentum_decays_every_row(hvd)
 def test_only_keras_own_sgd_update_is_fused(hvd) -> None:
     import keras
 
-    from hvdk8s.fused import FusedSGD
+    from hvdk8s.train.fused import FusedSGD
 
     class ClippedSGD(keras.optimizers.SGD):
         def update_step(self, gradient, variable, learning_rate):
@@ -99,7 +99,7 @@ def test_only_keras_own_sgd_update_is_fused(hvd) -> None:
 def test_load_model_brings_back_the_fused_update_with_its_momentum(hvd, tmp_path) -> None:
     import keras
 
-    from hvdk8s.fused import FusedSGD
+    from hvdk8s.train.fused import FusedSGD
 
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
     model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)), "mse")

@@ -1,4 +1,4 @@
-"""What hvdk8s relies on in Keras beyond its documentation (``hvdk8s/keras_compat.py``): one test per use.
+"""What hvdk8s relies on in Keras beyond its documentation (``hvdk8s/train/keras_compat.py``): one test per use.
 
 Each test fails when Keras changes the behaviour that one function of ``keras_compat`` relies on, so a new
 Keras release shows at once which of hvdk8s's assumptions broke. They run on every supported stack (the
@@ -63,7 +63,7 @@ def test_a_subclass_named_like_its_base_is_saved_as_the_base_and_loads_with_plai
     """``distributed_subclass``: Keras saves an unexported class by module and name, and loads it from there."""
     import keras
 
-    from hvdk8s import keras_compat
+    from hvdk8s.train import keras_compat
 
     cls = keras_compat.distributed_subclass(keras.optimizers.SGD, (_Mixin,), {"setting": 1})
     assert cls.__name__ == "SGD" and cls.__module__ == keras.optimizers.SGD.__module__ and cls.setting == 1
@@ -85,7 +85,7 @@ def test_every_update_goes_through_apply() -> None:
     """``distributed_subclass``: ``fit``, ``apply_gradients`` and a ``LossScaleOptimizer`` all reach ``apply``."""
     import keras
 
-    from hvdk8s import keras_compat
+    from hvdk8s.train import keras_compat
 
     calls: list[str] = []
 
@@ -114,7 +114,7 @@ def test_loss_scale_decides_in_check_finite_then_applies_the_inner_optimizer_onc
     gradients, or halves the scale without it."""
     import keras
 
-    from hvdk8s import keras_compat
+    from hvdk8s.train import keras_compat
 
     events: list[Any] = []
 
@@ -144,7 +144,7 @@ def test_class_switch_keeps_the_optimizer_s_identity_state_and_config() -> None:
     """``reclass``: assigning ``__class__`` to a Keras optimizer keeps its variables, values and config."""
     import keras
 
-    from hvdk8s import keras_compat
+    from hvdk8s.train import keras_compat
 
     wrapper = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), initial_scale=8.0)
     model = model_with(wrapper)
@@ -168,7 +168,7 @@ def test_loss_scale_builds_its_inner_optimizer_from_its_own_build(mixed_float16:
     built by hand and when ``fit`` builds the wrapper ``compile`` made."""
     import keras
 
-    from hvdk8s import keras_compat
+    from hvdk8s.train import keras_compat
 
     found: list[Any] = []
 
@@ -195,7 +195,7 @@ def test_plain_objects_on_an_optimizer_are_tracked_by_neither_keras_nor_tensorfl
     import keras
     import tensorflow as tf
 
-    from hvdk8s import keras_compat
+    from hvdk8s.train import keras_compat
 
     class State:
         def __init__(self) -> None:
@@ -219,7 +219,7 @@ def test_sgd_keeps_one_momentum_per_variable_in_build_order_and_updates_those() 
     """``sgd_momentums``, ``sgd_momentum``: the buffers, in ``build``'s order, are the ones Keras's update uses."""
     import keras
 
-    from hvdk8s import keras_compat
+    from hvdk8s.train import keras_compat
 
     variables = [keras.Variable(np.zeros(2, "float32")), keras.Variable(np.zeros(3, "float32"))]
     opt = keras.optimizers.SGD(0.5, momentum=0.9)
@@ -243,7 +243,7 @@ def test_custom_objects_replace_a_saved_class_by_the_name_it_was_saved_under(tmp
     restored into what the override returns; one saved from Keras's own class is not replaced."""
     import keras
 
-    from hvdk8s import keras_compat
+    from hvdk8s.train import keras_compat
 
     built: list[type] = []
 
@@ -269,7 +269,7 @@ def test_legacy_h5_is_marked_when_saved_with_its_optimizer_and_loads_it_built_fo
     """``legacy_h5_saved_with_optimizer``: the ``training_config`` attribute, and why such files are refused."""
     import keras
 
-    from hvdk8s import keras_compat
+    from hvdk8s.train import keras_compat
 
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss=keras.losses.MeanSquaredError())
@@ -296,7 +296,7 @@ def test_make_train_function_keeps_an_installed_function_until_forced_or_recompi
     ``compile`` resets it."""
     import keras
 
-    from hvdk8s import keras_compat
+    from hvdk8s.train import keras_compat
 
     model = model_with(keras.optimizers.SGD(0.1))
     keras_function = keras_compat.keras_train_function(model)
@@ -320,7 +320,7 @@ def test_fit_calls_the_installed_function_with_the_epoch_iterator_until_it_runs_
     import keras
     import tensorflow as tf
 
-    from hvdk8s import keras_compat
+    from hvdk8s.train import keras_compat
 
     got: list[Any] = []
 
@@ -356,7 +356,7 @@ def test_generator_batches_hold_an_optional_where_they_hold_none() -> None:
     import keras
     import tensorflow as tf
 
-    from hvdk8s import keras_compat
+    from hvdk8s.train import keras_compat
 
     placeholder = keras_compat.keras_version() >= keras_compat.OPTIONALS_FOR_NONE_SINCE
     batches: list[Any] = []
@@ -394,7 +394,7 @@ def test_keras_train_step_counts_each_epoch_s_examples_in_its_loss_tracker() -> 
     batches exactly."""
     import keras
 
-    from hvdk8s import keras_compat
+    from hvdk8s.train import keras_compat
 
     bare = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     assert keras_compat.loss_tracker(bare) is None  # not compiled
@@ -412,7 +412,7 @@ def test_on_train_batch_begin_gets_each_call_s_first_step() -> None:
     2, 5, 8 on 3.15), and the steps done after each call count from the begin hook's."""
     import keras
 
-    from hvdk8s import keras_compat
+    from hvdk8s.train import keras_compat
 
     begins: list[int] = []
     ends: list[int] = []
@@ -453,7 +453,7 @@ FORBIDDEN = re.compile(
 
 def test_keras_internals_are_used_in_keras_compat_only() -> None:
     package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    compat = REPO / package_dirs["hvdk8s"] / "keras_compat.py"
+    compat = REPO / package_dirs["hvdk8s"] / "train" / "keras_compat.py"
     assert compat.is_file() and FORBIDDEN.search(compat.read_text())  # the pattern still finds what it is for
     found = []
     for folder in sorted(set(package_dirs.values())):
@@ -463,6 +463,6 @@ def test_keras_internals_are_used_in_keras_compat_only() -> None:
             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
                 if FORBIDDEN.search(line):
                     found.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
-    assert not found, "Keras internals outside hvdk8s/keras_compat.py (move them there, documented):\n" + "\n".join(
+    assert not found, "Keras internals outside hvdk8s/train/keras_compat.py (move them there, documented):\n" + "\n".join(
         found
     )

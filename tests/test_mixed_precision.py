@@ -139,7 +139,7 @@ def fit(hvd, model, steps: int = 3) -> list[str]:
 def test_distributed_optimizer_of_loss_scale_optimizer(hvd) -> None:
     import keras
 
-    from hvdk8s.optimizer import is_distributed, is_distributed_class, reduces_gradients
+    from hvdk8s.train.optimizer import is_distributed, is_distributed_class, reduces_gradients
 
     lso = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=1024.0,
                                               dynamic_growth_steps=7)
@@ -176,7 +176,7 @@ def test_compile_wrapper_becomes_distributed_before_the_first_step(hvd, float16_
     """DistributedOptimizer(opt) stays as it is; compile wraps it with Keras's settings; the callback fixes that."""
     import keras
 
-    from hvdk8s.optimizer import is_distributed, is_distributed_class
+    from hvdk8s.train.optimizer import is_distributed, is_distributed_class
 
     dist = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01))
     assert is_distributed(dist)  # not wrapped here: custom loops and auto_scale_loss=False get no loss scaling
@@ -199,7 +199,7 @@ def test_compile_wrapper_is_switched_over_without_hvdk8s_callbacks(hvd, float16_
     before tracing its step, and the wrapper is switched over then."""
     import keras
 
-    from hvdk8s.optimizer import is_distributed_class
+    from hvdk8s.train.optimizer import is_distributed_class
 
     model = small_model()
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
@@ -225,7 +225,7 @@ def test_saved_model_loads_with_keras_and_with_hvdk8s(hvd, float16_policy, tmp_p
     """Keras saves the optimizer given to compile and wraps it again on loading; hvdk8s.load_model's trains on."""
     import keras
 
-    from hvdk8s.optimizer import is_distributed, is_distributed_class, reduces_gradients
+    from hvdk8s.train.optimizer import is_distributed, is_distributed_class, reduces_gradients
 
     model = small_model()
     model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
@@ -256,7 +256,7 @@ def test_keras_wrapper_around_distributed_optimizer_in_custom_loop(hvd, float16_
     import keras
     import tensorflow as tf
 
-    from hvdk8s.optimizer import is_distributed_class
+    from hvdk8s.train.optimizer import is_distributed_class
 
     model = small_model()
     opt = keras.optimizers.LossScaleOptimizer(hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)))

@@ -85,7 +85,7 @@ def test_load_model_of_an_h5_model_saved_without_optimizer_is_keras_s(hvd, tmp_p
 def test_the_keras_checkpoint_migrate_writes_instead_resumes_distributed(hvd, tmp_path: Path) -> None:
     import keras
 
-    from hvdk8s.optimizer import is_distributed
+    from hvdk8s.train.optimizer import is_distributed
 
     model = compiled(hvd)
     model.fit(*DATA, epochs=2, verbose=0, callbacks=[keras.callbacks.ModelCheckpoint(str(tmp_path / "ck-{epoch}.keras"))])

@@ -14,7 +14,7 @@ epoch each (the order shuffled per round). Two figures per callback:
 
 A second model trained without callbacks is measured the same way: its
 "step time added" is the noise floor of the comparison. Every model, the
-baseline's too, has hvdk8s's lean step call (``hvdk8s.fit_step``), which
+baseline's too, has hvdk8s's lean step call (``hvdk8s.train.fit_step``), which
 ``BroadcastGlobalVariablesCallback`` and the rate callbacks install.
 
 Steps are timed inside ``fit``, from the second batch's start to the last
@@ -98,7 +98,7 @@ def measure(steps: int, rounds: int, batch: int) -> dict[str, Any]:
     hvd.init(quiet=True)
     import keras
 
-    from hvdk8s import fit_step
+    from hvdk8s.train import fit_step
 
     (x, y), _ = hvd.data.load_digits()
     n = steps * batch

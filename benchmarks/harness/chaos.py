@@ -241,7 +241,7 @@ def stale_temporaries(folder: Path, chief_hostname: str) -> list[Path]:
     """Checkpoint temporaries left that the last rank 0 should have removed: those written on its host.
 
     A temporary written on another host stays until it is an hour old
-    (``hvdk8s.checkpoint.remove_stale_temporaries``: no host can tell whether
+    (``hvdk8s.train.checkpoint.remove_stale_temporaries``: no host can tell whether
     a writer elsewhere still runs), so on namespace hosts a rank 0 killed in a
     checkpoint write leaves one behind when rank 0 moves to the other host.
     """

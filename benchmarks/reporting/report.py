@@ -607,7 +607,7 @@ def _profile_section(p: dict[str, Any] | None, measured: str = MEASURED) -> str:
         "its gradient reduction). The allreduce wait is the compiled step (the raw "
         "loop's step function; for hvdk8s the model's public `train_step` in one `tf.function`, as the raw loop's is) minus "
         "those three, i.e. communication that compute did not hide plus glue in the step; fit's step call is the "
-        "model's `train_function` (what `fit` calls per step: hvdk8s's lean call, `hvdk8s/fit_step.py`) minus that compiled "
+        "model's `train_function` (what `fit` calls per step: hvdk8s's lean call, `hvdk8s/train/fit_step.py`) minus that compiled "
         "`train_step`, on the same model: the per-call work around `train_step`; "
         "callbacks are hvdk8s's `fit` window minus its `train_function`. Milliseconds per step (medians):",
         "",

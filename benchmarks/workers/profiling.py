@@ -20,7 +20,7 @@ measured). Phases, per step:
   the communication that compute did not hide, plus any glue in the step
   (Keras's loss tracker for hvdk8s);
 * fit's step call = the model's ``train_function`` called directly (what
-  ``fit`` calls per step: hvdk8s's lean call, ``hvdk8s.fit_step``) - that
+  ``fit`` calls per step: hvdk8s's lean call, ``hvdk8s.train.fit_step``) - that
   compiled ``train_step``: the per-call work around ``train_step``, measured
   on the same model;
 * callbacks and fit loop = hvdk8s's ``fit`` window - its ``train_function``.

@@ -15,7 +15,7 @@ from pathlib import Path
 from mpi4py import MPI
 
 import hvdk8s as hvd
-from hvdk8s.optimizer import is_distributed
+from hvdk8s.train.optimizer import is_distributed
 
 world = MPI.COMM_WORLD
 # Start as two size-1 jobs (an mpi4py communicator per rank), trace a step there, then grow to the world:

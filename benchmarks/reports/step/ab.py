@@ -11,7 +11,7 @@ round, so drift in machine load cancels. Variants:
 * ``raw``: Horovod's synthetic loop (``DistributedGradientTape`` around a ``GradientTape``, Keras SGD);
 * ``opt``: the same ``tf.function`` step with ``hvdk8s.DistributedOptimizer`` instead of the tape (the reduction
   and update path alone, without Keras's ``train_step``);
-* ``step``: the model's ``train_function`` as ``fit`` calls it (``hvdk8s.fit_step``), on a dataset iterator;
+* ``step``: the model's ``train_function`` as ``fit`` calls it (``hvdk8s.train.fit_step``), on a dataset iterator;
 * ``fit``: one ``model.fit`` with Horovod's broadcast and metric-average callbacks, each epoch of ``--steps`` steps
   timed from its begin to its end as ``synthetic_fit`` times it (the per-step and per-epoch Python of ``fit`` and
   the callbacks on top of ``step``); the other variants' windows run between its epochs.
@@ -85,7 +85,7 @@ def main() -> None:
         step_model = build()
         step_model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)),
                            loss="sparse_categorical_crossentropy")
-        # fit with Horovod's callbacks installs the train_function it calls per step (hvdk8s.fit_step)
+        # fit with Horovod's callbacks installs the train_function it calls per step (hvdk8s.train.fit_step)
         step_model.fit(data, steps_per_epoch=1, epochs=1, verbose=0,
                        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
         step_it = iter(data)

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import keras
 import tensorflow as tf
 
-from hvdk8s import keras_compat
+from hvdk8s.train import keras_compat
 
 
 class MomentumCorrection:

@@ -20,8 +20,8 @@ from typing import Any
 import keras
 from horovod.tensorflow import Compression
 
-from hvdk8s import keras_compat
-from hvdk8s.optimizer import DistributedOptimizer
+from hvdk8s.train import keras_compat
+from hvdk8s.train.optimizer import DistributedOptimizer
 
 
 def _keras_optimizer_classes() -> list[type]:

@@ -21,7 +21,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from hvdk8s import keras_compat
+from hvdk8s.train import keras_compat
 
 # the dtypes whose fused result is checked bit for bit against Keras's update (tests/test_fused.py)
 _KERNEL_DTYPES = (tf.float16, tf.float32, tf.float64)

@@ -19,7 +19,7 @@ Keras 2, so every rank takes the same decision.
 What this relies on in Keras beyond its documentation (the subclass saved
 under the wrapped class's name, the loss-scale wrapper's flow, switching a
 wrapper's class in place, finding it from the inner optimizer's ``build``,
-untracked state) is in ``hvdk8s.keras_compat``.
+untracked state) is in ``hvdk8s.train.keras_compat``.
 """
 from __future__ import annotations
 
@@ -33,9 +33,10 @@ import keras
 import tensorflow as tf
 from horovod.tensorflow import Compression
 
-from hvdk8s import collectives, keras_compat, schedule
+from hvdk8s import collectives
 from hvdk8s.collectives import Average, GradientReduction, global_process_set, variable_key
-from hvdk8s.fused import fused_bases
+from hvdk8s.train import keras_compat, schedule
+from hvdk8s.train.fused import fused_bases
 
 # Horovod 0.28.1's message (horovod/tensorflow/gradient_aggregation_eager.py, compute_gradients).
 SPARSE_PASSES_ERROR = "IndexedSlices are not supported when `backward_passes_per_step` > 1 and `sparse_as_dense` is False."

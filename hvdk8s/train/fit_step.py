@@ -36,8 +36,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from hvdk8s import keras_compat
-from hvdk8s.optimizer import distribute_loss_scale, reduces_gradients
+from hvdk8s.train import keras_compat
+from hvdk8s.train.optimizer import distribute_loss_scale, reduces_gradients
 
 
 class LeanTrainFunction:
