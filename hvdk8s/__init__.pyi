@@ -64,12 +64,12 @@ from .train.checkpoint import (
     restore_latest as restore_latest,
     save_atomic as save_atomic,
 )
-from .observability import (
+from .observe.observability import (
     observability_callbacks as observability_callbacks,
 )
-from .metrics import (
+from .observe.metrics import (
     TrainingMetrics as TrainingMetrics,
 )
-from .progress import (
+from .observe.progress import (
     ProgressBar as ProgressBar,
 )

@@ -6,7 +6,7 @@ import os
 import keras
 
 from hvdk8s.callbacks import BroadcastGlobalVariablesCallback, LearningRateWarmupCallback, MetricAverageCallback
-from hvdk8s.observability import observability_callbacks
+from hvdk8s.observe.observability import observability_callbacks
 from hvdk8s.train.checkpoint import Checkpoint
 
 

@@ -29,7 +29,7 @@ README_BUDGET_LINES = 250
 REFERENCE_PAGES = ["reference.md", "serving-api.md", "cli.md"]
 PUBLIC_MODULES = ["hvdk8s.runtime", "hvdk8s.train.optimizer", "hvdk8s.callbacks", "hvdk8s.defaults",
                   "hvdk8s.train.checkpoint", "hvdk8s.train.loading", "hvdk8s.elastic", "hvdk8s.data", "hvdk8s.models",
-                  "hvdk8s.observability"]  # fmt: skip
+                  "hvdk8s.observe.observability"]  # fmt: skip
 
 
 def test_docs_site_builds_strictly(tmp_path: Path) -> None:

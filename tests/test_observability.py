@@ -31,9 +31,9 @@ import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hvdk8s import ranklog, telemetry
 from hvdk8s.common.errors import UserError
-from hvdk8s.metrics import Exporter, metrics_port, rank_labels
+from hvdk8s.observe import ranklog, telemetry
+from hvdk8s.observe.metrics import Exporter, metrics_port, rank_labels
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "tests" / "mpi_scripts" / "obs_train.py"
@@ -183,8 +183,9 @@ def test_job_figures_ride_the_metric_average_allreduce_or_take_their_own(
     import numpy as np
 
     import hvdk8s
-    from hvdk8s import collectives, metrics
-    from hvdk8s.observability import observability_callbacks
+    from hvdk8s import collectives
+    from hvdk8s.observe import metrics
+    from hvdk8s.observe.observability import observability_callbacks
 
     hvdk8s.init(quiet=True)
     calls: list[tuple[str, list[str]]] = []
@@ -255,7 +256,7 @@ int nvmlDeviceGetPowerUsage(void *h, unsigned int *mw) { return 3;  /* NVML_ERRO
 PROBE = textwrap.dedent("""
     import json, logging, sys
     from prometheus_client import CollectorRegistry, generate_latest
-    from hvdk8s import telemetry
+    from hvdk8s.observe import telemetry
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     local_rank, cvd = int(sys.argv[1]), sys.argv[2] or None
     labels = {"job": "t", "rank": str(local_rank), "local_rank": str(local_rank), "host": "h"}

@@ -19,8 +19,8 @@ hvdk8s.init()
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
-from hvdk8s import metrics  # noqa: E402
-from hvdk8s.observability import observability_callbacks  # noqa: E402
+from hvdk8s.observe import metrics  # noqa: E402
+from hvdk8s.observe.observability import observability_callbacks  # noqa: E402
 
 SAMPLES, BATCH = 256, 16  # 128 per rank: 8 steps per epoch
 

@@ -15,7 +15,7 @@ import pynvml
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from hvdk8s.ranklog import log_once
+from hvdk8s.observe.ranklog import log_once
 
 Reading = Callable[[object], float]
 

@@ -17,8 +17,8 @@ import keras
 from tqdm import tqdm
 
 from hvdk8s import runtime
-from hvdk8s.metrics import epoch_examples, loss_tracker
-from hvdk8s.ranklog import log_once
+from hvdk8s.observe.metrics import epoch_examples, loss_tracker
+from hvdk8s.observe.ranklog import log_once
 from hvdk8s.train import keras_compat
 
 

@@ -14,8 +14,8 @@ import keras
 
 from hvdk8s import runtime
 from hvdk8s.callbacks import MetricAverageCallback
-from hvdk8s.metrics import TrainingMetrics
-from hvdk8s.progress import ProgressBar
+from hvdk8s.observe.metrics import TrainingMetrics
+from hvdk8s.observe.progress import ProgressBar
 
 
 def chief_tensorboard(log_dir: str | os.PathLike[str], **kwargs: Any) -> list[keras.callbacks.Callback]:

@@ -21,9 +21,10 @@ from typing import Any
 import keras
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from hvdk8s import collectives, commtime, runtime, telemetry
+from hvdk8s import collectives, commtime, runtime
 from hvdk8s.common.errors import UserError
-from hvdk8s.ranklog import log_once
+from hvdk8s.observe import telemetry
+from hvdk8s.observe.ranklog import log_once
 from hvdk8s.train import keras_compat
 
 DEFAULT_PORT = 9090
