@@ -2,7 +2,7 @@
 
 - The top-level folders are installed as ``hvdk8s.<folder>`` (pyproject's ``package-dir``), a mapping griffe
   cannot follow from the repository root: ``on_startup`` lays the package out as it is imported, symbolic links
-  under ``out/docs-api/hvdk8s`` (as scripts/typecheck.py does for mypy), the path mkdocs.yml gives mkdocstrings,
+  under ``out/docs-api/hvdk8s`` (scripts/typecheck.py stages mypy's the same way), the path mkdocs.yml gives mkdocstrings,
   so ``::: hvdk8s.serving.model.savedmodel.export`` resolves.
 - ``on_page_markdown`` replaces the marker lines in docs/cli.md with every command's usage and arguments, read from
   the real parsers, so the page cannot drift from ``--help``: ``<!-- hvdk8s-cli-reference -->`` with the ``hvdk8s``

@@ -12,25 +12,15 @@ import tempfile
 import tomllib
 from pathlib import Path
 
+from mkdocs_hooks import stage_package  # the same layout the docs build stages (scripts/ is on sys.path)
+
 REPO = Path(__file__).resolve().parent.parent
-
-
-def stage(root: Path, package_dirs: dict[str, str]) -> None:
-    """Link every ``package-dir`` folder (and the core's modules and sub-packages) under ``root/hvdk8s``."""
-    core = root / "hvdk8s"
-    core.mkdir()
-    for module in (REPO / package_dirs["hvdk8s"]).iterdir():
-        if module.suffix in (".py", ".pyi") or (module / "__init__.py").is_file():
-            (core / module.name).symlink_to(module, target_is_directory=module.is_dir())
-    for name, folder in package_dirs.items():
-        if name != "hvdk8s":
-            (root / name.replace(".", "/")).symlink_to(REPO / folder, target_is_directory=True)
 
 
 def main() -> int:
     package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     with tempfile.TemporaryDirectory(prefix="hvdk8s-typecheck-") as tmp:
-        stage(Path(tmp), package_dirs)
+        stage_package(Path(tmp))
         proc = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml"),
                                "-p", "hvdk8s"], cwd=tmp, capture_output=True, text=True)  # fmt: skip
     out = proc.stdout + proc.stderr
