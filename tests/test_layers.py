@@ -99,10 +99,15 @@ def _staged_package(root: Path) -> list[str]:
     return [name for name in package_dirs if name != "hvdk8s"]
 
 
+def _modules(folder: Path, unplaced: set[str]) -> set[str]:
+    """The names of ``folder``'s modules (but ``unplaced``) and sub-packages."""
+    return {p.stem for p in folder.iterdir()
+            if p.suffix == ".py" and p.stem not in unplaced or (p / "__init__.py").is_file()}  # fmt: skip
+
+
 def test_no_import_cycles_and_every_layer_imports_only_those_below(tmp_path: Path) -> None:
     subpackages = _staged_package(tmp_path)
-    core_modules = {p.stem for p in (REPO / "hvdk8s").iterdir()  # the folder's modules and sub-packages
-                    if p.suffix == ".py" and p.stem != "__init__" or (p / "__init__.py").is_file()}
+    core_modules = _modules(REPO / "hvdk8s", {"__init__"})
     core = sorted(f"hvdk8s.{m}" for m in core_modules - {"cli"})
     config = tmp_path / ".importlinter"
     config.write_text("\n".join([
@@ -127,8 +132,7 @@ def test_no_import_cycles_and_every_layer_imports_only_those_below(tmp_path: Pat
     assert set(subpackages) == {m.strip() for layer in LAYERS[1:] for m in layer.split("|")}  # every package placed
     for package, layers, unplaced in (("serving", SERVING_LAYERS, {"__init__"}),
                                       ("benchmarks", BENCHMARKS_LAYERS, {"__init__", "__main__"})):
-        modules = {p.stem for p in (tmp_path / "hvdk8s" / package).iterdir()
-                   if p.suffix == ".py" and p.stem not in unplaced or (p / "__init__.py").is_file()}
+        modules = _modules(tmp_path / "hvdk8s" / package, unplaced)
         assert modules == {m.strip() for layer in layers for m in layer.split("|")}, package  # every module placed
     assert core_modules == {m.strip() for layer in CORE_LAYERS for m in layer.split("|")}  # every core module placed
     lint = Path(sys.executable).with_name("lint-imports")
