@@ -1,14 +1,15 @@
 """End to end: a tiny ``--quick`` benchmark run with real processes, then its report checked.
 
-One run (module fixture, 17 jobs, about three minutes on 2 quiet cores): every
+One run (module fixture, 18 jobs, about three minutes on 2 quiet cores): every
 strategy kind that needs its own launcher (single process, mpirun ranks, a
 TF_CONFIG parameter-server cluster) and one whose Open MPI settings must reach
 its ranks (hvdk8s_eager64k's differ only in value, passed by the same code; the
 parameters each value gives mpirun: tests/test_mpijob.py), hvdk8s with the raw loop's windows
 alternating in the same ranks, Horovod's synthetic benchmarks as the suite's own
-raw loop and hvdk8s fit at N=1 and N=2, the per-phase profile with a Horovod timeline, the
-allreduce microbenchmark with fusion on and off, and, where network namespaces
-can be made, the emulated 1 Gbit/s cluster. The checks: the report has its sections
+raw loop (at N=2 also at hvdk8s's thread split) and hvdk8s fit at N=1 and N=2,
+the per-phase profile with a Horovod timeline, the allreduce microbenchmark
+with fusion on and off, and, where network namespaces can be made, the
+emulated 1 Gbit/s cluster. The checks: the report has its sections
 and readable plots, every summary in results.json recomputes from the raw
 timings, every number in a Markdown table is a value of results.json, and
 nothing is left behind.
@@ -61,7 +62,7 @@ def bench(tmp_path_factory: pytest.TempPathFactory, name: str, args: list[str], 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return bench(tmp_path_factory, "bench", TINY, 1800)  # a hang guard: 17 launches take minutes, many more under load
+    return bench(tmp_path_factory, "bench", TINY, 1800)  # a hang guard: 18 launches take minutes, many more under load
 
 
 def _json_values(obj: Any, numbers: list[float], strings: set[str]) -> None:
@@ -253,7 +254,8 @@ def test_horovods_synthetic_scripts_run_alternately_and_are_reported(run: dict[s
     proc, results, out = run["proc"], run["results"], run["out"]
     assert proc.returncode == 0 and results["errors"] == [], proc.stderr[-3000:]
     raw = results["raw"]
-    assert [(r["script"], r["workers"]) for r in raw["synthetic"]] == [("raw", 1), ("hvdk8s", 1), ("raw", 2), ("hvdk8s", 2)]
+    assert [(r["script"], r["workers"]) for r in raw["synthetic"]] == [("raw", 1), ("hvdk8s", 1), ("raw", 2), ("raw_split", 2),
+                                                                       ("hvdk8s", 2)]
     for r in raw["synthetic"]:
         assert r["model"] == "MobileNetV3Small" and r["batch_per_rank"] == 8 and len(r["iter_img_per_s_per_rank"]) == 1
         assert r["iter_img_per_s_per_rank"][0] > 0 and r["knob"] == "baseline"
@@ -264,10 +266,11 @@ def test_horovods_synthetic_scripts_run_alternately_and_are_reported(run: dict[s
         assert (placed in log) == (r["script"] == "hvdk8s")
     rows = results["derived"]["synthetic"]
     assert [(r["workers"], r["hvdk8s_over_raw"]["n"]) for r in rows] == [(1, 1), (2, 1)]
+    assert "hvdk8s_over_raw_split" not in rows[0] and rows[1]["hvdk8s_over_raw_split"]["n"] == rows[1]["raw_split_over_raw"]["n"] == 1
     assert analysis.derive(raw) == results["derived"]
     md = (out / "report.md").read_text()
     assert "## Horovod's synthetic benchmarks" in md and "`python -m hvdk8s.benchmarks.workers.synthetic_loop`" in md
-    assert any(line.startswith("| horovod-synthetic:MobileNetV3Small | Horovod's scripts, separate launches | ") for line in md.splitlines())
+    assert any(line.startswith("| horovod-synthetic:MobileNetV3Small | Horovod's scripts, separate launches, equal threads | ") for line in md.splitlines())
     assert untraced_cells(md, results) == []
 
 

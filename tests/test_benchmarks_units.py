@@ -632,10 +632,13 @@ def test_synthetic_scripts_run_the_same_steps_and_alternate_which_goes_first() -
     assert 1 + opt(raw, "--num-warmup-batches") + opt(raw, "--num-iters") * 5 == opt(fit, "--num-iters") * 5 == 20
     s = preset("quick", workloads=("cnn", "horovod-synthetic:MobileNetV2"), synthetic_rounds=2, ranks=(1, 2))
     assert s.suite_workloads == ("cnn",) and s.synthetic_models == ("MobileNetV2",)
+    # at N=2 also the raw loop at hvdk8s's thread split; at N=1 the split is TensorFlow's own pool
     assert suite.synthetic_configs(s) == [(0, 1, "MobileNetV2", "raw"), (0, 1, "MobileNetV2", "hvdk8s"),
-                                          (0, 2, "MobileNetV2", "raw"), (0, 2, "MobileNetV2", "hvdk8s"),
+                                          (0, 2, "MobileNetV2", "raw"), (0, 2, "MobileNetV2", "raw_split"),
+                                          (0, 2, "MobileNetV2", "hvdk8s"),
                                           (1, 1, "MobileNetV2", "hvdk8s"), (1, 1, "MobileNetV2", "raw"),
-                                          (1, 2, "MobileNetV2", "hvdk8s"), (1, 2, "MobileNetV2", "raw")]
+                                          (1, 2, "MobileNetV2", "hvdk8s"), (1, 2, "MobileNetV2", "raw_split"),
+                                          (1, 2, "MobileNetV2", "raw")]
     only = preset("quick", workloads=("horovod-synthetic:ResNet50",), knobs=("threads_tf",), knob_rounds=1, emulated_rates=())
     assert suite.training_configs(only) == []  # no suite workload: no training launches
     assert suite.job_count(only, emulated=False) == len(suite.synthetic_configs(only)) + 3 + 2 * 2  # + allreduce + 2 knobs x 2 scripts
@@ -643,6 +646,8 @@ def test_synthetic_scripts_run_the_same_steps_and_alternate_which_goes_first() -
     peer = dataclasses.replace(only, synthetic_rounds=2, ranks=(1,), synthetic_peer="/horovod/examples/tensorflow2")
     assert [which for _r, _n, _m, which in suite.synthetic_configs(peer)] == [
         "raw", "horovod_raw", "hvdk8s", "horovod_keras", "horovod_keras", "hvdk8s", "horovod_raw", "raw"]
+    assert [which for _r, _n, _m, which in suite.synthetic_configs(dataclasses.replace(peer, ranks=(2,)))][:5] == [
+        "raw", "horovod_raw", "raw_split", "hvdk8s", "horovod_keras"]  # Horovod's raw script has no split twin
     assert suite.knob_synthetic_configs(peer, 0) == [("ResNet50", "raw"), ("ResNet50", "hvdk8s")]
     with pytest.raises(ValueError, match="synthetic_peer: 'x': no horovod-synthetic:<Model> workload in workloads"):
         preset("quick", workloads=("cnn",), synthetic_peer="x")
@@ -650,11 +655,18 @@ def test_synthetic_scripts_run_the_same_steps_and_alternate_which_goes_first() -
 
 def test_synthetic_modules_take_horovods_flags_and_the_loop_a_thread_count() -> None:
     from hvdk8s.benchmarks.config import synthetic
+    from hvdk8s.threads import DEFAULT_CPU_THREAD_POLICY, thread_pools
 
     loop = synthetic.parser(loop=True).parse_args([*synthetic.script_args("raw", "ResNet50", 5, 3), "--intra-op-threads", "1"])
     fit = synthetic.parser(loop=False).parse_args(synthetic.script_args("hvdk8s", "ResNet50", 5, 3))
     assert (loop.model, loop.batch_size, loop.num_warmup_batches, loop.num_iters, loop.no_cuda, loop.intra_op_threads) == (
         "ResNet50", 4, 4, 3, True, 1)
+    # raw_split: the loop with hvdk8s's default intra-op share of the host's cores, as hvdk8s.init gives its ranks
+    split = lambda cores, n: synthetic.parser(loop=True).parse_args(  # noqa: E731
+        synthetic.script_args("raw_split", "ResNet50", 5, 3, cores, n)).intra_op_threads
+    assert (split(2, 2), split(16, 4), split(3, 8), split(8, 1)) == (1, 4, 1, 8)
+    assert split(16, 4) == thread_pools(DEFAULT_CPU_THREAD_POLICY, 16, 4)[0]
+    assert "--intra-op-threads" not in synthetic.script_args("raw", "ResNet50", 5, 3, 16, 4)
     assert (fit.model, fit.num_batches_per_iter, fit.num_iters) == ("ResNet50", 5, 4)
     assert synthetic.parser(loop=True).parse_args([]).intra_op_threads == 0  # TensorFlow's default pool
     assert synthetic.iteration_line(2, 7.0184, "CPU") == "Iter #2: 7.018 img/sec per CPU"
@@ -715,6 +727,34 @@ def test_synthetic_ratio_per_round_then_min_max_and_knobs_against_the_same_round
     assert not any("peer" in key for row in rows.values() for key in row)  # no Horovod scripts, no comparison
 
 
+def test_synthetic_headline_is_hvdk8s_at_equal_threads_then_the_thread_splits_own_gain() -> None:
+    raw = [_synthetic_run("synthetic", "baseline", which, n, r, [rate]) for which, n, r, rate in [
+        ("raw", 1, 0, 2.0), ("hvdk8s", 1, 0, 2.1), ("raw", 1, 1, 2.0), ("hvdk8s", 1, 1, 1.9),
+        ("raw", 2, 0, 1.0), ("raw_split", 2, 0, 1.2), ("hvdk8s", 2, 0, 1.26),
+        ("raw", 2, 1, 1.0), ("raw_split", 2, 1, 1.25), ("hvdk8s", 2, 1, 1.25)]]
+    rows = {r["workers"]: r for r in analysis.synthetic(raw)}
+    two = rows[2]
+    assert two["hvdk8s_over_raw_split"]["min"] == pytest.approx(1.0) and two["hvdk8s_over_raw_split"]["max"] == pytest.approx(1.05)
+    assert two["raw_split_over_raw"]["median"] == pytest.approx(1.225) and two["hvdk8s_over_raw"]["max"] == pytest.approx(1.26)
+    assert "raw_split_over_raw" not in rows[1]  # no split launch at N=1
+    # equal threads: over the split launch at N=2; at N=1 over the loop's one launch (the split is TensorFlow's pool)
+    assert report.synthetic_equal_threads(two) is two["hvdk8s_over_raw_split"]
+    assert report.synthetic_equal_threads(rows[1]) is rows[1]["hvdk8s_over_raw"]
+    old = {**two}
+    del old["hvdk8s_over_raw_split"]
+    assert report.synthetic_equal_threads(old) is None  # a run without the split launch has no N=2 equal-thread ratio
+    section = report._synthetic_section(list(rows.values()), {"synthetic_iters": 1, "synthetic_batches_per_iter": 3,
+                                                               "synthetic_peer": ""}, {})
+    assert "| ResNet50 | 4 | 2 | 1.02 [1–1.05] (2) | 1.23 [1.2–1.25] (2) | 1.25 [1.25–1.26] (2) |" in section
+    assert "| ResNet50 | 4 | 1 | 1 [0.95–1.05] (2) | – | 1 [0.95–1.05] (2) |" in section
+    derived = {"ratios": {"paired": [], "rounds": [], "time_to_accuracy": []}, "emulated": {},
+               "synthetic": list(rows.values())}
+    summary = report._ratio_section(derived)
+    headline, gain = summary.index("| horovod-synthetic:ResNet50 | Horovod's scripts, separate launches, equal threads | "
+                                   "1 [0.95–1.05] (2) | 1.02 [1–1.05] (2) |"), summary.index("The thread policy's own gain")
+    assert headline < gain and "| horovod-synthetic:ResNet50 | 1.23 [1.2–1.25] (2) |" in summary[gain:]
+
+
 def test_the_suites_synthetic_scripts_are_compared_with_horovods_per_round_and_over_all_iterations() -> None:
     raw = [_synthetic_run("synthetic", "baseline", which, 1, r, rates) for which, r, rates in [
         ("raw", 0, [2.0, 2.2]), ("horovod_raw", 0, [2.0, 2.0]), ("raw", 1, [1.0]), ("horovod_raw", 1, [1.25]),
@@ -762,12 +802,14 @@ def test_headline_puts_emulated_links_and_horovods_scripts_beside_shared_memory_
                                {"workload": "mlp", "strategy": "hvdk8s", "workers": 2, "ratio": two}], "rounds": [],
                     "time_to_accuracy": []},
          "emulated": {"rates": [{"rate": "1gbit", "training_paired": [{"workload": "mlp", "strategy": "hvdk8s", "workers": 2, "ratio": two}]}]},
-         "synthetic": [{"section": "synthetic", "knob": "baseline", "model": "ResNet50", "workers": 2, "hvdk8s_over_raw": two}]}
+         "synthetic": [{"section": "synthetic", "knob": "baseline", "model": "ResNet50", "workers": 2, "hvdk8s_over_raw": one,
+                        "hvdk8s_over_raw_split": two}]}
     lines = report._ratio_section(d).splitlines()
     assert "| workload | measured as | hvdk8s / raw loop, N=1 | hvdk8s / raw loop, N=2 |" in lines
     assert "| mlp | shared memory, alternating windows, equal threads | 1.5 (1) | 0.98 [0.96–1] (3) |" in lines
     assert "| mlp | emulated 1gbit links, alternating windows, equal threads | – | 0.98 [0.96–1] (3) |" in lines
-    assert "| horovod-synthetic:ResNet50 | Horovod's scripts, separate launches | – | 0.98 [0.96–1] (3) |" in lines
+    # over the raw loop at hvdk8s's thread split (equal threads), not over the loop at TensorFlow's defaults
+    assert "| horovod-synthetic:ResNet50 | Horovod's scripts, separate launches, equal threads | – | 0.98 [0.96–1] (3) |" in lines
 
 
 @pytest.mark.parametrize("content, why", [

@@ -8,7 +8,10 @@ images per second per rank (``Iter #k: R img/sec per CPU``). Written here as two
 flags, each run under mpirun as a user runs it (``python -m hvdk8s.benchmarks.workers.synthetic_loop`` / ``synthetic_fit``):
 ``synthetic_loop`` is the raw ``horovod.tensorflow`` loop with TensorFlow's thread defaults (``--intra-op-threads``
 to set its pool), ``synthetic_fit`` is Keras ``fit`` on hvdk8s, which applies its own CPU thread policy. The suite
-sets no thread count for either and reads only rank 0's per-iteration rates. Both run the same number of steps: the
+launches the loop twice where the two differ (N > 1): as a user gets it (script ``raw``), and with hvdk8s's
+intra-op split given by ``--intra-op-threads`` (script ``raw_split``, the one line a careful user writes), so hvdk8s
+is compared with the loop at equal threads and the thread policy's own gain is a row of its own. It reads only
+rank 0's per-iteration rates. Both run the same number of steps: the
 loop's first step and warm-up batches are one iteration, as the ``fit`` version's first epoch, which it prints as
 ``Iter #0`` and does not count.
 
@@ -28,6 +31,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from hvdk8s.threads import DEFAULT_CPU_THREAD_POLICY, thread_pools
+
 PREFIX = "horovod-synthetic:"
 IMAGE_SHAPE = (224, 224, 3)
 CLASSES = 1000  # a keras.applications model's default head
@@ -35,8 +40,10 @@ LEARNING_RATE = 0.01
 # Batch per rank: small enough for a 2-core machine (a ResNet50 step at 4 images per rank took about 1 s at N=2).
 BATCH = {"MobileNetV2": 8, "ResNet50": 4}
 DEFAULT_BATCH = 8
-# The suite's two modules by script name; each one's counterpart among Horovod's own scripts, and their files.
-MODULES = {"raw": "synthetic_loop", "hvdk8s": "synthetic_fit"}
+# The suite's modules by script name (``raw_split``: the loop at hvdk8s's thread split); the counterparts among
+# Horovod's own scripts, and their files.
+MODULES = {"raw": "synthetic_loop", "raw_split": "synthetic_loop", "hvdk8s": "synthetic_fit"}
+SPLIT = "raw_split"
 PEER_OF = {"raw": "horovod_raw", "hvdk8s": "horovod_keras"}
 PEER_FILES = {"horovod_raw": "tensorflow2_synthetic_benchmark.py",
               "horovod_keras": "tensorflow2_keras_synthetic_benchmark.py"}
@@ -127,19 +134,30 @@ def summary_lines(rates: list[float], size: int, device: str) -> list[str]:
             f"Total img/sec on {size} {device}(s): {size * mean:.3f} +-{size * conf:.3f}"]
 
 
-def script_args(which: str, model: str, batches_per_iter: int, iters: int) -> list[str]:
-    """Arguments giving every script ``iters`` timed iterations after one iteration's worth of warm-up steps."""
+def split_threads(cores: int, local_size: int) -> int:
+    """The intra-op threads ``hvdk8s.init`` gives each of ``local_size`` CPU ranks on ``cores`` cores by default."""
+    intra, _inter = thread_pools(DEFAULT_CPU_THREAD_POLICY, cores, local_size)
+    return intra or cores
+
+
+def script_args(which: str, model: str, batches_per_iter: int, iters: int, cores: int = 1, local_size: int = 1) -> list[str]:
+    """Arguments giving every script ``iters`` timed iterations after one iteration's worth of warm-up steps;
+    ``raw_split`` also gets hvdk8s's intra-op threads for ``local_size`` ranks on a host of ``cores``."""
     common = ["--model", model, "--batch-size", str(batch(model)), "--num-batches-per-iter", str(batches_per_iter),
               "--no-cuda"]
+    if which == SPLIT:
+        common += ["--intra-op-threads", str(split_threads(cores, local_size))]
     if which not in FIT_SCRIPTS:  # first step + (batches_per_iter - 1) warm-up batches, then ``iters`` timed
         return [*common, "--num-warmup-batches", str(batches_per_iter - 1), "--num-iters", str(iters)]
     return [*common, "--num-iters", str(iters + 1)]  # epoch 0 is its warm-up, not counted
 
 
-def order(r: int, peer: bool = False) -> tuple[str, ...]:
-    """Which scripts round ``r`` launches, in order: the loop then ``fit`` (each beside Horovod's own with ``peer``),
-    reversed every other round, so drift in load within a round cancels over rounds."""
-    scripts = tuple(s for ours in MODULES for s in ((ours, PEER_OF[ours]) if peer else (ours,)))
+def order(r: int, peer: bool = False, split: bool = False) -> tuple[str, ...]:
+    """Which scripts round ``r`` launches, in order: the loop, with ``split`` the loop at hvdk8s's thread split, then
+    ``fit`` (the loop and ``fit`` each beside Horovod's own with ``peer``), reversed every other round, so drift in
+    load within a round cancels over rounds. At one rank per host the split is TensorFlow's own pool: no ``split``."""
+    ours = tuple(s for s in MODULES if split or s != SPLIT)
+    scripts = tuple(s for mine in ours for s in ((mine, PEER_OF[mine]) if peer and mine in PEER_OF else (mine,)))
     return scripts if r % 2 == 0 else scripts[::-1]
 
 

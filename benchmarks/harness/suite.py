@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import os
 import sys
 import tempfile
 import time
@@ -81,11 +82,11 @@ def training_configs(s: Settings) -> list[tuple[int, str, int]]:
 
 
 def synthetic_configs(s: Settings) -> list[tuple[int, int, str, str]]:
-    """(round, N, model, script) of Horovod's synthetic benchmarks: every model and N in each round, the raw loop
-    and hvdk8s (each beside Horovod's own script with ``synthetic_peer``) back to back, alternating which goes first
-    (``synthetic.order``)."""
+    """(round, N, model, script) of Horovod's synthetic benchmarks: every model and N in each round, the raw loop,
+    at N > 1 the raw loop at hvdk8s's thread split, and hvdk8s (the loop and hvdk8s each beside Horovod's own script
+    with ``synthetic_peer``) back to back, alternating which goes first (``synthetic.order``)."""
     return [(r, n, model, which) for r in range(s.synthetic_rounds) for n in s.ranks for model in s.synthetic_models
-            for which in synthetic.order(r, peer=bool(s.synthetic_peer))]
+            for which in synthetic.order(r, peer=bool(s.synthetic_peer), split=n > 1)]
 
 
 def knob_synthetic_configs(s: Settings, r: int) -> list[tuple[str, str]]:
@@ -253,9 +254,9 @@ class Suite:
 
     def _synthetic_job(self, name: str, model: str, which: str, n: int, knob: knobs.Knob, peers: Path | None = None) -> dict[str, Any]:
         """One launch of one synthetic script (the suite's, or Horovod's own from ``peers``), as a user runs it
-        (no thread count from the suite)."""
+        (no thread count from the suite but ``raw_split``'s, hvdk8s's split for ``n`` ranks on this host)."""
         s, python = self.s, interpreter(knob.python)
-        args = synthetic.script_args(which, model, s.synthetic_batches_per_iter, s.synthetic_iters)
+        args = synthetic.script_args(which, model, s.synthetic_batches_per_iter, s.synthetic_iters, os.cpu_count() or 1, n)
         if which in synthetic.MODULES:
             argv = module_argv(f"workers.{synthetic.MODULES[which]}", *args, python=python)
         else:
@@ -267,8 +268,9 @@ class Suite:
                 "batches_per_iter": s.synthetic_batches_per_iter, "iter_img_per_s_per_rank": rates, "job": stats.to_json()}
 
     def synthetic(self) -> None:
-        """Horovod's synthetic benchmarks: the raw loop and hvdk8s's fit, alternating, every round; with
-        ``synthetic_peer``, Horovod's own scripts beside them, from a temporary folder that lasts the section."""
+        """Horovod's synthetic benchmarks: the raw loop (at N > 1 also at hvdk8s's thread split) and hvdk8s's fit,
+        alternating, every round; with ``synthetic_peer``, Horovod's own scripts beside them, from a temporary
+        folder that lasts the section."""
         base = knobs.KNOBS[knobs.BASELINE]
         with tempfile.TemporaryDirectory(prefix="hvdk8s-horovod-scripts-") as tmp:
             peers = Path(tmp)

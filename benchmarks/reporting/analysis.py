@@ -10,11 +10,14 @@ from collections import defaultdict
 from typing import Any
 
 from ..config.settings import THREAD_STRATEGIES
-from ..config.synthetic import PEER_OF
+from ..config.synthetic import PEER_OF, SPLIT
 from . import costmodel
 from .stats import summary
 
 REFERENCE = "horovod"  # the raw horovod.tensorflow loop every ratio is taken against
+# Synthetic scripts' per-round ratios, as ``<a>_over_<b>``: hvdk8s over the raw loop as a user runs it, hvdk8s over
+# the loop at its own thread split (equal threads), and the split's own gain on the loop
+SCRIPT_RATIOS = (("hvdk8s", "raw"), ("hvdk8s", SPLIT), (SPLIT, "raw"))
 PEER_TOLERANCE = 0.25  # ``agrees``: how far apart two synthetic scripts' median rates may be and still agree
 
 
@@ -251,7 +254,7 @@ def with_ratio_to_hvdk8s(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def synthetic(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Horovod's synthetic benchmarks, per (section, knob, model, N): each script's per-launch img/s per rank (the
-    median of its timed iterations) summarised over launches, hvdk8s's launch over the raw loop's of the same round,
+    median of its timed iterations) summarised over launches, the ``SCRIPT_RATIOS`` of launches of the same round,
     in the knob study each script's launch over the baseline's of the same round (``*_vs_baseline``), and where
     Horovod's own scripts ran (``synthetic_peer``) each of the suite's scripts over its peer's launch of the same round
     (``raw_over_peer``, ``hvdk8s_over_peer``) and whether they agree (``*_agrees_with_peer``, ``agrees``)."""
@@ -271,8 +274,9 @@ def synthetic(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
             base = rates.get((section, "baseline", model, n, r), {}).get(who)
             if section == "knobs" and base:
                 row[f"{who}_vs_baseline"].append(v / base)
-        if "raw" in rate and "hvdk8s" in rate:
-            row["hvdk8s_over_raw"].append(rate["hvdk8s"] / rate["raw"])
+        for ours, other in SCRIPT_RATIOS:
+            if ours in rate and other in rate:
+                row[f"{ours}_over_{other}"].append(rate[ours] / rate[other])
         for ours, peer in PEER_OF.items():
             if ours in rate and peer in rate:
                 row[f"{ours}_over_peer"].append(rate[ours] / rate[peer])

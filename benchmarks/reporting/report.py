@@ -405,8 +405,9 @@ def _headline(d: dict[str, Any]) -> list[str]:
     for rate in d["emulated"].get("rates", []):
         rows += [{**p, "where": f"emulated {rate['rate']} links, alternating windows, equal threads"}
                  for p in rate.get("training_paired", []) if p["strategy"] == "hvdk8s"]
-    rows += [{"workload": f"horovod-synthetic:{p['model']}", "workers": p["workers"], "ratio": p.get("hvdk8s_over_raw"),
-              "where": "Horovod's scripts, separate launches"} for p in d.get("synthetic", []) if p["section"] == "synthetic"]
+    rows += [{"workload": f"horovod-synthetic:{p['model']}", "workers": p["workers"], "ratio": synthetic_equal_threads(p),
+              "where": "Horovod's scripts, separate launches, equal threads"} for p in d.get("synthetic", [])
+             if p["section"] == "synthetic"]
     ns, table_rows = _by_n(rows, lambda r: (r["workload"], r["where"]))
     return [table(["workload", "measured as", *[f"hvdk8s / raw loop, N={n}" for n in ns]], table_rows)] if rows else []
 
@@ -420,12 +421,12 @@ def _thread_policy(rows: list[dict[str, Any]]) -> list[str]:
         "**The thread policy's own gain**, on CPU ranks: the raw loop at hvdk8s's thread split (`hvdk8s.threads`, "
         "default policy: cores / local_size intra-op threads per rank) over the raw loop at TensorFlow's default pools "
         "(as many threads as cores in every rank, so ranks on one host oversubscribe them: what a raw-loop user gets), "
-        "separate launches of the same round, the suite setting no thread count for either. The alternating-window "
-        "rows above compare hvdk8s and the raw loop at equal threads; this is what hvdk8s's default thread policy adds "
-        "on top of them on CPU, and what a raw-loop user gets with one `tf.config.threading."
-        "set_intra_op_parallelism_threads` line. On GPU ranks `hvdk8s.init` pins the rank's GPU and applies no thread "
-        "policy (hvdk8s/runtime.py), so there only the equal-thread ratio applies. Rows from Horovod's scripts run each "
-        "script at its own threads (the raw loop at TensorFlow's defaults), so they include this gain.",
+        "separate launches of the same round. The rows above compare hvdk8s and the raw loop at equal threads "
+        "(alternating windows in one process; Horovod's synthetic benchmark against the loop launched at hvdk8s's "
+        "split); this is what hvdk8s's default thread policy adds on top of them on CPU, and what a raw-loop user "
+        "gets with one `tf.config.threading.set_intra_op_parallelism_threads` line. On GPU ranks `hvdk8s.init` pins "
+        "the rank's GPU and applies no thread policy (hvdk8s/runtime.py), so there only the equal-thread ratio "
+        "applies.",
         "",
         table(["workload", *[f"raw loop, split / TensorFlow's defaults, N={n}" for n in ns]], table_rows),
         "",
@@ -435,7 +436,9 @@ def _thread_policy(rows: list[dict[str, Any]]) -> list[str]:
 def _ratio_section(d: dict[str, Any], measured: str = MEASURED) -> str:
     r = d["ratios"]
     headline = _headline(d)
-    threads = _thread_policy(r.get("thread_policy", []))
+    threads = _thread_policy([*r.get("thread_policy", []), *(
+        {"workload": f"horovod-synthetic:{p['model']}", "workers": p["workers"], "ratio": p["raw_split_over_raw"]}
+        for p in d.get("synthetic", []) if p["section"] == "synthetic" and p.get("raw_split_over_raw"))])
     if not (r["paired"] or r["rounds"] or headline or threads):
         return ""
     out: list[str] = [
@@ -484,6 +487,12 @@ def _ratio_section(d: dict[str, Any], measured: str = MEASURED) -> str:
     return "\n".join(out)
 
 
+def synthetic_equal_threads(row: dict[str, Any]) -> dict[str, Any] | None:
+    """hvdk8s over the raw loop at equal threads, from an ``analysis.synthetic`` row: over the loop at hvdk8s's split
+    where it ran; at N=1, where the split is TensorFlow's own pool (``hvdk8s.threads``), over the loop's one launch."""
+    return row.get("hvdk8s_over_raw_split") or (row.get("hvdk8s_over_raw") if row["workers"] == 1 else None)
+
+
 def _synthetic_section(rows: list[dict[str, Any]], settings: dict[str, Any], what: dict[str, str],
                        measured: str = MEASURED) -> str:
     main = [r for r in rows if r["section"] == "synthetic"]
@@ -504,23 +513,35 @@ def _synthetic_section(rows: list[dict[str, Any]], settings: dict[str, Any], wha
         "`tensorflow2_keras_synthetic_benchmark.py` as `hvdk8s migrate` ports it; both run from copies in the "
         "repository at the time, since removed (the suite now runs its own versions: `benchmarks/config/synthetic.py`)."
     )
+    split = any("raw_split" in r for r in main)
+    threads = (
+        "hvdk8s applies `hvdk8s.init`'s CPU thread policy; the raw loop runs as a user gets it, at TensorFlow's default "
+        "pools, and at N > 1 once more with hvdk8s's intra-op split (`--intra-op-threads`: cores / N on this host), "
+        "the one line a careful user adds. At N=1 the split is TensorFlow's own pool, so there the loop's one launch "
+        "is at equal threads." if split else
+        "the suite sets no thread count, so the raw loop keeps TensorFlow's defaults and hvdk8s applies "
+        "`hvdk8s.init`'s CPU thread policy."
+    )
     out = [
         "## Horovod's synthetic benchmarks: the raw loop and hvdk8s" + ("" if own else " on Horovod's own scripts")
         + " (" + measured + ")",
         "",
-        scripts + " Each launch runs one script under "
-        "mpirun with `--no-cuda` as a user runs it: the suite sets no thread count, so the raw loop keeps TensorFlow's "
-        "defaults and hvdk8s applies `hvdk8s.init`'s CPU thread policy. img/s per rank is the median of the launch's "
+        scripts + " Each launch runs one script under mpirun with `--no-cuda` as a user runs it: " + threads
+        + " img/s per rank is the median of the launch's "
         f"{num(settings['synthetic_iters'])} timed iterations of {num(settings['synthetic_batches_per_iter'])} batches "
-        "(after one iteration's worth of warm-up steps); each round launches both scripts back to back, alternating "
-        "which goes first. Columns: median [lowest–highest launch] (launches); the ratio is hvdk8s's launch over the raw "
-        "loop's of the same round.",
+        "(after one iteration's worth of warm-up steps); each round launches the scripts back to back, alternating "
+        "which goes first. Columns: median [lowest–highest launch] (launches); a ratio is one launch over another of "
+        "the same round.",
         "",
     ]
     if main:
-        out += [table(["model", "batch per rank", "N", "raw loop img/s per rank", "hvdk8s img/s per rank", "hvdk8s / raw loop, per round"],
-                      [[r["model"], num(r["batch_per_rank"]), num(r["workers"]), over_launches(r.get("raw")),
-                        over_launches(r.get("hvdk8s")), over_launches(r.get("hvdk8s_over_raw"))] for r in main]), ""]
+        out += [table(["model", "batch per rank", "N", "hvdk8s / raw loop at equal threads",
+                       "raw loop: split / TensorFlow's defaults", "hvdk8s / raw loop at TensorFlow's defaults",
+                       "raw loop img/s per rank", "raw loop at the split", "hvdk8s img/s per rank"],
+                      [[r["model"], num(r["batch_per_rank"]), num(r["workers"]), over_launches(synthetic_equal_threads(r)),
+                        over_launches(r.get("raw_split_over_raw")), over_launches(r.get("hvdk8s_over_raw")),
+                        over_launches(r.get("raw")), over_launches(r.get("raw_split")), over_launches(r.get("hvdk8s"))]
+                       for r in main]), ""]
     if peer := [r for r in main if "raw_over_peer" in r or "hvdk8s_over_peer" in r]:
         agree = {True: "yes", False: "no", None: "–"}
         out += [
