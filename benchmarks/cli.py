@@ -100,15 +100,21 @@ def _jobs(preset: str) -> int:
 
 
 def _minutes(jobs: int) -> str:
-    """``about 8 min``: ``suite.JOB_SECONDS`` a job, rounded up to a minute (longer where other processes share the
-    cores)."""
+    """``about 8–19 min``: ``suite.JOB_SECONDS``' range a job, each end rounded up to a minute (longer where other
+    processes share the cores)."""
     from .harness.suite import JOB_SECONDS
 
-    return f"about {-(-jobs * JOB_SECONDS // 60)} min"
+    low, high = (-(-jobs * seconds // 60) for seconds in JOB_SECONDS)
+    return f"about {low}–{high} min"
+
+
+def _job_seconds() -> str:
+    from .harness.suite import JOB_SECONDS
+
+    return "–".join(str(s) for s in JOB_SECONDS)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from .harness.suite import JOB_SECONDS
     from .reporting.costmodel import NETWORKS
 
     p = sub.add_parser(
@@ -117,8 +123,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Measure training throughput, scaling efficiency, time to accuracy, allreduce bandwidth and "
         "bandwidth-limited (network-namespace) clusters side by side, fit an alpha-beta cost model and "
         "extrapolate it. The run prints the job count and an estimate of its time first, then each job as it starts "
-        f"([bench k/total]); a job takes about {JOB_SECONDS} s on an idle 2-core machine and up to a minute on a slower, "
-        "shared one.",
+        f"([bench k/total]); a job takes about {_job_seconds()} s on an idle 2-core machine (two days' measurements of "
+        "the development VM) and more on a shared one.",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="preset", action="store_const", const="quick",
@@ -238,7 +244,6 @@ def run(args: argparse.Namespace) -> int:
                                     args.out)
         print(f"hvdk8s bench: wrote {paths['markdown']}", flush=True)
         return 0
-    from .harness import suite as suite_module
     from .harness.suite import Suite
 
     settings = settings_from_args(args)
@@ -247,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:  # a stack knob's interpreter is missing or broken, or the H100 rates: nothing was started
         raise UserError(str(err)) from None
     jobs = suite.progress.total
-    print(f"hvdk8s bench: {jobs} jobs, {_minutes(jobs)} (an estimate: {suite_module.JOB_SECONDS} s a job on an idle 2-core "
+    print(f"hvdk8s bench: {jobs} jobs, {_minutes(jobs)} (an estimate: {_job_seconds()} s a job on an idle 2-core "
           "machine; longer where other processes share the cores)", file=sys.stderr, flush=True)
     results = suite.run()
     paths = report.write(results, args.out)

@@ -788,7 +788,7 @@ def test_presets_state_their_job_counts_and_brief_is_the_headline_only() -> None
                                                                     "horovod_tfdefault", "horovod_split"}
     assert suite.job_count(quick, emulated=True) == (4 * 2 + 2) * 2 + 3 == 23
     text = " ".join(cli_help().split())
-    assert "23 jobs (+1 with --profile), about 8 min" in text and "15 jobs" in text and "91 jobs" in text
+    assert "23 jobs (+1 with --profile), about 8–19 min" in text and "15 jobs" in text and "91 jobs" in text
 
 
 def cli_help() -> str:
