@@ -129,7 +129,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="preset", action="store_const", const="quick",
                       help=f"the strategy comparison: hvdk8s, the raw loop (also at TensorFlow's default threads and at "
-                           f"hvdk8s's thread split), MultiWorkerMirrored and parameter server at N=1,2, 2 rounds, and the "
+                           f"hvdk8s's thread split), MultiWorkerMirrored and parameter server at N=1,2, one launch each, and the "
                            f"allreduce microbenchmark; no emulated links: {_jobs('quick')} jobs (+1 with --profile), "
                            f"{_minutes(_jobs('quick'))} on an idle 2-core machine (default: full)")
     mode.add_argument("--brief", dest="preset", action="store_const", const="brief",

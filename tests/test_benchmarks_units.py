@@ -783,12 +783,12 @@ def test_presets_state_their_job_counts_and_brief_is_the_headline_only() -> None
     assert suite.job_count(brief, emulated=False) == 2 * 3 + 2 * 3 + 3
     assert brief.strategies == ("hvdk8s", "horovod_tfdefault", "horovod_split") and not brief.tta and brief.emulated_rates == ()
     quick = PRESETS["quick"]
-    # the four strategies at N=1,2 and the thread policy's two at N=2, 2 rounds, + allreduce; no emulated links
+    # the four strategies at N=1,2 and the thread policy's two at N=2, one launch each, + allreduce; no emulated links
     assert quick.emulated_rates == () and set(quick.strategies) == {"hvdk8s", "horovod", "tf_mwms", "tf_ps",
                                                                     "horovod_tfdefault", "horovod_split"}
-    assert suite.job_count(quick, emulated=True) == (4 * 2 + 2) * 2 + 3 == 23
+    assert suite.job_count(quick, emulated=True) == (4 * 2 + 2) * 1 + 3 == 13
     text = " ".join(cli_help().split())
-    assert "23 jobs (+1 with --profile), about 8–19 min" in text and "15 jobs" in text and "91 jobs" in text
+    assert "13 jobs (+1 with --profile), about 5–11 min" in text and "15 jobs" in text and "91 jobs" in text
 
 
 def cli_help() -> str:

@@ -181,9 +181,10 @@ class Settings:
 
 
 PRESETS: dict[str, Settings] = {
-    # The strategy comparison: the four strategies and the thread policy's row at N=1,2, two interleaved rounds,
-    # one model per launch; no emulated links, no fp16/steps_per_execution rows (23 jobs; see docs/benchmarks.md).
-    "quick": Settings(preset="quick", strategies=QUICK_STRATEGIES, rounds=2, models=1, windows=3, emulated_rates=()),
+    # The strategy comparison, what to run first: the four strategies and the thread policy's row at N=1,2, one
+    # launch each (the spread shown is the launch's windows; --brief and --full repeat launches for reports), one
+    # model per launch; no emulated links, no fp16/steps_per_execution rows (13 jobs; see docs/benchmarks.md).
+    "quick": Settings(preset="quick", strategies=QUICK_STRATEGIES, rounds=1, models=1, windows=3, emulated_rates=()),
     # The headline only: hvdk8s with the raw loop's windows alternating in the same launches, N=1 and N=2, three
     # rounds, the thread policy's row at N=2, and the allreduce microbenchmark; no time to accuracy, no emulated links
     # (15 jobs, about ten minutes).
