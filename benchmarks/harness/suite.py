@@ -44,7 +44,8 @@ LINK_PROBE_BYTES = 64 << 20
 LINK_PROBE_PINGS = 200
 # What a job takes on an idle 2-core machine, start-up and model build included, for the estimate a run prints first:
 # the average launch of quiet committed runs on the development VM on two days, which ran the same work at
-# different speeds (benchmarks/reports/headline, 2026-11-26: about 20 s; benchmarks/reports/quick, 2026-11-29: 47 s).
+# different speeds (benchmarks/reports/headline-2026-11-26: about 20 s; benchmarks/reports/quick/README.md, 2026-11-29:
+# 47 s).
 JOB_SECONDS = (20, 47)
 
 
