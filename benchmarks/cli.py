@@ -100,7 +100,7 @@ def _jobs(preset: str) -> int:
 
 
 def _minutes(jobs: int) -> str:
-    """``about 8–19 min``: ``suite.JOB_SECONDS``' range a job, each end rounded up to a minute (longer where other
+    """``about 5–11 min``: ``suite.JOB_SECONDS``' range a job, each end rounded up to a minute (longer where other
     processes share the cores)."""
     from .harness.suite import JOB_SECONDS
 

@@ -11,9 +11,8 @@ to set its pool), ``synthetic_fit`` is Keras ``fit`` on hvdk8s, which applies it
 launches the loop twice where the two differ (N > 1): as a user gets it (script ``raw``), and with hvdk8s's
 intra-op split given by ``--intra-op-threads`` (script ``raw_split``, the one line a careful user writes), so hvdk8s
 is compared with the loop at equal threads and the thread policy's own gain is a row of its own. It reads only
-rank 0's per-iteration rates. Both run the same number of steps: the
-loop's first step and warm-up batches are one iteration, as the ``fit`` version's first epoch, which it prints as
-``Iter #0`` and does not count.
+rank 0's per-iteration rates. Every script runs the same number of steps: the loop's first step and warm-up
+batches are one iteration, as the ``fit`` version's first epoch, which it prints as ``Iter #0`` and does not count.
 
 With ``synthetic_peer`` (a folder holding Horovod's two scripts), every round also launches Horovod's own scripts with
 the same flags: the raw one with the two changes Keras 3 forces (``PEER_FIXES``), the Keras one as ``hvdk8s migrate``
