@@ -28,18 +28,23 @@ CLI_MARKER = re.compile(r"^<!-- hvdk8s-cli-reference(?: (?P<module>[\w.]+))? -->
 USAGE_WIDTH = 100  # columns of the usage blocks, whatever the terminal building the docs is
 
 
+def package_dirs() -> dict[str, str]:
+    """pyproject's ``package-dir``: import name -> folder in the repository."""
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+
+
 def stage_package(root: Path = API_SOURCES) -> None:
     """Link each ``package-dir`` folder (and the core's modules and sub-packages) under ``root/hvdk8s``; idempotent.
 
     Links are only added or corrected, never the whole tree rebuilt, so two builds at once cannot trip over
     each other; links to modules that are gone are removed.
     """
-    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    folders = package_dirs()
     links: dict[Path, Path] = {}
-    for module in (REPO / package_dirs["hvdk8s"]).iterdir():
+    for module in (REPO / folders["hvdk8s"]).iterdir():
         if module.suffix in (".py", ".pyi") or (module / "__init__.py").is_file():
             links[root / "hvdk8s" / module.name] = module
-    for name, folder in package_dirs.items():
+    for name, folder in folders.items():
         if name != "hvdk8s":
             links[root / name.replace(".", "/")] = REPO / folder
     (root / "hvdk8s").mkdir(parents=True, exist_ok=True)

@@ -9,22 +9,20 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
 
-from mkdocs_hooks import stage_package  # the same layout the docs build stages (scripts/ is on sys.path)
+from mkdocs_hooks import package_dirs, stage_package  # the same layout the docs build stages (scripts/ is on sys.path)
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def main() -> int:
-    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
     with tempfile.TemporaryDirectory(prefix="hvdk8s-typecheck-") as tmp:
         stage_package(Path(tmp))
         proc = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml"),
                                "-p", "hvdk8s"], cwd=tmp, capture_output=True, text=True)  # fmt: skip
     out = proc.stdout + proc.stderr
-    for name, folder in sorted(package_dirs.items(), key=lambda item: -len(item[0])):  # longest import name first
+    for name, folder in sorted(package_dirs().items(), key=lambda item: -len(item[0])):  # longest import name first
         out = out.replace(name.replace(".", "/") + "/", folder + "/")
     sys.stdout.write(out)
     return proc.returncode
