@@ -57,6 +57,7 @@ def test_keras_mnist_advanced_trains_on_2_ranks_with_identical_weights(tmp_path:
     assert scores.keys() == {"0", "1"} and scores["0"] == scores["1"], out[-3000:]
 
 
+@pytest.mark.e2e
 def test_tensorflow2_keras_mnist_trains_on_2_ranks(tmp_path: Path) -> None:
     migrated(tmp_path, "tensorflow2_keras_mnist.py")
     out = run_example(tmp_path, ["-np", "2", "tensorflow2_keras_mnist.py"], example_env(2, 4))
@@ -64,6 +65,7 @@ def test_tensorflow2_keras_mnist_trains_on_2_ranks(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1.keras", "checkpoint-2.keras"]
 
 
+@pytest.mark.e2e
 def test_tensorflow2_keras_mnist_elastic_with_mixed_precision_trains_on_2_ranks(tmp_path: Path) -> None:
     """``--use-mixed-precision``: compile wraps the DistributedOptimizer in Keras's LossScaleOptimizer, and the
     example's warm-up fit has no hvdk8s callback; a rank deciding alone to skip a step would hang the job."""

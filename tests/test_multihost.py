@@ -183,6 +183,7 @@ def sshd_workers(launcher: Pod, workers: list[Pod], worker_pod: dict[str, Any], 
             shutil.rmtree(Path("/etc/netns") / pod.netns, ignore_errors=True)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("controller", [by_mpi_operator, by_trainer], ids=["mpijob", "trainjob"])
 def test_rendered_launcher_command_trains_across_pods(controller: Callable[[], Built], tmp_path: Path) -> None:
     built = controller()

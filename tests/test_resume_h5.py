@@ -2,8 +2,9 @@
 
 Keras 3 saves a model given a .h5 path as legacy HDF5 and cannot train on from one: its legacy loader builds the
 optimizer for none of the model's variables. ``hvdk8s migrate`` rewrites such checkpoint paths to .keras (argparse
-defaults included) and ``hvdk8s.load_model`` refuses .h5 models with what to do instead. The last two tests run
-tests/mpi_scripts/resume_checkpoint.py, a Horovod-style script, on 2 ranks through ``hvdk8s migrate`` and ``run``.
+defaults included) and ``hvdk8s.load_model`` refuses .h5 models with what to do instead. The last two tests (e2e:
+``make test-e2e``) run tests/mpi_scripts/resume_checkpoint.py, a Horovod-style script, on 2 ranks through
+``hvdk8s migrate`` and ``run``.
 """
 from __future__ import annotations
 
@@ -123,6 +124,7 @@ def per_rank(out: str, pattern: str) -> dict[str, tuple[str, ...]]:
     return {m[0]: m[1:] for m in re.findall(rf"^\[(\d)\] {pattern}$", out, re.M)}
 
 
+@pytest.mark.e2e
 def test_migrated_horovod_script_resumes_from_its_last_checkpoint_on_2_ranks(tmp_path: Path) -> None:
     migrated_script(tmp_path)
     first = run(tmp_path, "--epochs", "2").stdout  # a job stopped after epoch 2
@@ -139,6 +141,7 @@ def test_migrated_horovod_script_resumes_from_its_last_checkpoint_on_2_ranks(tmp
     assert (tmp_path / "checkpoint-3.keras").exists()
 
 
+@pytest.mark.e2e
 def test_an_h5_checkpoint_format_given_on_the_command_line_is_refused_on_resume(tmp_path: Path) -> None:
     migrated_script(tmp_path)
     # one rank writes the checkpoint as rank 0 of two does (one TensorFlow start-up fewer); the resume runs on 2
