@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import threading
+import tomllib
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -14,6 +15,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "mpi_scripts"
 HVDK8S = str(Path(sys.executable).parent / "hvdk8s")
+
+
+def package_dirs() -> dict[str, str]:
+    """pyproject's ``package-dir`` (import name -> folder in the checkout): where the tests find the package's
+    sources. Read here, not through scripts/mkdocs_hooks.py, so that the tests do not depend on the docs build."""
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+
+
 # Test material written elsewhere, kept beside the checkout and never in it: the CRD schemas, peers' own test
 # suites and examples, measurements. CI has it; a clone without it skips the tests that need it, by name.
 SHARED = REPO.parent / "shared"

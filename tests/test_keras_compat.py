@@ -9,7 +9,6 @@ assignment or a walk up the call stack appears in any other file of the package.
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, package_dirs
 
 pytestmark = pytest.mark.unit
 
@@ -452,11 +451,11 @@ FORBIDDEN = re.compile(
 
 
 def test_keras_internals_are_used_in_keras_compat_only() -> None:
-    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    compat = REPO / package_dirs["hvdk8s"] / "train" / "keras_compat.py"
+    folders = package_dirs()
+    compat = REPO / folders["hvdk8s"] / "train" / "keras_compat.py"
     assert compat.is_file() and FORBIDDEN.search(compat.read_text())  # the pattern still finds what it is for
     found = []
-    for folder in sorted(set(package_dirs.values())):
+    for folder in sorted(set(folders.values())):
         for path in sorted((REPO / folder).rglob("*.py")):
             if path == compat:
                 continue

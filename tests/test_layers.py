@@ -50,12 +50,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, package_dirs
 
 pytestmark = pytest.mark.unit
 
@@ -92,11 +91,11 @@ CORE_LAYERS = [  # inside the core, hvdk8s/ itself (its __init__ imports nothing
 
 def _staged_package(root: Path) -> list[str]:
     """Copy the package folders into ``root/hvdk8s``; return the subpackages' import names."""
-    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    folders = package_dirs()
     ignore = shutil.ignore_patterns("__pycache__", "examples", "reports")
-    for name, folder in package_dirs.items():
+    for name, folder in folders.items():
         shutil.copytree(REPO / folder, root / name.replace(".", "/"), ignore=ignore)
-    return [name for name in package_dirs if name != "hvdk8s"]
+    return [name for name in folders if name != "hvdk8s"]
 
 
 def _modules(folder: Path, unplaced: set[str]) -> set[str]:

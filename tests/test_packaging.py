@@ -4,11 +4,10 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
-from conftest import REPO
+from conftest import REPO, package_dirs
 
 
 def test_wheel_has_every_subpackage_and_the_public_names_stub(tmp_path: Path) -> None:
@@ -16,8 +15,8 @@ def test_wheel_has_every_subpackage_and_the_public_names_stub(tmp_path: Path) ->
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    package_dirs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
-    for folder in package_dirs.values():
+    folders = package_dirs()
+    for folder in folders.values():
         shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(source)],
@@ -28,7 +27,7 @@ def test_wheel_has_every_subpackage_and_the_public_names_stub(tmp_path: Path) ->
     names = set(zipfile.ZipFile(wheel).namelist())
     for stub in ("hvdk8s/__init__.pyi", "hvdk8s/serving/__init__.pyi", "hvdk8s/migrate/__init__.pyi"):
         assert stub in names, stub  # without it the package fails to import (lazy_loader reads it)
-    for name, folder in package_dirs.items():  # every package and sub-package of the checkout, at any depth
+    for name, folder in folders.items():  # every package and sub-package of the checkout, at any depth
         for init in (REPO / folder).rglob("__init__.py"):
             inside = init.relative_to(REPO / folder).as_posix()
             assert f"{name.replace('.', '/')}/{inside}" in names, f"{folder}/{inside} is not in the wheel"
