@@ -232,11 +232,13 @@ def test_no_nvml_library_means_no_gpu_metrics_and_nothing_said(caplog: pytest.Lo
 # A libnvidia-ml.so.1 with 2 GPUs: GPU 0 reads everything but power (NOT_SUPPORTED,
 # as on many boards); GPU 1's temperature fails with GPU_IS_LOST. nvmlInit returns
 # STUB_NVML_INIT_RC when set (DRIVER_NOT_LOADED: a container without the driver).
+# Memory comes only from the version-2 call (a reserve apart from "used", as drivers
+# since 510 report it), and only for the struct version NVML defines for it.
 NVML_STUB = r"""
 #include <stdlib.h>
 #include <string.h>
 typedef struct { unsigned int gpu, memory; } util_t;
-typedef struct { unsigned long long total, free, used; } mem_t;
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } mem_v2_t;
 static int devices[2];
 int nvmlInitWithFlags(unsigned int flags) { const char *rc = getenv("STUB_NVML_INIT_RC"); return rc ? atoi(rc) : 0; }
 int nvmlShutdown(void) { return 0; }
@@ -248,7 +250,11 @@ int nvmlDeviceGetHandleByUUID(const char *uuid, void **h) {
     return 6;  /* NVML_ERROR_NOT_FOUND */
 }
 int nvmlDeviceGetUtilizationRates(void *h, util_t *u) { u->gpu = h == &devices[0] ? 87 : 42; u->memory = 10; return 0; }
-int nvmlDeviceGetMemoryInfo(void *h, mem_t *m) { m->total = 80ULL << 30; m->used = 3ULL << 30; m->free = m->total - m->used; return 0; }
+int nvmlDeviceGetMemoryInfo_v2(void *h, mem_v2_t *m) {
+    if (m->version != (unsigned int)(sizeof(mem_v2_t) | 2 << 24)) return 25;  /* NVML_ERROR_ARGUMENT_VERSION_MISMATCH */
+    m->total = 80ULL << 30; m->reserved = 1ULL << 29; m->used = 3ULL << 30; m->free = m->total - m->reserved - m->used;
+    return 0;
+}
 int nvmlDeviceGetTemperature(void *h, int sensor, unsigned int *t) { if (h == &devices[1]) return 15; *t = 61; return 0; }
 int nvmlDeviceGetPowerUsage(void *h, unsigned int *mw) { return 3;  /* NVML_ERROR_NOT_SUPPORTED */ }
 """

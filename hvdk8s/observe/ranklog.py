@@ -1,6 +1,6 @@
 """Once-only, rank-aware log messages for conditions every rank would report.
 
-Eight ranks on a host all find NVML missing; the user needs to read it once,
+Eight ranks on a host all find NVML failing to start; the user needs to read it once,
 and to know which rank (or host) said it.
 """
 from __future__ import annotations

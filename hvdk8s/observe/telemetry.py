@@ -3,13 +3,16 @@
 Reading at scrape time means no sampling thread and no cost between scrapes.
 Telemetry is best effort: without the NVML library, a driver or a GPU the
 collector is simply not created, and a reading a GPU does not support (power
-on many boards) is left out. Each condition is logged once; none can raise
-into training or fail a scrape.
+on many boards) is left out. Each condition but the first (a machine without
+NVIDIA's driver library has no GPU to watch) is logged once; none can raise
+into training or fail a scrape. ``tests/test_telemetry_gpu.py`` checks the
+readings against nvidia-smi's on a real GPU.
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from functools import partial
+from typing import Any
 
 import pynvml
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
@@ -19,6 +22,14 @@ from hvdk8s.observe.ranklog import log_once
 
 Reading = Callable[[object], float]
 
+
+def _memory(handle: object) -> Any:
+    """NVML's version-2 memory figures: version 1's ``used`` also counts the driver's reserve (615 MiB on an
+    H200), so it reads higher than nvidia-smi's. Version 2 needs driver 510 or later, which the CUDA 12 that
+    TensorFlow 2.18-2.21 are built with requires anyway."""
+    return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+
+
 # name -> (help, NVML reading in the exported unit)
 READINGS: Mapping[str, tuple[str, Reading]] = {
     "hvdk8s_gpu_utilization_ratio": (
@@ -26,12 +37,12 @@ READINGS: Mapping[str, tuple[str, Reading]] = {
         lambda h: pynvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0,
     ),
     "hvdk8s_gpu_memory_used_bytes": (
-        "GPU memory in use, all processes (NVML).",
-        lambda h: float(pynvml.nvmlDeviceGetMemoryInfo(h).used),
+        "GPU memory allocated, all processes; the driver's reserve left out, as in nvidia-smi (NVML).",
+        lambda h: float(_memory(h).used),
     ),
     "hvdk8s_gpu_memory_total_bytes": (
         "GPU memory installed (NVML).",
-        lambda h: float(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+        lambda h: float(_memory(h).total),
     ),
     "hvdk8s_gpu_temperature_celsius": (
         "GPU core temperature (NVML).",
