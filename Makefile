@@ -3,7 +3,7 @@
 #   make test   the test suite, on the default stack (TensorFlow 2.21 / Keras 3.15), without the e2e scenarios
 #   make test-e2e   the e2e scenarios (pytest -m e2e: whole jobs and benchmark runs of a minute or more each)
 #   make docs   the documentation site (MkDocs, docs/), served live at http://127.0.0.1:8000
-# Both run `setup` first: Debian packages, .venv, the stack, Horovod built from source (patched, cached wheel).
+# Each runs `setup` first: Debian packages, .venv, the stack, Horovod built from source (patched, cached wheel).
 #   make test-stack TF=2.18   the training core and Horovod's own Keras tests on another supported stack,
 #                             in its own virtual environment (.venv-tf2.18) with its own cached Horovod wheel
 VENV ?= .venv

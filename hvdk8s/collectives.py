@@ -1,9 +1,10 @@
 """Gradient and state collectives on Horovod's core TensorFlow ops.
 
-The one place where hvdk8s talks to ``horovod.tensorflow``'s collectives: the
-optimizer, the gradient tape, the callbacks and Horovod's top-level functions
-(``allreduce``, ``broadcast`` ...) all go through here, so they cannot disagree
-on grouping, compression or naming.
+The one place where hvdk8s talks to ``horovod.tensorflow``'s collectives (but
+for ``runtime.init``'s one allgather of host names, which sits below this
+module): the optimizer, the gradient tape, the callbacks and Horovod's
+top-level functions (``allreduce``, ``broadcast`` ...) all go through here, so
+they cannot disagree on grouping, compression or naming.
 
 Nothing here decides by ``size()`` while a step is traced: Horovod's ops read
 the job's size when they run, and gradient reductions are skipped by a

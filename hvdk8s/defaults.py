@@ -55,8 +55,8 @@ def default_callbacks(
         The callbacks, to pass to ``model.fit(callbacks=...)`` before any of your own.
 
     Raises:
-        ValueError: ``warmup_epochs`` without ``initial_lr``, or ``checkpoint_every`` or ``keep_checkpoints``
-            below 1.
+        ValueError: ``warmup_epochs`` without ``initial_lr``, or, with ``checkpoint_dir``, ``checkpoint_every``
+            or ``keep_checkpoints`` below 1.
 
     Example:
         ```python

@@ -172,7 +172,7 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
     (``fit(epochs=N - state.epoch)``, Keras counting from 0). A round run as
     ``fit(initial_epoch=state.epoch, ...)`` (which keeps ``Checkpoint`` names
     and the warm-up global) would count the resumed epochs twice: set
-    ``state.epoch = epoch + 1`` at each epoch end instead (see ``KerasState``'s
+    ``state.epoch = epoch + 1`` at each epoch end instead (see ``run``'s
     example).
 
     Args:

@@ -20,10 +20,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--timeline", metavar="FILE", help="write a Horovod timeline (Chrome trace) to FILE")
     run.add_argument("--allreduce-algorithm", choices=typing.get_args(AllreduceAlgorithm), default="auto",
                      help="Open MPI's allreduce algorithm for Horovod's CPU tensors (default auto: Open MPI decides by "
-                          "size; measured effects: README, Benchmarks)")
+                          "size; measured effects: docs/benchmark-studies.md, 'Two hosts on a slow link')")
     run.add_argument("--tcp-eager-limit", type=int, default=DEFAULT_TCP_EAGER_LIMIT, metavar="BYTES",
                      help="largest message Open MPI's TCP transport sends without waiting for the receiver "
-                          f"(default {DEFAULT_TCP_EAGER_LIMIT}; Open MPI's own: 65536; see README, Benchmarks)")
+                          f"(default {DEFAULT_TCP_EAGER_LIMIT}; Open MPI's own: 65536; measured effects: "
+                          "docs/benchmark-studies.md, 'Open MPI's TCP eager limit')")
     run.add_argument("--network-interface", metavar="NIC",
                      help="network interface for the ranks' traffic, as horovodrun's: Open MPI's TCP transport and "
                           "NCCL (elastic runs: Gloo; on one host pass lo)")

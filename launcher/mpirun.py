@@ -21,7 +21,7 @@ FORWARD_PREFIXES = ("HOROVOD_", "NCCL_", "HVDK8S_", "TF_", "OMP_")
 BASE_FLAGS = ("-bind-to", "none", "-map-by", "slot", "--tag-output", "-mca", "pml", "ob1", "-mca", "btl", "^openib")
 # Open MPI's TCP transport sends a message of up to its eager limit at once; a larger one waits for
 # the receiver's reply before the rest (rendezvous). Where ranks share their cores with compute, each
-# such wait can cost a scheduler time slice: README, Benchmarks, "Open MPI's TCP eager limit".
+# such wait can cost a scheduler time slice: docs/benchmark-studies.md, "Open MPI's TCP eager limit".
 MIN_TCP_EAGER_LIMIT = 64 << 10  # Open MPI's own default
 DEFAULT_TCP_EAGER_LIMIT = 16 << 20
 MAX_TCP_EAGER_LIMIT = 1 << 30  # each rank may keep a send buffer this large

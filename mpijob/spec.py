@@ -185,7 +185,7 @@ class Horovod:
 
 @dataclass(frozen=True)
 class OpenMpi:
-    """Open MPI's settings for the launcher's ``mpirun`` (``-mca``); README, "Benchmarks", has their measured effects."""
+    """Open MPI's settings for the launcher's ``mpirun`` (``-mca``); docs/benchmark-studies.md has their measured effects."""
 
     # Open MPI's allreduce reduces Horovod's CPU tensors; GPU tensors go through NCCL (Dockerfile.gpu).
     # recursive_doubling: each rank sends its whole buffer at once; with Open MPI's 64 KiB TCP eager

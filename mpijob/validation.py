@@ -10,8 +10,9 @@ section, each returning field errors (kind, path, detail), all collected at
 once. The operator validates an MPIJob only after the API server has stored
 it; on an invalid one it records a Warning event (ValidationError) and does
 nothing else: no condition, no pods. Checking here turns that silence into an
-error at render or submit time. hvdk8s adds its own invariants (-np fills the
-hostfile, GPUs per worker = slots) and refuses combinations the operator
+error at render or submit time. hvdk8s adds its own invariant (-np fills the
+hostfile; a ready-made MPIJob whose GPUs per worker differ from its slots is
+warned about, not refused) and refuses combinations the operator
 accepts but no scheduler will run (see ``_check_gang`` and ``_check_launcher_creation``: MPIJob only).
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ that logs how it was called and execs this one, so the test sees that the knob's
 launch (and only it) started its ranks through it, that the suite probed it
 before starting anything, and that each launch's stack and hvdk8s/raw-loop
 ratio reach results.json and the report. Comparing real stacks is
-``hvdk8s bench --knobs tf2.18`` (README, Benchmarks).
+``hvdk8s bench --knobs tf2.18`` (docs/benchmarks.md, Method).
 """
 from __future__ import annotations
 

@@ -221,7 +221,7 @@ class TrainingMetrics(keras.callbacks.Callback):
     def exporter(self) -> Exporter:
         """The process's exporter, from ``on_train_begin`` on."""
         if self._exporter is None:
-            raise RuntimeError("MetricsCallback: the exporter starts with training (on_train_begin)")
+            raise RuntimeError("TrainingMetrics: the exporter starts with training (on_train_begin)")
         return self._exporter
 
     def on_train_begin(self, logs: dict | None = None) -> None:

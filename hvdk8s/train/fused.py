@@ -9,8 +9,8 @@ formula in place, in one pass: ``ResourceApplyKerasMomentum`` does
 does ``var -= grad * lr``. Measured here (one thread, the benchmark's
 8.4 M-parameter MLP): 9.5 ms per update with Keras's ops, 5.2 ms fused.
 
-``DistributedOptimizer`` puts ``FusedSGD`` in front of exactly
-``keras.optimizers.SGD`` (a subclass with its own ``update_step`` keeps it).
+``DistributedOptimizer`` puts ``FusedSGD`` in front of ``keras.optimizers.SGD``
+and of its subclasses that keep its ``update_step`` (one with its own keeps it).
 Sparse gradients (``IndexedSlices``) keep Keras's update, whose momentum
 decays every row, and so do other dtypes.
 """
