@@ -4,8 +4,8 @@ Pure: ``render(dag)`` returns the Workflow as a dict, ``rbac(pipeline)`` the
 ServiceAccount, Role and RoleBinding it runs as. How each DAG step becomes
 Argo templates:
 
-* train: two ``resource`` templates in sequence, each bounded by its
-  ``activeDeadlineSeconds`` (the pipeline's ``deadlines``; the kubelet ends the
+* train: three ``resource`` templates in sequence, the two waits each bounded by
+  its ``activeDeadlineSeconds`` (the pipeline's ``deadlines``; the kubelet ends the
   executor's pod, and Argo fails the step, when it passes). ``launch-*``
   creates the candidate's MPIJob and waits until its launcher exists: under
   ``WaitForWorkersReady`` the MPI Operator creates none until every worker is

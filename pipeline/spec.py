@@ -63,8 +63,8 @@ class Serving:
 
 @dataclass(frozen=True)
 class LoadTestFile:
-    """``loadTest`` as written. The strict reader knows booleans, integers and text,
-    so the two objectives arrive as text and ``load`` turns them into numbers."""
+    """``loadTest`` as written. The two objectives are declared as text (the strict reader gives a
+    number as its text), and ``load`` turns them into numbers and checks their range."""
 
     concurrency: int = 4
     requests: int = 200

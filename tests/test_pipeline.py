@@ -1,9 +1,9 @@
 """``hvdk8s pipeline``: the strict pipeline file, the one DAG, the Argo Workflow and its embedded
 objects against the REAL CRDs in ../shared/schemas, and a real local run with a broken candidate.
 
-No Argo controller runs here: the Workflow is checked against the Argo CRD's full schema, its
-``depends`` expressions are read back into the DAG's edges, and the MPIJob success/failure
-conditions are evaluated the way Argo's executor does against the statuses the MPI Operator writes.
+No Argo controller runs here: the Workflow is checked against the Argo CRD's full schema and its
+``depends`` expressions are read back into the DAG's edges; the MPIJob success/failure conditions
+are run through a model of Argo in ``tests/test_pipeline_argo.py``.
 """
 from __future__ import annotations
 

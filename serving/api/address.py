@@ -29,8 +29,8 @@ def host_port(address: str) -> tuple[str, int]:
 
 def nothing_answers(address: str, timeout: float = 5.0) -> str | None:
     """Why a client gets no connection at ``address``, for its user, or None when something accepts one there
-    (then the client's own error says what went wrong). For an address on this machine it says whether an
-    ``hvdk8s serve`` runs here, and how to start one."""
+    (then the client's own error says what went wrong). For a loopback address (``localhost``, 127.0.0.0/8,
+    ``::1``) it says whether an ``hvdk8s serve`` runs here, and how to start one."""
     host, port = host_port(address)
     try:
         with socket.create_connection((host, port), timeout=timeout):

@@ -63,7 +63,8 @@ class InputSpec:
 
 
 def unknown_label(label: str) -> ServingError:
-    """Labels come from a model config file, which ``hvdk8s serve`` does not take: none is known."""
+    """A label the model's config (``--model_config_file``) does not define; a model served from a base path
+    has none."""
     return invalid(f"Unrecognized servable version label: {label}")
 
 

@@ -55,7 +55,7 @@ def predict(
     signature: str | None = None,
     timeout: float = 60.0,
 ) -> list[dict[str, Any]]:
-    """One prediction per image, the same dicts as the REST ``client.predict`` returns."""
+    """One prediction per image, the same dicts as ``rest_client.predict`` returns."""
     import grpc
     import tensorflow as tf
     from tensorflow_serving.apis import prediction_service_pb2_grpc

@@ -22,8 +22,9 @@ class Served:
 def running(base_path: str | os.PathLike[str], log: str | os.PathLike[str], *args: str) -> Iterator[Served]:
     """``hvdk8s serve BASE_PATH --port 0 --grpc-port 0 ARGS`` until the block ends; its stderr goes to ``log``.
 
-    Yields once the newest version is loaded (the server prints its
-    addresses then); raises ``RuntimeError`` with the log if it never does.
+    Yields once the server prints its addresses, which it does after its first scan of the base path
+    whatever that loaded (a version that failed to load is only logged; an empty base path is no error);
+    raises ``RuntimeError`` with the log if it exits or prints something else first.
     """
     with open(log, "w") as stderr:
         proc = subprocess.Popen(
