@@ -5,7 +5,7 @@ Telemetry is best effort: without the NVML library, a driver or a GPU the
 collector is simply not created, and a reading a GPU does not support (power
 on many boards) is left out. Each condition but the first (a machine without
 NVIDIA's driver library has no GPU to watch) is logged once; none can raise
-into training or fail a scrape. ``tests/test_telemetry_gpu.py`` checks the
+into training or fail a scrape. ``tests/test_nvml_gpu.py`` checks the
 readings against nvidia-smi's on a real GPU.
 """
 from __future__ import annotations

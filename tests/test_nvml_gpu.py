@@ -1,10 +1,11 @@
-"""GPU telemetry from a real NVIDIA GPU: the collector's readings under a known load, against nvidia-smi's.
+"""What hvdk8s reads through NVML from a real NVIDIA GPU, against nvidia-smi's readings: the telemetry collector's
+gauges under a known load, and ``hvdk8s doctor``'s driver and GPU names.
 
 ``test_observability`` drives the collector through the real pynvml bindings against a stub NVML; this module
 reads a real GPU and so runs only where NVML finds one (it skips, naming why, everywhere else, CI included). It
 imports neither TensorFlow nor Keras, so it also runs on a GPU machine that has only PyTorch: a PyTorch process
 is the load (a known amount of GPU memory held, matrix products back to back), and nvidia-smi, NVIDIA's own
-reader, gives the figures the collector must agree with.
+reader, gives the figures hvdk8s must agree with.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from hvdk8s import doctor
 from hvdk8s.observe import telemetry
 
 HOLD_GIB = 16  # GPU memory the load process holds, beside what its matrix products use
@@ -50,12 +52,17 @@ def _gpu_count() -> int:
 
 
 @pytest.fixture(scope="module")
-def gpu_load() -> Iterator[None]:
-    """GPU 0 busy with matrix products while holding HOLD_GIB GiB, until the module's tests are done."""
+def nvidia() -> None:
+    """Skips unless NVML finds a GPU and nvidia-smi, the reference reader, is there."""
     if _gpu_count() < 1:
         pytest.skip("NVML finds no GPU")
     if shutil.which("nvidia-smi") is None:
         pytest.skip("nvidia-smi (the reference reader) is not on PATH")
+
+
+@pytest.fixture(scope="module")
+def gpu_load(nvidia: None) -> Iterator[None]:
+    """GPU 0 busy with matrix products while holding HOLD_GIB GiB, until the module's tests are done."""
     if importlib.util.find_spec("torch") is None:
         pytest.skip("PyTorch (the GPU load) is not installed")
     load = subprocess.Popen([sys.executable, "-c", LOAD], stdout=subprocess.PIPE, text=True,
@@ -69,12 +76,15 @@ def gpu_load() -> Iterator[None]:
         load.wait()
 
 
-def smi(gpu: str) -> dict[str, str]:
-    """nvidia-smi's reading of one GPU (index or UUID), by query field."""
-    fields = ["uuid", "memory.total", "memory.used", "temperature.gpu", "power.draw", "utilization.gpu"]
-    out = subprocess.run(["nvidia-smi", f"--id={gpu}", f"--query-gpu={','.join(fields)}",
+SMI_FIELDS = ["uuid", "name", "driver_version", "memory.total", "memory.used", "temperature.gpu", "power.draw",
+              "utilization.gpu"]
+
+
+def smi(gpu: str | None = None) -> list[dict[str, str]]:
+    """nvidia-smi's reading of one GPU (index or UUID), or of every GPU, by query field."""
+    out = subprocess.run(["nvidia-smi", *([f"--id={gpu}"] if gpu else []), f"--query-gpu={','.join(SMI_FIELDS)}",
                           "--format=csv,noheader,nounits"], capture_output=True, text=True, check=True).stdout
-    return dict(zip(fields, (v.strip() for v in out.strip().split(","))))
+    return [dict(zip(SMI_FIELDS, (v.strip() for v in line.split(",")))) for line in out.strip().splitlines()]
 
 
 def scrape(cuda_visible_devices: str | None) -> tuple[dict[str, float], set[str]]:
@@ -92,7 +102,7 @@ def scrape(cuda_visible_devices: str | None) -> tuple[dict[str, float], set[str]
 def test_readings_of_a_busy_gpu_agree_with_nvidia_smi(gpu_load: None, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="hvdk8s"):
         values, gpus = scrape(None)
-    reference = smi("0")
+    [reference] = smi("0")
     assert gpus == {"0"}
     assert set(values) == set(telemetry.READINGS), caplog.text  # a data-centre GPU reports all five
     assert not caplog.text
@@ -109,9 +119,19 @@ def test_readings_of_a_busy_gpu_agree_with_nvidia_smi(gpu_load: None, caplog: py
 
 
 def test_gpu_pinned_by_uuid_reads_the_same_board(gpu_load: None) -> None:
-    uuid = smi("0")["uuid"]
+    [reference] = smi("0")
+    uuid = reference["uuid"]
     by_index, _ = scrape("0")
     by_uuid, gpus = scrape(uuid)
     assert gpus == {uuid}
     assert by_uuid["hvdk8s_gpu_memory_total_bytes"] == by_index["hvdk8s_gpu_memory_total_bytes"]
     assert by_uuid["hvdk8s_gpu_memory_used_bytes"] >= HOLD_GIB << 30
+
+
+def test_doctor_names_the_driver_and_the_gpus_nvidia_smi_names(nvidia: None) -> None:
+    boards = smi()
+    facts = doctor.gather()
+    assert facts.nvml.error is None
+    assert facts.nvml.driver == boards[0]["driver_version"]
+    assert facts.nvml.gpus == [board["name"] for board in boards]
+    assert f"driver {boards[0]['driver_version']}: {boards[0]['name']}" in "\n".join(doctor.report(facts))
