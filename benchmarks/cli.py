@@ -123,8 +123,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Measure training throughput, scaling efficiency, time to accuracy, allreduce bandwidth and "
         "bandwidth-limited (network-namespace) clusters side by side, fit an alpha-beta cost model and "
         "extrapolate it. The run prints the job count and an estimate of its time first, then each job as it starts "
-        f"([bench k/total]); a job takes about {_job_seconds()} s on an idle 2-core machine (two days' measurements of "
-        "the development VM) and more on a shared one.",
+        f"([bench k/total]); a job takes about {_job_seconds()} s on an idle 2-core machine (about the average job of "
+        "two quiet runs on the development VM, on two days) and more on a shared one.",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="preset", action="store_const", const="quick",

@@ -21,7 +21,7 @@ class Knob:
     """``python``: the interpreter its ranks run, relative to the repository root (or absolute);
     "" is the one running the suite. ``build``: the command that makes that interpreter.
     ``thread_policy``: the ranks get no thread count from the suite and run ``hvdk8s.init``'s
-    ``HVDK8S_THREAD_POLICY`` of that name (``hvdk8s.runtime.THREAD_POLICIES``) instead."""
+    ``HVDK8S_THREAD_POLICY`` of that name (``hvdk8s.threads.THREAD_POLICIES``) instead."""
 
     env: dict[str, str] = field(default_factory=dict)
     mca: dict[str, str] = field(default_factory=dict)

@@ -43,9 +43,9 @@ FAST_CYCLE = "cycle_0.1ms"
 LINK_PROBE_BYTES = 64 << 20
 LINK_PROBE_PINGS = 200
 # What a job takes on an idle 2-core machine, start-up and model build included, for the estimate a run prints first:
-# the average launch of quiet committed runs on the development VM on two days, which ran the same work at
-# different speeds (benchmarks/reports/headline-2026-11-26: about 20 s; benchmarks/reports/quick/README.md, 2026-11-29:
-# 47 s).
+# about the average launch of two quiet committed runs on the development VM, on two days which ran the same work at
+# different speeds (benchmarks/reports/headline-2026-11-26: 17.8 s; the 23-job --quick run in
+# benchmarks/reports/quick/README.md, 2026-11-29: 47.2 s; that day's other quiet committed runs averaged 37-62 s).
 JOB_SECONDS = (20, 47)
 
 

@@ -4,11 +4,12 @@
     python -m hvdk8s.benchmarks.workers.comm_worker ps --job job.json --out r.json          (TF_CONFIG chief)
 
 ``allreduce`` times Horovod allreduce of one float32 tensor per message size
-and, for fusion, many small tensors submitted at once (separately, or as one
-grouped allreduce as hvdk8s does). ``ps`` times a parameter-server step that
-only moves data: every worker pulls M bytes of variables and pushes an M-byte
-gradient back (a bias-free dense layer on a batch of one, plain SGD). Raw
-seconds per iteration are written for every repeat; nothing is summarised here.
+and, for fusion, many small tensors submitted at once (separately, as hvdk8s
+does by default, or as one grouped allreduce, as its ``groups=`` asks). ``ps``
+times a parameter-server step that only moves data: every worker pulls M bytes
+of variables and pushes an M-byte gradient back (a bias-free dense layer on a
+batch of one, plain SGD). Raw seconds per iteration are written for every
+repeat; nothing is summarised here.
 """
 from __future__ import annotations
 
