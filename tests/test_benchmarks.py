@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -150,6 +151,14 @@ def test_every_summary_recomputes_from_the_raw_timings(run: dict[str, Any]) -> N
     results = run["results"]
     assert analysis.derive(results["raw"]) == results["derived"]
     training = results["raw"]["training"]
+    # one row worked out by hand from its launch's windows: the CNN's examples/s over every window, E(2) against single
+    rates = {(r["strategy"], r["workers"]): [w["examples_per_window"] / s for w in r["result"]["throughput"]
+                                             if w["workload"] == "cnn" for s in w["window_seconds"]] for r in training}
+    row = next(r for r in results["derived"]["training"]["throughput"]
+               if (r["workload"], r["strategy"], r["workers"]) == ("cnn", "hvdk8s", 2))
+    assert row["examples_per_s"]["median"] == pytest.approx(statistics.median(rates[("hvdk8s", 2)]))
+    assert row["efficiency_vs_single"] == pytest.approx(
+        statistics.median(rates[("hvdk8s", 2)]) / 2 / statistics.median(rates[("single", 1)]))
     assert {(r["strategy"], r["workers"]) for r in training} == {("single", 1), ("hvdk8s", 1), ("hvdk8s", 2), ("tf_ps", 1), ("tf_ps", 2),
                                                                     ("hvdk8s_rd", 2)}
     # the recursive-doubling strategy's algorithm reached its ranks' Open MPI parameters, and no other's

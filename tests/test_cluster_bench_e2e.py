@@ -116,7 +116,7 @@ class NetnsPods:
             shutil.rmtree(Path("/etc/netns") / host.name, ignore_errors=True)
 
 
-def test_every_strategy_scales_on_namespace_pods_built_as_the_controllers_build_them(tmp_path: Path) -> None:
+def test_every_strategy_runs_at_1_and_3_workers_on_pods_built_as_the_controllers_build_them(tmp_path: Path) -> None:
     shared("schemas/tfjob-v1-crd.yaml")  # the double validates every job against its real CRD
     out = tmp_path / "out"
     with netns.cluster(NODES, None, prefix=PREFIX, subnet=SUBNET) as cluster:

@@ -10,6 +10,7 @@ test budget.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -52,8 +53,11 @@ def test_keras_mnist_advanced_trains_on_2_ranks_with_identical_weights(tmp_path:
     migrated(tmp_path, "keras_mnist_advanced.py")
     out = run_example(tmp_path, ["-np", "2", "keras_mnist_advanced.py", "--epochs", "2"], example_env(2, 4))
     assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-1.keras", "checkpoint-2.keras"]
+    # Both ranks evaluate the whole test set: the same loss (a float, to rounding of the evaluation's sums)
+    # only if their weights are the same; accuracy, a count of right answers, could agree by chance.
+    losses = {rank: float(loss) for rank, loss in re.findall(r"^\[(\d)\] Test loss: (\S+)", out, re.M)}
+    assert losses.keys() == {"0", "1"} and math.isclose(losses["0"], losses["1"], rel_tol=1e-6), out[-3000:]
     scores = dict(re.findall(r"^\[(\d)\] Test accuracy: (\S+)", out, re.M))
-    # both ranks evaluate the whole test set: the same number only if their weights are the same
     assert scores.keys() == {"0", "1"} and scores["0"] == scores["1"], out[-3000:]
 
 

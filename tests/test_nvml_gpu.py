@@ -126,6 +126,8 @@ def test_gpu_pinned_by_uuid_reads_the_same_board(gpu_load: None) -> None:
     assert gpus == {uuid}
     assert by_uuid["hvdk8s_gpu_memory_total_bytes"] == by_index["hvdk8s_gpu_memory_total_bytes"]
     assert by_uuid["hvdk8s_gpu_memory_used_bytes"] >= HOLD_GIB << 30
+    # the board the load runs on: the same memory in use as by index (the load's products allocate nothing new)
+    assert abs(by_uuid["hvdk8s_gpu_memory_used_bytes"] - by_index["hvdk8s_gpu_memory_used_bytes"]) <= 64 << 20
 
 
 def test_doctor_names_the_driver_and_the_gpus_nvidia_smi_names(nvidia: None) -> None:
