@@ -2,7 +2,8 @@
 
 Each row sends one request on a connection that has already served a good
 request, checks status, JSON error text (TF Serving's words, source cited)
-and that the same connection then serves a good request again.
+or, for a 200 answer, that it equals the answer to the request TF Serving
+treats it as, and that the same connection then serves a good request again.
 """
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ LIMIT = 300_000
 PNG = loadtest.digits_png(1)[0]
 GOOD = json.dumps({"instances": [{"b64": base64.b64encode(PNG).decode()}]}).encode()
 PREDICT = "/v1/models/digits:predict"
+STATUS = "/v1/models/digits"
+# A 200 row's answer must equal the answer to one of these requests, sent on the same connection right after it
+AS_GOOD = ("POST", PREDICT, GOOD)  # the same image's predictions, bit for bit (same model, same batch of one)
+AS_STATUS = ("GET", STATUS, None)  # every version's status
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +67,8 @@ def b64_lines(data: bytes) -> str:
 
 
 ROWS = [
-    # (id, method, path, body, status, error substring or None for 200)  -- TF Serving source in comments
+    # (id, method, path, body, status, error substring or, for 200, the request (method, path, body) whose answer
+    # it must equal)  -- TF Serving source in comments
     # json_tensor.cc ParseJson: RapidJSON refuses numbers beyond double range
     ("float-beyond-double", "POST", "/v1/models/digits/versions/1:predict",
      b'{"signature_name": "predict_tensor", "instances": [[[[1e400]]]]}', 400, "Number too big to be stored in double"),
@@ -75,9 +81,12 @@ ROWS = [
     ("not-utf8", "POST", PREDICT, b"\xff\xfe{}", 400, "JSON Parse error"),
     ("not-an-image", "POST", PREDICT, b'{"instances": [{"b64": "AAAA"}]}', 400, "Unknown image file format"),
     # absl::Base64Unescape skips whitespace and needs no padding
-    ("b64-line-breaks", "POST", PREDICT, json.dumps({"instances": [{"b64": b64_lines(PNG)}]}).encode(), 200, None),
+    ("b64-line-breaks", "POST", PREDICT, json.dumps({"instances": [{"b64": b64_lines(PNG)}]}).encode(), 200,
+     AS_GOOD),
+    # (the PNG decoder ignores the byte after IEND that makes the encoding need padding)
     ("b64-no-padding", "POST", PREDICT,
-     json.dumps({"instances": [{"b64": base64.b64encode(PNG + b"\0").decode().rstrip("=")}]}).encode(), 200, None),
+     json.dumps({"instances": [{"b64": base64.b64encode(PNG + b"\0").decode().rstrip("=")}]}).encode(), 200,
+     AS_GOOD),
     # classifier.cc / regressor.cc on a predict signature (default: no method-name check)
     ("classify", "POST", "/v1/models/digits:classify", b'{"examples": [{"x": 1}]}', 400,
      "Expected one or two output Tensors, found 3"),
@@ -89,7 +98,8 @@ ROWS = [
     ("label-predict", "POST", "/v1/models/digits/labels/stable:predict", GOOD, 400,
      "Unrecognized servable version label: stable"),
     # get_model_status_impl.cc GetModelStatusWithModelSpec reads only the spec's version: every version, by any label
-    ("label-status", "GET", "/v1/models/digits/labels/canary", None, 200, None),
+    # (http_rest_api_handler_test.cc GetStatus expects the label's answer to be the plain one)
+    ("label-status", "GET", "/v1/models/digits/labels/canary", None, 200, AS_STATUS),
     # http_rest_api_util.cc ParseModelInfo: versions beyond int64
     ("version-beyond-int64", "POST", "/v1/models/digits/versions/99999999999999999999:predict", GOOD, 400,
      "Failed to convert version: 99999999999999999999 to numeric."),
@@ -102,7 +112,7 @@ ROWS = [
     # http_server.cc: OPTIONS is a CORS preflight that needs an Origin header
     ("options", "OPTIONS", "/v1/models/digits", None, 400, "Origin header is missing in CORS preflight"),
     # kHTTPRestApiHandlerPathRegex "(?i)/v1/.*": case-insensitive
-    ("upper-case-path", "POST", "/V1/MODELS/digits:PREDICT", GOOD, 200, None),
+    ("upper-case-path", "POST", "/V1/MODELS/digits:PREDICT", GOOD, 200, AS_GOOD),
     ("outside-v1", "GET", "/healthz", None, 404, "Not found: /healthz"),
     ("signature-not-string", "POST", PREDICT, b'{"signature_name": 100, "instances": [1]}', 400,
      "'signature_name' key must be a string value."),
@@ -116,15 +126,26 @@ def conn(server):
     conn.close()
 
 
-@pytest.mark.parametrize("method, path, body, status, message", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
-def test_tf_serving_answers_and_the_connection_survives(conn, method, path, body, status, message):
+@pytest.mark.parametrize("method, path, body, status, expected", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS])
+def test_tf_serving_answers_and_the_connection_survives(conn, method, path, body, status, expected):
     got, doc, closing = send(conn, method, path, body)
     assert (got, closing) == (status, False), doc
-    if message is None:
-        assert "error" not in doc
+    if isinstance(expected, str):
+        assert expected in doc["error"], doc
     else:
-        assert message in doc["error"], doc
+        reference_status, reference, _ = send(conn, *expected)
+        assert reference_status == 200, reference
+        assert doc == reference
     assert send(conn, "POST", PREDICT, GOOD)[0] == 200
+
+
+def test_the_references_are_real_answers(conn):
+    """What the 200 rows are compared with: one prediction of ten probabilities; version 1's status."""
+    status, doc, _ = send(conn, *AS_GOOD)
+    assert status == 200 and len(doc["predictions"]) == 1 and len(doc["predictions"][0]["probabilities"]) == 10, doc
+    status, doc, _ = send(conn, *AS_STATUS)
+    assert (status, doc) == (200, {"model_version_status": [
+        {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]})
 
 
 def test_empty_inputs_go_to_the_model_which_answers(conn, exported):
@@ -171,9 +192,11 @@ def test_mixed_good_and_malformed_load_has_no_unexpected_errors_or_resets(server
         finally:
             conn.close()
 
-    threads = [threading.Thread(target=client, args=(k * 5,)) for k in range(4)]
+    threads = [threading.Thread(target=client, args=(k * 5,), daemon=True) for k in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
+    stuck = [t.name for t in threads if t.is_alive()]
+    assert stuck == [], f"clients still running after 120 s: {stuck}; failures so far: {failures}"
     assert failures == []

@@ -53,7 +53,8 @@ def test_every_float32_kind_matches_the_c_reference(size):
     for data in (bits, unit, ties):
         for chunk in np.array_split(data, max(1, len(data) // size)):
             got = jsonfloat.values(chunk)
-            for value, number in zip(chunk.tolist(), got):
+            assert len(got) == len(chunk)
+            for value, number in zip(chunk.tolist(), got, strict=True):
                 if np.isfinite(value):
                     assert number == float(tf_serving_text(np.float32(value))), value
                 else:

@@ -7,10 +7,11 @@ import signal
 import time
 from urllib.parse import urlsplit
 
+import numpy as np
 import psutil
 import pytest
 
-from hvdk8s.serving.clients import grpc_client, loadtest
+from hvdk8s.serving.clients import grpc_client, loadtest, rest_client
 from hvdk8s.serving.server.process import running
 
 from conftest import hvdk8s_cli
@@ -45,7 +46,16 @@ def test_two_workers_serve_share_new_versions_and_stop_gracefully(tmp_path):
             held = [c for c in worker.net_connections("tcp")
                     if c.laddr.port == address.port and c.status == psutil.CONN_ESTABLISHED]
             assert held, f"worker {worker.pid} holds none of the {CONNECTIONS} connections"
-        assert grpc_client.predict(served.grpc, loadtest.digits_png(2), model="digits")
+        # gRPC answers as REST does for the same images (classes exactly; probabilities, from float32 on both
+        # paths, to float32 precision: the two requests may run on different workers)
+        images = loadtest.digits_png(2)
+        by_grpc = grpc_client.predict(served.grpc, images, model="digits")
+        by_rest = rest_client.predict(served.url, images, model="digits")
+        assert [sorted(p) for p in by_grpc] == [sorted(p) for p in by_rest] == [
+            ["class_names", "classes", "probabilities"]] * 2
+        assert [(p["classes"], p["class_names"]) for p in by_grpc] == [(p["classes"], p["class_names"]) for p in by_rest]
+        np.testing.assert_allclose([p["probabilities"] for p in by_grpc], [p["probabilities"] for p in by_rest],
+                                   rtol=1e-6, atol=0)
 
         export_untrained(base)  # version 2, which every worker's own poll must load
         pending = set(range(CONNECTIONS))
