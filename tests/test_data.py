@@ -49,6 +49,23 @@ def write_images(root: Path, counts: dict[str, int]) -> None:
             Image.fromarray(pixels).save(root / cls / f"{i}.{'png' if i % 2 else 'jpg'}")
 
 
+def bilinear_resize(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """Bilinear resize with half-pixel centres and no antialiasing, in NumPy: what ``tf.image.resize`` does by default,
+    and so Keras's ``image_dataset_from_directory`` (``interpolation="bilinear"``), which ``image_folder`` calls."""
+
+    def axis(n_out: int, n_in: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        src = np.clip((np.arange(n_out) + 0.5) * n_in / n_out - 0.5, 0, n_in - 1)
+        lo = np.floor(src).astype(int)
+        return lo, np.minimum(lo + 1, n_in - 1), src - lo
+
+    (y0, y1, wy), (x0, x1, wx) = axis(size[0], pixels.shape[0]), axis(size[1], pixels.shape[1])
+    p = pixels.astype(np.float64)
+    wx = wx[None, :, None]
+    top = p[y0][:, x0] * (1 - wx) + p[y0][:, x1] * wx
+    bottom = p[y1][:, x0] * (1 - wx) + p[y1][:, x1] * wx
+    return top * (1 - wy)[:, None, None] + bottom * wy[:, None, None]
+
+
 def test_image_folder_reads_classes_and_scales(tmp_path: Path) -> None:
     write_images(tmp_path, {"cat": 3, "dog": 2})
     ds, classes = data.image_folder(tmp_path, (8, 8), shuffle=False)
@@ -56,6 +73,14 @@ def test_image_folder_reads_classes_and_scales(tmp_path: Path) -> None:
     assert classes == ["cat", "dog"]
     assert [int(y) for _, y in items] == [0, 0, 0, 1, 1]
     assert all(x.shape == (8, 8, 3) and 0.0 <= x.min() and x.max() <= 1.0 for x, _ in items)
+    # the pixels, in file order (class, then name), against the files decoded by PIL, resized 20×16 → 8×8 in NumPy.
+    # 4/255: PIL's and TensorFlow's JPEG decoders differ by up to 3/255 on these noise images (PNGs agree exactly);
+    # another image, swapped channels, nearest-neighbour or antialiased resizing all differ by over 40/255 somewhere.
+    files = [tmp_path / "cat" / "0.jpg", tmp_path / "cat" / "1.png", tmp_path / "cat" / "2.jpg",
+             tmp_path / "dog" / "0.jpg", tmp_path / "dog" / "1.png"]
+    for (x, _), file in zip(items, files, strict=True):
+        expected = bilinear_resize(np.asarray(Image.open(file).convert("RGB")), (8, 8)) / 255
+        np.testing.assert_allclose(x, expected, rtol=0, atol=4 / 255, err_msg=str(file))
 
 
 def test_image_folder_errors_name_the_path(tmp_path: Path) -> None:
@@ -83,7 +108,8 @@ def test_tfds_reads_a_dataset_prepared_under_data_dir(tmp_path: Path) -> None:
     import tensorflow_datasets as tfds
 
     (x, y), _ = data.load_digits(image_size=8)
-    examples = tf.data.Dataset.from_tensor_slices({"image": np.round(x[:8] * 255).astype(np.uint8), "label": y[:8]})
+    pixels = np.round(x[:8] * 255).astype(np.uint8)
+    examples = tf.data.Dataset.from_tensor_slices({"image": pixels, "label": y[:8]})
     tfds.dataset_builders.store_as_tfds_dataset(  # eight real digits, prepared as `tfds build` would
         name="hvdk_tiny_digits",
         version="1.0.0",
@@ -97,3 +123,14 @@ def test_tfds_reads_a_dataset_prepared_under_data_dir(tmp_path: Path) -> None:
     assert len(items) == 8
     assert all(img.shape == (8, 8, 1) and 0.0 <= img.min() and img.max() <= 1.0 for img, _ in items)
     assert sorted(int(label) for _, label in items) == sorted(y[:8].tolist())
+    # tfds shuffles the examples when it writes them: find each image among the eight stored (PNG is lossless, so the
+    # loader's image is the stored bytes / 255) and check that its label is that digit's
+    assert len({p.tobytes() for p in pixels}) == 8  # each image matches one digit only
+    matched = []
+    for img, label in items:
+        errors = np.abs(img - pixels / 255.0).reshape(8, -1).max(axis=1)
+        i = int(np.argmin(errors))
+        assert errors[i] < 1e-6, f"image matches none of the stored digits (nearest off by {errors[i]})"
+        assert int(label) == y[i], f"image of digit #{i} ({y[i]}) came back labelled {int(label)}"
+        matched.append(i)
+    assert sorted(matched) == list(range(8))

@@ -23,27 +23,37 @@ def ancestors(op) -> set:
     return seen
 
 
-def traced_step(**optimizer_kwargs):
+def small_model():
+    """Three dense layers; trainable variables: first kernel and bias, middle kernel and bias, last kernel and bias."""
+    import keras
+
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu", name="first"),
+                             keras.layers.Dense(16, activation="relu"), keras.layers.Dense(4, name="last")])
+
+
+def traced_step(model=None, **optimizer_kwargs):
+    """The model, the traced step's reductions (``reductions``) and gradients (trainable variables' order)."""
     import keras
     import tensorflow as tf
 
     import hvdk8s as hvd
 
     hvd.init(quiet=True)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu", name="first"),
-                              keras.layers.Dense(16, activation="relu"), keras.layers.Dense(4, name="last")])
+    model = model or small_model()
     opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), **optimizer_kwargs)
     opt.build(model.trainable_variables)
+    traced_grads = []
 
     @tf.function
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
         grads = tape.gradient(loss, model.trainable_variables)
+        traced_grads[:] = grads
         opt.apply(grads, model.trainable_variables)
 
     graph = step.get_concrete_function(tf.TensorSpec([None, 8]), tf.TensorSpec([None, 4])).graph
-    return model, reductions(graph)
+    return model, reductions(graph), list(traced_grads)
 
 
 def reductions(graph) -> list:
@@ -59,13 +69,19 @@ def reductions(graph) -> list:
     return out
 
 
+def grouping(reduce_ops: list, grads: list) -> list[tuple[str, list[int]]]:
+    """Each reduction's op type and the gradients it takes, as indices into the trainable variables."""
+    index = {g.name: i for i, g in enumerate(grads)}
+    return [(kind, [index[t.name] for t in op.inputs[1:]]) for op, kind in reduce_ops]
+
+
 def gradient_source(reduction, index: int = 0):
     """The op that feeds the reduction's ``index``-th gradient (input 0 is the size test): where backprop handed it over."""
     return reduction[0].inputs[1 + index].op
 
 
 def test_each_gradient_is_reduced_as_soon_as_backprop_produces_it() -> None:
-    model, reduce_ops = traced_step()
+    model, reduce_ops, _ = traced_step()
     assert [t for _, t in reduce_ops] == ["HorovodAllreduce"] * len(model.trainable_variables)  # one per gradient
     assert len(reduce_ops) == 6
     first_kernel_grad = gradient_source(reduce_ops[0])
@@ -76,16 +92,32 @@ def test_each_gradient_is_reduced_as_soon_as_backprop_produces_it() -> None:
 
 
 def test_one_group_waits_for_every_gradient() -> None:
-    model, reduce_ops = traced_step(groups=1)
+    model, reduce_ops, _ = traced_step(groups=1)
     assert [t for _, t in reduce_ops] == ["HorovodGroupedAllreduce"]
     assert len(reduce_ops[0][0].inputs) == 1 + len(model.trainable_variables)
 
 
-@pytest.mark.parametrize("groups", [2, 3])
-def test_groups_split_the_gradients_into_that_many_allreduces(groups: int) -> None:
-    _, reduce_ops = traced_step(groups=groups)
-    assert len(reduce_ops) == groups
+@pytest.mark.parametrize(("kwargs", "chunks"), [
+    ({"groups": 2}, [[0, 1, 2], [3, 4, 5]]),
+    ({"groups": 3}, [[0, 1], [2, 3], [4, 5]]),
+    ({"num_groups": 3}, [[0, 1], [2, 3], [4, 5]]),  # Horovod's older spelling of groups=3
+    ({"num_groups": 3, "groups": 2}, [[0, 1, 2], [3, 4, 5]]),  # as in Horovod, groups wins
+], ids=["groups=2", "groups=3", "num_groups=3", "num_groups=3,groups=2"])
+def test_groups_split_the_gradients_into_that_many_allreduces(kwargs: dict, chunks: list[list[int]]) -> None:
+    """Contiguous runs of the six gradients (Horovod's ``split_list``), one grouped allreduce each."""
+    _, reduce_ops, grads = traced_step(**kwargs)
+    assert grouping(reduce_ops, grads) == [("HorovodGroupedAllreduce", chunk) for chunk in chunks]
 
+
+def test_groups_as_variable_lists_reduce_each_list_together_and_the_other_variables_alone() -> None:
+    model = small_model()
+    v = model.trainable_variables
+    _, reduce_ops, grads = traced_step(model, groups=[[v[4], v[0]], [v[3], v[1], v[5]]])
+    assert sorted(grouping(reduce_ops, grads), key=lambda r: r[1]) == [
+        ("HorovodGroupedAllreduce", [0, 4]),  # the first and last kernels
+        ("HorovodGroupedAllreduce", [1, 3, 5]),  # the biases
+        ("HorovodAllreduce", [2]),  # the middle kernel, in no list
+    ]
 
 
 @pytest.mark.parametrize("groups", [-1, True, "dense"])

@@ -16,6 +16,12 @@ def load(out: Path, rank: int) -> tuple[int, list[np.ndarray]]:
         return int(npz["iterations"]), weights
 
 
+def load_initial(out: Path, rank: int) -> list[np.ndarray]:
+    """The weights a rank's model started from, as its seed made them (before any broadcast or training)."""
+    with np.load(out / f"rank{rank}.initial.npz") as npz:
+        return [npz[f"arr_{i}"] for i in range(len(npz.files))]
+
+
 def assert_same_weights(a: list[np.ndarray], b: list[np.ndarray], **tol) -> None:
     assert len(a) == len(b)
     for wa, wb in zip(a, b):
@@ -53,13 +59,15 @@ def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("case", ["fit", "tape", "fit_spe4"])
 def test_two_ranks_batch_b_equal_one_process_batch_2b(case: str, two_ranks: Path, one_rank: Path) -> None:
     """Also with Keras running 4 steps per compiled call (6 steps: one call of 4, one of the last 2)."""
-    iterations, weights = load(two_ranks / case, 0)
     ref_iterations, ref_weights = load(one_rank / "batch16", 0)
-    assert iterations == ref_iterations == 6
-    assert_same_weights(weights, ref_weights, rtol=1e-5, atol=1e-5)
-    # and the result is not the trivial one: training moved the weights
     initial = load_initial_weights()
-    assert max(np.abs(w - w0).max() for w, w0 in zip(weights, initial)) > 1e-2
+    assert len(ref_weights) == len(initial) == 4  # conv kernel and bias, dense kernel and bias
+    for rank in (0, 1):
+        iterations, weights = load(two_ranks / case, rank)
+        assert iterations == ref_iterations == 6
+        assert_same_weights(weights, ref_weights, rtol=1e-5, atol=1e-5)
+        # and the result is not the trivial one: training moved the weights
+        assert max(np.abs(w - w0).max() for w, w0 in zip(weights, initial)) > 1e-2
 
 
 def load_initial_weights() -> list[np.ndarray]:
@@ -77,17 +85,24 @@ def load_initial_weights() -> list[np.ndarray]:
 
 def test_backward_passes_per_step_equals_larger_batch(two_ranks: Path, one_rank: Path) -> None:
     # 12 batches of 2 ranks × 8, 2 passes each → 6 updates of 32 examples, as one process at batch 32
-    iterations, weights = load(two_ranks / "passes2", 0)
     ref_iterations, ref_weights = load(one_rank / "batch32", 0)
-    assert (iterations, ref_iterations) == (12, 6)  # Horovod counts every backward pass in `iterations`
-    assert_same_weights(weights, ref_weights, rtol=1e-5, atol=1e-5)
+    assert len(ref_weights) == 4
+    for rank in (0, 1):
+        iterations, weights = load(two_ranks / "passes2", rank)
+        assert (iterations, ref_iterations) == (12, 6)  # Horovod counts every backward pass in `iterations`
+        assert_same_weights(weights, ref_weights, rtol=1e-5, atol=1e-5)
 
 
 def test_ranks_hold_identical_weights_after_fit_from_different_seeds(two_ranks: Path) -> None:
     _, w0 = load(two_ranks / "seed_per_rank", 0)
     _, w1 = load(two_ranks / "seed_per_rank", 1)
-    for a, b in zip(w0, w1):
+    start0, start1 = load_initial(two_ranks / "seed_per_rank", 0), load_initial(two_ranks / "seed_per_rank", 1)
+    assert len(w0) == len(w1) == len(start0) == len(start1) == 4  # conv kernel and bias, dense kernel and bias
+    # the seeds really differed: both kernels started apart (the biases start at zero on every rank)
+    assert not np.array_equal(start0[0], start1[0]) and not np.array_equal(start0[2], start1[2])
+    for a, b in zip(w0, w1, strict=True):
         assert np.array_equal(a, b), "ranks diverged"
+    assert not np.array_equal(w1[0], start1[0])  # rank 1 left its own start (rank 0's broadcast, then training)
 
 
 @pytest.fixture(scope="module")

@@ -30,8 +30,8 @@ p.add_argument("--steps-per-execution", type=int, default=1, help="Keras compile
 p.add_argument("--seed-per-rank", action="store_true", help="different initial weights on each rank")
 
 
-def train(args: argparse.Namespace) -> tuple[list[np.ndarray], int]:
-    """The final weights and the optimizer's step count of one case."""
+def train(args: argparse.Namespace) -> tuple[list[np.ndarray], int, list[np.ndarray]]:
+    """One case's final weights, the optimizer's step count and the seeded initial weights (before any broadcast)."""
     seed = 7 + (hvdk8s.rank() if args.seed_per_rank else 0)
     keras.utils.set_random_seed(seed)
     (x, y), _ = hvdk8s.data.load_digits(image_size=12)
@@ -45,6 +45,7 @@ def train(args: argparse.Namespace) -> tuple[list[np.ndarray], int]:
         keras.layers.Flatten(),
         keras.layers.Dense(10, activation="softmax", kernel_initializer=keras.initializers.GlorotUniform(seed + 1)),
     ])
+    initial = model.get_weights()
     loss_fn = keras.losses.SparseCategoricalCrossentropy()
 
     if args.mode == "fit":
@@ -53,7 +54,7 @@ def train(args: argparse.Namespace) -> tuple[list[np.ndarray], int]:
         )
         model.compile(optimizer=opt, loss=loss_fn, steps_per_execution=args.steps_per_execution)
         model.fit(data, epochs=1, callbacks=hvdk8s.default_callbacks(), verbose=0)
-        return model.get_weights(), int(opt.iterations.numpy())
+        return model.get_weights(), int(opt.iterations.numpy()), initial
     opt = keras.optimizers.SGD(0.5)
     opt.build(model.trainable_variables)
     hvdk8s.collectives.broadcast_variables(model.variables)
@@ -67,12 +68,13 @@ def train(args: argparse.Namespace) -> tuple[list[np.ndarray], int]:
 
     for xb, yb in data:
         step(xb, yb)
-    return model.get_weights(), int(opt.iterations.numpy())
+    return model.get_weights(), int(opt.iterations.numpy()), initial
 
 
 out = Path(sys.argv[1])
 for case in sys.argv[2:]:
     name, *flags = shlex.split(case)
-    weights, iterations = train(p.parse_args(flags))
+    weights, iterations, initial = train(p.parse_args(flags))
     (out / name).mkdir(parents=True, exist_ok=True)
     np.savez(out / name / f"rank{hvdk8s.rank()}.npz", *weights, iterations=iterations)
+    np.savez(out / name / f"rank{hvdk8s.rank()}.initial.npz", *initial)
