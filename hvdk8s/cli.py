@@ -8,6 +8,7 @@ manifest commands start fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -50,6 +51,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except UserError as err:
         print(f"hvdk8s {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        if err.filename is None:  # not about a path: a fault to see whole
+            raise
+        # a path the user gave (or one under it) cannot be read or written: the path and the system's reason
+        paths = " -> ".join(os.fspath(f) for f in (err.filename, err.filename2) if f is not None)
+        print(f"hvdk8s {args.command}: error: {paths}: {err.strerror or err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

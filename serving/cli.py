@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -58,12 +59,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--model_base_path", type=Path, metavar="PATH", help="TF Serving's spelling of MODEL_BASE_PATH")
     serve.add_argument("--name", "--model_name", dest="name", help="model name in URLs (default: the folder name)")
     serve.add_argument("--host", default=HOST, help="address to bind (default %(default)s; 0.0.0.0 for all)")
-    serve.add_argument("--port", type=_positive(int, zero=True),
+    serve.add_argument("--port", type=_port,
                        help=f"with MODEL_BASE_PATH: the REST port (default {REST_PORT}); with TF Serving's "
                        f"--model_base_path or --model_config_file: the gRPC port (default {GRPC_PORT}); 0: any free port")
-    serve.add_argument("--rest_api_port", type=_positive(int, zero=True), metavar="PORT",
+    serve.add_argument("--rest_api_port", type=_port, metavar="PORT",
                        help=f"REST port (default {REST_PORT}; 0: any free port, where TF Serving would turn REST off)")
-    serve.add_argument("--grpc-port", type=_positive(int, zero=True),
+    serve.add_argument("--grpc-port", type=_port,
                        help=f"gRPC port (default {GRPC_PORT}; any free port when the REST port is 0)")
     serve.add_argument("--grpc_socket_path", metavar="PATH", help="also serve gRPC on this Unix socket")
     serve.add_argument("--grpc_channel_arguments", default="", metavar="K=V,...",
@@ -180,12 +181,22 @@ def _export_options(parser: argparse.ArgumentParser) -> None:
 def _positive(kind: type, zero: bool = False) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         value = kind(text)
+        if not math.isfinite(value):  # float("inf"), float("nan"): no timeout or wait can be either
+            raise argparse.ArgumentTypeError(f"{text}: must be a finite number")
         if value < 0 or (value == 0 and not zero):
             raise argparse.ArgumentTypeError(f"{text}: must be {'0 or more' if zero else 'positive'}")
         return value
 
     parse.__name__ = kind.__name__  # argparse names the type in "invalid int value" messages
     return parse
+
+
+def _port(text: str) -> int:
+    """A TCP port, or 0 for any free one."""
+    value = _positive(int, zero=True)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{text}: a TCP port is at most 65535")
+    return value
 
 
 def _bool(text: str) -> bool:

@@ -97,3 +97,35 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_a_link_is_followed_and_stays_a_link(tmp_path: Path) -> None:
+    (tmp_path / "real.yaml").write_text("old\n")
+    (tmp_path / "link.yaml").symlink_to("real.yaml")
+    atomic.write_text(tmp_path / "link.yaml", "new\n")
+    assert (tmp_path / "link.yaml").is_symlink() and os.readlink(tmp_path / "link.yaml") == "real.yaml"
+    assert (tmp_path / "real.yaml").read_text() == "new\n"
+
+
+def test_a_folder_or_a_fifo_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """A rename would replace them (as root, also a device such as /dev/stdout); a FIFO stands for every such file."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(OSError, match="not a regular file") as fifo:
+        atomic.write_text(tmp_path / "fifo", "x")
+    with pytest.raises(IsADirectoryError) as folder:
+        atomic.write_text(tmp_path / "folder", "x")
+    assert (fifo.value.filename, folder.value.filename) == (str(tmp_path / "fifo"), str(tmp_path / "folder"))
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode) and sorted(os.listdir(tmp_path)) == ["fifo", "folder"]
+
+
+def test_the_cli_names_a_path_it_cannot_write_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No traceback: the path and the system's reason, whichever command writes it."""
+    import hvdk8s.cli
+
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "adir").mkdir()
+    code = hvdk8s.cli.main(["pipeline", "ingest", "--source", "digits", "--out", str(tmp_path / "afile" / "x.npz")])
+    assert (code, capsys.readouterr().err) == (2, f"hvdk8s pipeline: error: {tmp_path / 'afile'}: Not a directory\n")
+    code = hvdk8s.cli.main(["pipeline", "ingest", "--source", "digits", "--out", str(tmp_path / "adir")])
+    assert (code, capsys.readouterr().err) == (2, f"hvdk8s pipeline: error: {tmp_path / 'adir'}: Is a directory\n")

@@ -165,6 +165,20 @@ def test_serve_refuses_negative_thread_counts(tmp_path, capsys):
     assert "argument --tensorflow_intra_op_parallelism: -1: must be 0 or more" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--port", "65536"], "argument --port: 65536: a TCP port is at most 65535"),
+    (["--rest_api_port", "70000"], "argument --rest_api_port: 70000: a TCP port is at most 65535"),
+    (["--grpc-port", "70000"], "argument --grpc-port: 70000: a TCP port is at most 65535"),  # not 70000 - 65536
+    (["--poll-seconds", "nan"], "argument --poll-seconds/--file_system_poll_wait_seconds: nan: must be a finite number"),
+])
+def test_serve_refuses_ports_beyond_tcp_and_waits_that_are_not_numbers(tmp_path, capsys, args, message):
+    import hvdk8s.cli
+
+    with pytest.raises(SystemExit):
+        hvdk8s.cli.main(["serve", str(tmp_path), *args])
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag", ["--batching_parameters_file", "--monitoring_config_file", "--model_config_file"])
 def test_serve_refuses_a_config_file_it_cannot_read_naming_the_flag_and_file(tmp_path, capsys, flag):
     import hvdk8s.cli

@@ -32,8 +32,15 @@ def atomic_path(path: str | os.PathLike[str], *, temporary: str | None = None) -
     Renamed onto ``path`` when the block ends, removed if it raises. Missing folders are made.
     ``temporary`` names the temporary (it must start with ``TEMP_PREFIX``) when a cleaner has to
     recognise whose it is, as the checkpoints' does; by default the name is unique and random.
+    A symbolic link is followed: its target is replaced and the link stays. A folder, or anything
+    else that is not a regular file (a device, a FIFO: ``/dev/stdout``), is refused before anything
+    is written (``OSError`` naming ``path``): a rename would replace it.
     """
-    final = Path(path)
+    final = Path(os.path.realpath(path))
+    if final.is_dir():
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), os.fspath(path))
+    if final.exists() and not final.is_file():
+        raise OSError(errno.EINVAL, "not a regular file, which a write here would replace", os.fspath(path))
     _make_parent(final)
     if temporary is None:
         tmp = _create_unique(final.parent, f"{TEMP_PREFIX}{final.stem}-", final.suffix, _create_file)
