@@ -421,4 +421,10 @@ def _loadtest(args: argparse.Namespace) -> int:
     misses = result.slo_misses()
     for miss in misses:
         print(f"hvdk8s loadtest: SLO missed: {miss}", file=sys.stderr)
+    if result.requests and not result.ok:  # nothing was measured but failures: a wrong model, signature or image
+        errors = ", ".join(f"{status}: {n}" for status, n in result.errors_by_status.items())
+        ask = f"GetModelStatus at {url}" if args.grpc else f"GET {url.rstrip('/')}/v1/models/{args.model}"
+        print(f"hvdk8s loadtest: error: every request failed ({errors}); check --model {args.model!r} and the "
+              f"signature and images against what the server has ({ask})", file=sys.stderr)
+        return 1
     return 1 if misses else 0

@@ -56,6 +56,13 @@ def test_missed_thresholds_exit_1_and_say_which(server):
     assert "errors       404: 10" in run.stdout
 
 
+def test_a_run_whose_every_request_failed_exits_1_without_thresholds(server):
+    run = loadtest_cli(server.url, "--model", "mnist", "--requests", "4")
+    assert run.returncode == 1 and "errors       404: 4" in run.stdout
+    assert "every request failed (404: 4); check --model 'mnist'" in run.stderr
+    assert f"(GET {server.url}/v1/models/mnist)" in run.stderr
+
+
 def test_python_api_duration_bound_and_errors_by_status(server, tmp_path):
     result = loadtest.run(server.url, "digits", concurrency=2, duration=0.5)
     doc = result.to_dict()
