@@ -120,6 +120,9 @@ def problems(facts: Facts) -> list[str]:
         return [f"Horovod's TensorFlow library does not load: {hvd.error}: rebuild it with `{rebuild}`"]
     if not (hvd.mpi or hvd.gloo):
         return [f"{name} was built without MPI and without Gloo, so it cannot start ranks: rebuild it with `{rebuild}`"]
+    if facts.mpi.mpirun is None:
+        return ["mpirun is not on PATH: `hvdk8s run` starts its ranks with Open MPI's mpirun "
+                "(Debian: apt-get install openmpi-bin; `bash scripts/setup.sh` installs it)"]
     return []
 
 

@@ -13,7 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from hvdk8s.doctor import Facts, HorovodFacts, ServingApiFacts, TensorFlowFacts, horovod_matches, problems, report
+from hvdk8s.doctor import (
+    Facts,
+    HorovodFacts,
+    MpiFacts,
+    ServingApiFacts,
+    TensorFlowFacts,
+    horovod_matches,
+    problems,
+    report,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 HVDK8S = str(Path(sys.executable).parent / "hvdk8s")
@@ -129,7 +138,8 @@ def facts(tensorflow: str | None = "2.21.0", **horovod: object) -> Facts:
            "gloo": True, **horovod}
     tf = TensorFlowFacts(version=tensorflow,
                          error=None if tensorflow else "ModuleNotFoundError: No module named 'tensorflow'")
-    return Facts(executable="/venv/bin/python", tensorflow=tf, horovod=HorovodFacts(**hvd))  # type: ignore[arg-type]
+    return Facts(executable="/venv/bin/python", tensorflow=tf, horovod=HorovodFacts(**hvd),  # type: ignore[arg-type]
+                 mpi=MpiFacts(mpirun="/usr/bin/mpirun", mpirun_version="mpirun (Open MPI) 4.1.4"))
 
 
 def test_healthy_facts() -> None:
@@ -161,6 +171,16 @@ def test_one_controller_trains_but_setup_rebuilds() -> None:
     mpi_only = facts(gloo=False)
     assert problems(mpi_only) == []  # MPI alone can train
     assert not horovod_matches(mpi_only)  # but scripts/setup.sh wants both (elastic runs need Gloo)
+
+
+def test_no_mpirun_is_a_problem_with_what_to_install() -> None:
+    healthy_but_no_mpirun = facts()
+    healthy_but_no_mpirun.mpi = MpiFacts()
+    assert problems(healthy_but_no_mpirun) == [
+        "mpirun is not on PATH: `hvdk8s run` starts its ranks with Open MPI's mpirun "
+        "(Debian: apt-get install openmpi-bin; `bash scripts/setup.sh` installs it)"]
+    assert not horovod_matches(healthy_but_no_mpirun)
+    assert report(healthy_but_no_mpirun)[-1].startswith("problem: mpirun is not on PATH")
 
 
 def test_unknown_build_record() -> None:
