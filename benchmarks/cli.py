@@ -27,13 +27,19 @@ def parse_size(text: str) -> int:
 
 
 def _list(item: Callable[[str], Any], flag: str) -> Callable[[str], tuple[Any, ...]]:
+    """A comma list of ``item``; ``none`` is the empty list, an empty text (``--strategies ''``, a shell variable
+    left unset) is refused rather than read as ``none``."""
     def parse(text: str) -> tuple[Any, ...]:
-        if text.strip().lower() in ("", "none"):
+        if text.strip().lower() == "none":
             return ()
         try:
-            return tuple(item(x) for x in text.split(",") if x.strip())
+            items = tuple(item(x) for x in text.split(",") if x.strip())
         except ValueError as err:
             raise argparse.ArgumentTypeError(f"{flag}: {err}") from None
+        if not items:
+            raise argparse.ArgumentTypeError(f"{text!r} names nothing: give a comma list, or none for an empty "
+                                             "one")
+        return items
 
     return parse
 
@@ -44,6 +50,8 @@ def _knobs(text: str) -> tuple[str, ...]:
     named = _list(str.strip, "--knobs")(text)
     return tuple(dict.fromkeys(k for x in named for k in (settings_names() if x == "all" else (x,))))
 
+
+DEFAULT_OUT = Path("out/bench")
 
 # flag -> (settings field, parser, help)
 OVERRIDES: dict[str, tuple[str, Callable[[str], Any], str]] = {
@@ -140,11 +148,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     mode.add_argument("--full", dest="preset", action="store_const", const="full",
                       help=f"longer windows, 3 rounds, every default strategy and emulated links: {_jobs('full')} jobs")
     p.set_defaults(preset="full")
-    p.add_argument("--out", type=Path, default=Path("out/bench"), help="output folder (default out/bench)")
+    p.add_argument("--out", type=Path, default=None, help=f"output folder (default {DEFAULT_OUT}; with --report-only: "
+                   "where the report, its plots and the re-derived results file go, leaving RESULTS_JSON as it is)")
     p.add_argument("--no-tta", dest="tta", action="store_false", default=None, help="skip time to accuracy")
     p.add_argument("--profile", action="store_true", default=None,
                    help="add a per-phase breakdown of the N=2 step (hvdk8s and the raw loop) and a Horovod timeline")
-    p.add_argument("--report-only", type=Path, metavar="RESULTS_JSON", help="re-render the report from a results file")
+    p.add_argument("--report-only", type=Path, metavar="RESULTS_JSON", help="re-render the report from a results file, "
+                   "beside it (its derived summaries rewritten) unless --out is given")
     p.add_argument("--serving", action="store_true", help="benchmark hvdk8s serve instead (REST/gRPC, batching on/off; "
                    "writes serving.json/.md/.png; about 10 min, 2 with --quick: shorter loads and a 30 s soak)")
     p.add_argument("--chaos", type=int, metavar="N", help="run N elastic jobs that each lose a worker at a random "
@@ -175,6 +185,37 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 # Each settings field as the command line sets it, for its errors: --rounds, not rounds.
 FLAG_OF = {field: flag for flag, (field, _p, _t) in OVERRIDES.items()} | {"tta": "--no-tta", "profile": "--profile"}
+
+
+# The flags that each choose what the run is instead of the suite; at most one of them
+MODES = {"report_only": "--report-only", "cluster": "--cluster", "chaos": "--chaos", "serving": "--serving"}
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """The flags outside the suite's settings, checked before anything starts (``settings_from_args`` checks the
+    settings): one mode at most, ``--chaos N`` with N >= 1, ``--cluster collect``'s ``--logs`` an existing folder.
+
+    Raises:
+        SpecError: Every problem, each under its flag.
+    """
+    from hvdk8s.common.fields import FieldError, SpecError, at_least, invalid, required
+
+    errors: list[FieldError] = []
+    given = [flag for name, flag in MODES.items() if getattr(args, name, None) is not None
+             and getattr(args, name) is not False]  # --chaos 0 is given (and refused below)
+    if len(given) > 1:
+        errors.append(FieldError("Forbidden", given[1], f"cannot be combined with {given[0]}: each runs something "
+                                 "else (one of " + ", ".join(MODES.values()) + ")"))
+    errors += at_least("--chaos", getattr(args, "chaos", None), 1)
+    if getattr(args, "cluster", None) == "collect":
+        logs = args.logs
+        if logs is None:
+            errors.append(required("--logs", "--cluster collect needs it: the folder of the jobs' <job>.log files"))
+        elif not logs.is_dir():
+            errors.append(invalid("--logs", f"{logs}: " + ("not a folder" if logs.exists() else "no such folder")
+                                  + " (the folder of the jobs' <job>.log files)"))
+    if errors:
+        raise SpecError("command line", errors)
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
@@ -217,22 +258,27 @@ def run(args: argparse.Namespace) -> int:
     from .harness import cluster_collect
     from .reporting import report
 
+    check_args(args)
     if args.report_only:
         source = f"--report-only {args.report_only}"
         results = _read_results(args.report_only, source)
+        # beside the results file, whose derived summaries are rewritten; with --out there, the source left as it is
+        out = args.report_only.parent if args.out is None else args.out
         try:  # summaries always from the raw timings, with today's analysis, kept in the results file too
-            paths = report.write(cluster_collect.derived(results), args.report_only.parent)
-            atomic.write_json(args.report_only, results)
+            paths = report.write(cluster_collect.derived(results), out)
+            atomic.write_json(args.report_only if args.out is None else out / "results.json", results)
         except ValueError as err:  # the cost model's measured H100 rates are missing
             raise UserError(str(err)) from None
-        except (KeyError, TypeError) as err:
+        except (KeyError, TypeError, AttributeError, IndexError) as err:  # a part of it not what analysis reads
             raise UserError(f"{source}: not a results file this hvdk8s bench can render ({type(err).__name__}: "
                             f"{err})") from None
         print(f"hvdk8s bench: wrote {paths['markdown']}")
         return 0
+    if args.out is None:
+        args.out = DEFAULT_OUT
     if args.cluster:
         return _cluster(args)
-    if args.chaos:
+    if args.chaos is not None:
         from .harness import chaos
 
         return chaos.main(args.chaos, random.randrange(2**31), args.out, args.command_line or ["hvdk8s", *sys.argv[1:]])
@@ -292,9 +338,7 @@ def _cluster(args: argparse.Namespace) -> int:
             atomic.write_json(args.out / "results.json", results)
         return results
 
-    if args.cluster == "collect":
-        if args.logs is None:
-            raise UserError("--cluster collect needs --logs DIR, the folder of the jobs' <job>.log files")
+    if args.cluster == "collect":  # --logs: an existing folder (check_args)
         for job in jobs:
             path = args.logs / f"{job.name}.log"
             logs.append(cluster_collect.JobLog(job, path.read_text(errors="replace")) if path.is_file() else
@@ -336,7 +380,20 @@ def _read_results(path: Path, source: str) -> dict[str, Any]:
         raise UserError(str(err)) from None
     if not isinstance(results, dict) or "raw" not in results:
         raise UserError(f"{source}: not an hvdk8s bench results file (no 'raw' timings)")
+    if not isinstance(results["raw"], dict):
+        raise UserError(f"{source}: not an hvdk8s bench results file ('raw' is {_json_kind(results['raw'])}, expected "
+                        "an object of timings by section: training, allreduce, ...)")
     return results
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, as a user reading the file calls it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    kinds = ((dict, "an object"), (list, "a list"), (str, "a string"), ((int, float), "a number"))
+    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -352,6 +352,19 @@ def test_the_profile_breaks_down_every_workload_or_the_ones_named() -> None:
          "per compiled call"),
         (("--strategies", "hvdk8s", "--emulated-train-strategies", "hvdk8s_spe", "--emulated-train-steps", "7"),
          r"\n  --emulated-train-steps: 7 is not a multiple of 5: hvdk8s_spe"),
+        (("--mlp-width", "-5"), r"\n  --mlp-width: must be >= 1, got -5"),
+        (("--sizes", "0"), r"\n  --sizes: \[0\]: each size must be >= 4 bytes \(one float32\)"),
+        (("--fusion-bytes", "4K,2"), r"\n  --fusion-bytes: \[2\]: each size must be >= 4 bytes"),
+        (("--emulated-sizes", "0"), r"\n  --emulated-sizes: \[0\]: each size must be >= 4 bytes"),
+        (("--memcopy-bytes", "4"), r"\n  --memcopy-bytes: must be >= 8, got 4"),
+        (("--fusion-tensors", "0"), r"\n  --fusion-tensors: must be >= 1, got 0"),
+        (("--comm-steps", "0"), r"\n  --comm-steps: must be >= 1, got 0"),
+        (("--timeout", "0"), r"\n  --timeout: must be > 0, got 0.0"),
+        (("--allreduce-min-seconds", "-1"), r"\n  --allreduce-min-seconds: must be >= 0, got -1.0"),
+        (("--workloads", "horovod-synthetic:NoSuchModel"),
+         r"\n  --workloads: workload 'horovod-synthetic:NoSuchModel': keras.applications has no model 'NoSuchModel'; "
+         r"expected one of ConvNeXtBase, .*, MobileNetV2, .*, Xception"),
+        (("--workloads", "horovod-synthetic:Resnet50"), r"has no model 'Resnet50' \(did you mean ResNet50\?\)"),
     ],
 )
 def test_cli_rejects_bad_settings_naming_the_flag(argv: tuple[str, ...], message: str) -> None:
@@ -427,6 +440,87 @@ def test_bad_arguments_are_refused_before_any_work(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "link rate '1': expected a tc rate such as 1gbit" in done.stderr and "Traceback" not in done.stderr
     assert not out.exists()  # nothing was started or written
+
+
+@pytest.fixture
+def nothing_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every way ``hvdk8s bench`` starts work fails the test: the suite, chaos, serving and cluster runs, a launch."""
+    from hvdk8s.benchmarks.harness import cluster_collect, cluster_submit, serving_bench
+
+    def started(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("hvdk8s bench started work on arguments it should have refused")
+
+    for module, name in ((suite, "Suite"), (chaos, "main"), (serving_bench, "run"), (cluster_submit, "run_jobs"),
+                         (cluster_collect, "results"), (launch.Launcher, "__init__")):
+        monkeypatch.setattr(module, name, started)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--chaos", "0"), "command line: invalid:\n  --chaos: must be >= 1, got 0"),
+    (("--chaos", "-3"), "--chaos: must be >= 1, got -3"),
+    (("--mlp-width", "-5"), "command line: invalid:\n  --mlp-width: must be >= 1, got -5"),
+    (("--sizes", "0"), "--sizes: [0]: each size must be >= 4 bytes (one float32)"),
+    (("--workloads", "horovod-synthetic:NoSuchModel"), "keras.applications has no model 'NoSuchModel'"),
+    (("--cluster", "collect", "--logs", "nope"), "command line: invalid:\n  --logs: nope: no such folder"),
+    (("--cluster", "collect"), "--logs: --cluster collect needs it: the folder of the jobs' <job>.log files"),
+    (("--cluster", "render", "--chaos", "2"), "--chaos: cannot be combined with --cluster"),
+    (("--report-only", "results.json", "--serving"), "--serving: cannot be combined with --report-only"),
+])
+def test_bad_arguments_fail_before_anything_starts_naming_the_flag(argv: tuple[str, ...], message: str, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch, nothing_starts: None,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import hvdk8s.cli
+
+    monkeypatch.chdir(tmp_path)  # a relative --logs nope, and out/bench, were it written
+    for main in (cli.main, lambda argv: hvdk8s.cli.main(["bench", *argv])):  # both entry points
+        assert main([*argv, "--out", str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_an_existing_logs_folder_is_collected_and_a_file_is_not_one(tmp_path: Path) -> None:
+    (logs := tmp_path / "logs").mkdir()
+    cli.check_args(_bench_args("--cluster", "collect", "--logs", str(logs)))
+    with pytest.raises(UserError, match=r"--logs: .*results\.json: no such folder"):
+        cli.check_args(_bench_args("--cluster", "collect", "--logs", str(tmp_path / "results.json")))
+    (tmp_path / "results.json").write_text("{}")
+    with pytest.raises(UserError, match=r"--logs: .*results\.json: not a folder"):
+        cli.check_args(_bench_args("--cluster", "collect", "--logs", str(tmp_path / "results.json")))
+
+
+@pytest.mark.parametrize("flag", ["--strategies", "--workloads", "--ranks", "--sizes", "--knobs", "--emulated-rates"])
+@pytest.mark.parametrize("text", ["", " ", ","])
+def test_an_empty_list_is_refused_and_none_is_the_empty_one(flag: str, text: str, nothing_starts: None,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:  # argparse's usage error, before any handler runs
+        cli.main([flag, text])
+    assert exit_.value.code == 2
+    assert f"argument {flag}: {text!r} names nothing: give a comma list, or none for an empty one" in capsys.readouterr().err
+    assert cli.settings_from_args(_bench_args("--quick", "--strategies", "none")).strategies == ()
+    assert cli.settings_from_args(_bench_args("--quick", "--strategies", "NONE", "--knobs", "none")).knobs == ()
+
+
+def test_the_synthetic_models_are_the_installed_keras_applications_without_importing_keras() -> None:
+    import ast
+    import importlib.util
+
+    from hvdk8s.benchmarks.config import synthetic
+
+    spec = importlib.util.find_spec("keras")  # a top-level package: found, not imported
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("keras is not installed")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    # Keras 3.15: keras/applications/; 3.8: keras/api/applications/ (keras/applications is its src)
+    init = next(p for p in (root / "applications" / "__init__.py", root / "api" / "applications" / "__init__.py")
+                if p.is_file() and "keras.src.applications" in p.read_text())
+    names = {alias.asname or alias.name for node in ast.walk(ast.parse(init.read_text()))
+             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("keras.src.applications.")
+             for alias in node.names if alias.name[0].isupper()}
+    assert sorted(synthetic.MODELS) == sorted(names) and len(set(synthetic.MODELS)) == len(synthetic.MODELS)
+    assert synthetic.model_of("horovod-synthetic:MobileNetV3Small") == "MobileNetV3Small"
+    with pytest.raises(ValueError, match="keras.applications has no model 'ResNet18'"):
+        synthetic.model_of("horovod-synthetic:ResNet18")
 
 
 def test_knob_study_runs_the_baseline_first_in_every_round() -> None:
@@ -818,6 +912,10 @@ def test_headline_puts_emulated_links_and_horovods_scripts_beside_shared_memory_
     (b"\xff\xfe", "not UTF-8 text (byte 0)"),
     (b"{}", "not an hvdk8s bench results file (no 'raw' timings)"),
     (b"{\"raw\": {}}", "not a results file this hvdk8s bench can render (KeyError: "),
+    (b"{\"raw\": 5}", "not an hvdk8s bench results file ('raw' is a number, expected an object of timings by section"),
+    (b"{\"raw\": []}", "not an hvdk8s bench results file ('raw' is a list, expected an object of timings by section"),
+    (b"{\"raw\": null}", "not an hvdk8s bench results file ('raw' is null, expected an object"),
+    (b"{\"raw\": {\"emulated\": 5}}", "not a results file this hvdk8s bench can render (AttributeError: "),
 ])
 def test_report_only_refuses_a_file_that_is_not_a_results_file_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture,
                                                                          content: bytes | None, why: str) -> None:
@@ -835,3 +933,14 @@ def test_report_only_rewrites_the_report_and_the_results_files_derived_summaries
     assert cli.main(["--report-only", str(path)]) == 0
     assert json.loads(path.read_text())["derived"] == committed["derived"]
     assert (tmp_path / "report.md").read_text() == report.render(committed)
+
+
+def test_report_only_with_out_writes_there_and_leaves_the_results_file_as_it_is(tmp_path: Path) -> None:
+    committed = json.loads((Path(__file__).parents[1] / "benchmarks/reports/example/results.json").read_text())
+    (source := tmp_path / "run" / "results.json").parent.mkdir()
+    source.write_text(text := json.dumps({**committed, "derived": {"stale": True}}))
+    out = tmp_path / "rerendered"
+    assert cli.main(["--report-only", str(source), "--out", str(out)]) == 0
+    assert source.read_text() == text and sorted(p.name for p in source.parent.iterdir()) == ["results.json"]
+    assert json.loads((out / "results.json").read_text())["derived"] == committed["derived"]
+    assert (out / "report.md").read_text() == report.render(committed)

@@ -248,7 +248,13 @@ _LEAST: dict[str, tuple[int, str]] = {
     "synthetic_batches_per_iter": (2, "the raw loop's first step and at least one warm-up batch make its warm-up "
                                       "iteration"),
     "allreduce_ranks": (2, "busbw needs at least 2 ranks"),
+    **{name: (1, "") for name in ("mlp_width", "cnn_batch", "mlp_batch", "tta_batch", "fusion_tensors",
+                                  "emulated_comm_steps")},
+    "memcopy_bytes": (8, "the copy moves whole float64s"),
 }
+# Message sizes in bytes: each allreduce sends size // 4 float32s, so at least one
+_SIZES = ("allreduce_sizes", "fusion_tensor_bytes", "emulated_sizes")
+MIN_MESSAGE_BYTES = 4
 
 
 def validate(s: Settings, path: str = "", spell: Callable[[str], str] = str) -> list[FieldError]:
@@ -277,6 +283,13 @@ def validate(s: Settings, path: str = "", spell: Callable[[str], str] = str) -> 
     for name, (least, why) in _LEAST.items():
         errors += [invalid(e.path, f"{e.detail} ({why})" if why else e.detail)
                    for e in at_least(at(name), getattr(s, name), least)]
+    for name in _SIZES:
+        if bad := [n for n in getattr(s, name) if not isinstance(n, int) or isinstance(n, bool) or n < MIN_MESSAGE_BYTES]:
+            errors.append(invalid(at(name), f"{bad}: each size must be >= {MIN_MESSAGE_BYTES} bytes (one float32)"))
+    for name, low, closed in (("launch_timeout_s", 0, False), ("tta_lr", 0, False), ("allreduce_min_seconds", 0, True)):
+        value = getattr(s, name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not (value >= low if closed else value > low):
+            errors.append(invalid(at(name), f"must be {'>=' if closed else '>'} {low}, got {value!r}"))
     if s.synthetic_peer and not any(w.startswith(synthetic.PREFIX) for w in s.workloads):  # a bad one: reported above
         errors.append(invalid(at("synthetic_peer"), f"{s.synthetic_peer!r}: no {synthetic.PREFIX}<Model> workload in "
                               f"{at('workloads')} to compare Horovod's scripts with"))

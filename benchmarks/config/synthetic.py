@@ -24,6 +24,7 @@ Pure functions, importable without TensorFlow except ``model_and_batch``: the su
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import statistics
@@ -59,15 +60,35 @@ PEER_FIXES = (
 _TAG = re.compile(r"\[\d+,\d+\]<std(?:out|err)>:")
 _ITER = re.compile(r"Iter #(\d+): ([0-9.]+) img/sec per (?:CPU|GPU)")
 _MODEL = re.compile(r"^[A-Z][A-Za-z0-9]*$")
+# keras.applications' models, the same in every Keras this package supports (3.8 to 3.15: keras/applications/__init__.py,
+# keras/api/applications/ in 3.8), so a misspelt one is refused before any launch without importing Keras.
+MODELS = (
+    "ConvNeXtBase", "ConvNeXtLarge", "ConvNeXtSmall", "ConvNeXtTiny", "ConvNeXtXLarge",
+    "DenseNet121", "DenseNet169", "DenseNet201",
+    "EfficientNetB0", "EfficientNetB1", "EfficientNetB2", "EfficientNetB3", "EfficientNetB4", "EfficientNetB5",
+    "EfficientNetB6", "EfficientNetB7",
+    "EfficientNetV2B0", "EfficientNetV2B1", "EfficientNetV2B2", "EfficientNetV2B3", "EfficientNetV2L", "EfficientNetV2M",
+    "EfficientNetV2S",
+    "InceptionResNetV2", "InceptionV3",
+    "MobileNet", "MobileNetV2", "MobileNetV3Large", "MobileNetV3Small",
+    "NASNetLarge", "NASNetMobile",
+    "ResNet50", "ResNet101", "ResNet152", "ResNet50V2", "ResNet101V2", "ResNet152V2",
+    "VGG16", "VGG19", "Xception",
+)
 
 
 def model_of(workload: str) -> str | None:
-    """``MobileNetV2`` for ``horovod-synthetic:MobileNetV2``; None for a suite workload; ValueError for a bad name."""
+    """``MobileNetV2`` for ``horovod-synthetic:MobileNetV2``; None for a suite workload; ValueError for a bad name or
+    a model keras.applications does not have (``MODELS``)."""
     if not workload.startswith(PREFIX):
         return None
     model = workload[len(PREFIX):]
     if not _MODEL.match(model):
         raise ValueError(f"workload {workload!r}: expected {PREFIX}<a keras.applications model, e.g. ResNet50>")
+    if model not in MODELS:
+        near = difflib.get_close_matches(model, MODELS, n=1)
+        raise ValueError(f"workload {workload!r}: keras.applications has no model {model!r}"
+                         + (f" (did you mean {near[0]}?)" if near else "") + f"; expected one of {', '.join(MODELS)}")
     return model
 
 
