@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from hvdk8s.common.fields import QUANTITY, join, scale_quantity
+from hvdk8s.common.fields import join, quantity_problem, scale_quantity
 from hvdk8s.mpijob.spec import GPU_RESOURCE, JobSpec, SchedulingPolicy, Toleration
 
 GPU_TOLERATION = Toleration(key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
@@ -58,14 +58,14 @@ def gang_resources(spec: JobSpec, pods: int) -> dict[str, str] | None:
 
     Without it the operator's calPGMinResource (podgroup.go) counts the launcher and cuts the
     workers to minAvailable - 1, so under WaitForWorkersReady (no launcher yet) Volcano would
-    reserve a launcher and one worker too few. None while the worker's quantities are invalid
-    (their own errors say why).
+    reserve a launcher and one worker too few. None while the worker's quantities are invalid or
+    negative (defaults come before validation: their own errors say why).
     """
     res = spec.resources.worker
     amounts: dict[str, str | int] = {"cpu": res.cpu, "memory": res.memory, **res.extra}
     if spec.gpu:
         amounts[GPU_RESOURCE] = spec.slots_per_worker
-    if pods < 1 or not all(QUANTITY.match(str(v)) for v in amounts.values()):
+    if pods < 1 or any(quantity_problem(str(v)) for v in amounts.values()):
         return None
     return {name: scale_quantity(value, pods) for name, value in amounts.items()}
 
@@ -93,12 +93,15 @@ def created_suspended(spec: JobSpec) -> bool:
 
 def manifest_defaults(manifest: Mapping[str, Any]) -> dict[str, Any]:
     """The MPIJob's ``spec`` as the operator's SetDefaults_MPIJob leaves it (v2beta1)."""
-    spec = dict(manifest.get("spec") or {})
+    raw = manifest.get("spec")
+    spec = dict(raw) if isinstance(raw, Mapping) else {}
     spec.setdefault("slotsPerWorker", 1)
     spec.setdefault("sshAuthMountPath", "/root/.ssh")
     spec.setdefault("mpiImplementation", "OpenMPI")
     spec.setdefault("launcherCreationPolicy", "AtStartup")
-    spec["runPolicy"] = {"cleanPodPolicy": "None"} | dict(spec.get("runPolicy") or {})
+    run_policy = spec.get("runPolicy") or {}
+    # Anything but a mapping stays as written: validation's shape check names it.
+    spec["runPolicy"] = {"cleanPodPolicy": "None"} | dict(run_policy) if isinstance(run_policy, Mapping) else run_policy
     replicas = spec.get("mpiReplicaSpecs")
     if isinstance(replicas, Mapping):
         defaults = {"Launcher": {"restartPolicy": "OnFailure", "replicas": 1},

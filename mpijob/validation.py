@@ -3,7 +3,8 @@ MPIJob manifests (the MPI Operator's own rules, MPIJob paths).
 
 Runs after ``defaults``, as the operator's validation.go runs after its default.go: ``check_spec``
 gets the spec ``with_defaults`` returned (``files``: parse -> default -> validate -> render), and
-``check_manifest`` checks what ``manifest_defaults`` leaves of a manifest.
+``check_manifest`` checks what ``manifest_defaults`` leaves of a manifest whose fields have the CRD's
+types (checked first, as the API server checks its schema first).
 
 Shaped like the operator's ``pkg/apis/kubeflow/validation``: one validator per
 section, each returning field errors (kind, path, detail), all collected at
@@ -22,8 +23,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from hvdk8s.common import fields
-from hvdk8s.common.fields import MULTIKUEUE, FieldError, at_least, forbidden, invalid, join, one_of, quantity, required
+from hvdk8s.common.fields import (
+    INT32_MAX,
+    INT64_MAX,
+    MULTIKUEUE,
+    FieldError,
+    at_least,
+    forbidden,
+    invalid,
+    join,
+    one_of,
+    quantity,
+    required,
+)
 from hvdk8s.launcher.mpirun import OWNED_MCA, mca_problems, tcp_eager_limit_problem
+from hvdk8s.mpijob import parse
 from hvdk8s.mpijob.defaults import created_suspended, manifest_defaults
 from hvdk8s.mpijob.render import API_VERSION, GENERATED_ENV, KIND, LAUNCHER_COMMANDS
 from hvdk8s.mpijob.spec import (
@@ -100,15 +114,16 @@ def _check_metadata(spec: JobSpec, path: str) -> list[FieldError]:
 
 
 def _check_size(spec: JobSpec, path: str) -> list[FieldError]:
-    # A launcher that runs ranks may be the only pod (the operator allows no Worker).
-    errors = at_least(join(path, "workers"), spec.workers, 0 if spec.run_launcher_as_worker else 1)
+    # A launcher that runs ranks may be the only pod (the operator allows no Worker). Worker replicas and
+    # slotsPerWorker are int32 in the MPIJob CRD.
+    errors = at_least(join(path, "workers"), spec.workers, 0 if spec.run_launcher_as_worker else 1, INT32_MAX)
     if spec.slots_per_worker == 0:
         errors.append(invalid(join(path, "slotsPerWorker"), "0 slots give mpirun no host to start a rank on: "
                               "set the ranks per worker (= GPUs per worker with gpu: true)"))
     else:
-        errors += at_least(join(path, "slotsPerWorker"), spec.slots_per_worker, 1)
+        errors += at_least(join(path, "slotsPerWorker"), spec.slots_per_worker, 1, INT32_MAX)
     if el := spec.elastic:
-        errors += at_least(join(path, "elastic", "minWorkers"), el.min_workers, 1)
+        errors += at_least(join(path, "elastic", "minWorkers"), el.min_workers, 1, INT32_MAX)
         if el.max_workers < el.min_workers:
             errors.append(invalid(join(path, "elastic", "maxWorkers"), f"must be >= elastic.minWorkers ({el.min_workers})"))
         elif not el.min_workers <= spec.workers <= el.max_workers:
@@ -211,14 +226,14 @@ def _check_network(spec: JobSpec, path: str) -> list[FieldError]:
 def _check_run_policy(spec: JobSpec, path: str) -> list[FieldError]:
     rp, where = spec.run_policy, join(path, "runPolicy")
     errors = [
-        *at_least(join(where, "backoffLimit"), rp.backoff_limit, 0),
-        *at_least(join(where, "ttlSecondsAfterFinished"), rp.ttl_seconds_after_finished, 0),
-        *at_least(join(where, "activeDeadlineSeconds"), rp.active_deadline_seconds, 1),
+        *at_least(join(where, "backoffLimit"), rp.backoff_limit, 0, INT32_MAX),  # the CRD's integer formats
+        *at_least(join(where, "ttlSecondsAfterFinished"), rp.ttl_seconds_after_finished, 0, INT32_MAX),
+        *at_least(join(where, "activeDeadlineSeconds"), rp.active_deadline_seconds, 1, INT64_MAX),
     ]
     if gang := rp.scheduling_policy:
         where = join(where, "schedulingPolicy")
-        errors += at_least(join(where, "minAvailable"), gang.min_available, 1)
-        errors += at_least(join(where, "scheduleTimeoutSeconds"), gang.schedule_timeout_seconds, 1)
+        errors += at_least(join(where, "minAvailable"), gang.min_available, 1, INT32_MAX)
+        errors += at_least(join(where, "scheduleTimeoutSeconds"), gang.schedule_timeout_seconds, 1, INT32_MAX)
         if spec.scheduler_name == "volcano" and gang.schedule_timeout_seconds is not None:
             errors.append(forbidden(join(where, "scheduleTimeoutSeconds"), "Volcano ignores it (the MPI Operator's "
                                     "VolcanoCtrl does not pass it to the PodGroup; only the scheduler-plugins "
@@ -235,7 +250,7 @@ def _check_gang(spec: JobSpec, path: str) -> list[FieldError]:
         return []
     where = join(path, "runPolicy", "schedulingPolicy", "minAvailable")
     max_workers = spec.elastic.max_workers if spec.elastic else spec.workers
-    if gang.min_available < 1 or max_workers < 0:
+    if not 1 <= gang.min_available <= INT32_MAX or max_workers < 0:
         return []  # their own errors say why
     if gang.min_available > max_workers + 1:
         return [invalid(where, f"{gang.min_available} is more than the job's pods ({max_workers} workers + launcher)")]
@@ -273,7 +288,7 @@ def _check_mpi(spec: JobSpec, path: str) -> list[FieldError]:
         errors.append(FieldError("NotSupported", join(path, "mpiImplementation"), f"{spec.mpi_implementation!r}: "
                                  "hvdk8s launches with Open MPI's mpirun; only OpenMPI"))
     if spec.user:
-        errors += at_least(join(path, "user", "uid"), spec.user.uid, 1)
+        errors += at_least(join(path, "user", "uid"), spec.user.uid, 1, INT64_MAX)  # runAsUser: int64
         if not USER_NAME.match(spec.user.name):
             errors.append(invalid(join(path, "user", "name"), f"{spec.user.name!r} is not a user name"))
     errors += _absolute(join(path, "sshAuthMountPath"), spec.ssh_auth_mount_path or "")
@@ -298,7 +313,9 @@ def _check_metrics(spec: JobSpec, path: str) -> list[FieldError]:
         errors += _absolute(join(where, "timeline"), hvd.timeline)
     if not spec.metrics.enabled:
         return errors
-    port, last, where = spec.metrics.port, spec.metrics.port + max(spec.slots_per_worker, 1) - 1, join(path, "metrics")
+    # Local ranks' ports: as many as slotsPerWorker, once it is valid (else its own error says why).
+    ranks = spec.slots_per_worker if 1 <= spec.slots_per_worker <= INT32_MAX else 1
+    port, last, where = spec.metrics.port, spec.metrics.port + ranks - 1, join(path, "metrics")
     if bad_port := _port(join(where, "port"), port):
         errors += bad_port
     elif last > 65535:
@@ -323,16 +340,55 @@ _RUN_POLICY_FIELDS = {
 }  # fmt: skip
 _REPLICA_FIELDS = {"replicas", "template", "restartPolicy"}
 
+# The types the MPI Operator's v2beta1 CRD (its openAPIV3Schema, with the pod template's) gives every field
+# these rules, ``manifest_defaults`` and ``manifest_warnings`` read, and their neighbours: checked first, as
+# the API server checks an object's schema before anything reads it. A dict lists a mapping's fields (the
+# others are left to the API server), ``"*"`` types every value of a map (``"[*]"`` too, its keys written
+# ``[key]`` like the operator's replica types), a one-item list a list's items; null is absent, as the
+# API server prunes it. Quantities as resource.Quantity (a string or an integer) that is not negative.
+_CONTAINER_SHAPE: dict[str, Any] = {
+    "name": "string", "image": "string", "command": ["string"], "args": ["string"],
+    "env": [{"name": "string", "value": "string"}],
+    "resources": {"limits": {"*": "quantity"}, "requests": {"*": "quantity"}},
+}  # fmt: skip
+_OBJECT_META_SHAPE: dict[str, Any] = {"name": "string", "namespace": "string", "labels": {"*": "string"},
+                                      "annotations": {"*": "string"}}
+_MPIJOB_SHAPE: dict[str, Any] = {
+    "metadata": _OBJECT_META_SHAPE,
+    "spec": {
+        "slotsPerWorker": "int32", "runLauncherAsWorker": "boolean", "sshAuthMountPath": "string",
+        "launcherCreationPolicy": "string", "mpiImplementation": "string",
+        "runPolicy": {
+            "cleanPodPolicy": "string", "ttlSecondsAfterFinished": "int32", "activeDeadlineSeconds": "int64",
+            "backoffLimit": "int32", "suspend": "boolean", "managedBy": "string",
+            "schedulingPolicy": {"minAvailable": "int32", "queue": "string", "priorityClass": "string",
+                                 "scheduleTimeoutSeconds": "int32", "minResources": {"*": "quantity"}},
+        },
+        "mpiReplicaSpecs": {"[*]": {
+            "replicas": "int32", "restartPolicy": "string",
+            "template": {
+                "metadata": _OBJECT_META_SHAPE,
+                "spec": {"containers": [_CONTAINER_SHAPE], "initContainers": [_CONTAINER_SHAPE],
+                         "volumes": [{"name": "string"}]},
+            },
+        }},
+    },
+}  # fmt: skip
+_INT_RANGES = {"int32": (-(2**31), INT32_MAX), "int64": (-(2**63), INT64_MAX)}
+
 
 def check_manifest(manifest: Mapping[str, Any], path: str = "") -> list[FieldError]:
     """The MPI Operator's validation of an MPIJob (``ValidateMPIJob``, which hands ``spec``'s path down
-    the same way), then hvdk8s's -np rule; paths under ``path``."""
+    the same way), then hvdk8s's -np rule; paths under ``path``. First the types of the fields they read
+    (``_MPIJOB_SHAPE``): a field of the wrong type is the only error then, as no rule can read it."""
     if manifest.get("apiVersion") != API_VERSION or manifest.get("kind") != KIND:
         return [invalid(join(path, "apiVersion/kind"), f"{manifest.get('apiVersion')}/{manifest.get('kind')}: "
                         f"expected {API_VERSION} {KIND}")]
     where = join(path, "spec")
     if not isinstance(manifest.get("spec"), Mapping):
         return [required(where)]
+    if shape_errors := _shape(manifest, _MPIJOB_SHAPE, path):
+        return shape_errors  # the rules below read these fields as the CRD types them
     spec = manifest_defaults(manifest)
     replicas = spec.get("mpiReplicaSpecs")
     errors = [
@@ -364,10 +420,12 @@ def manifest_warnings(manifest: Mapping[str, Any]) -> list[str]:
 
 
 def _check_manifest_name(manifest: Mapping[str, Any], spec: Mapping[str, Any], path: str) -> list[FieldError]:
+    name = (manifest.get("metadata") or {}).get("name")
+    if not name:  # generateName leaves the pods' hostnames unknown until the API server picks one
+        return [required(path, "required (the pods' hostnames are <name>-worker-<i>)")]
     worker = (spec.get("mpiReplicaSpecs") or {}).get("Worker")
     workers = worker.get("replicas") if isinstance(worker, Mapping) else 1
-    problem = pod_hostname_problem((manifest.get("metadata") or {}).get("name", ""),
-                                   workers if isinstance(workers, int) else 1)
+    problem = pod_hostname_problem(name, workers if isinstance(workers, int) else 1)
     return [invalid(path, problem)] if problem else []
 
 
@@ -443,6 +501,37 @@ def _containers(replica: Any) -> list[Any]:
         return []
     containers = ((replica.get("template") or {}).get("spec") or {}).get("containers")
     return containers if isinstance(containers, list) else []
+
+
+def _shape(value: Any, shape: Any, path: str) -> list[FieldError]:
+    """Where ``value`` (not null) differs from ``shape`` (see ``_MPIJOB_SHAPE``), each at its path under ``path``."""
+    if isinstance(shape, dict):
+        if not isinstance(value, Mapping):
+            return [parse._type_error(path or "<top level>", "a mapping", value)]
+        if "*" in shape:
+            items = [(join(path, str(key)), item, shape["*"]) for key, item in value.items()]
+        elif "[*]" in shape:
+            items = [(f"{path}[{key}]", item, shape["[*]"]) for key, item in value.items()]
+        else:
+            items = [(join(path, key), value[key], inner) for key, inner in shape.items()
+                     if value.get(key) is not None]
+        return [error for where, item, inner in items for error in _shape(item, inner, where)]
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return [parse._type_error(path, "a list", value)]
+        return [error for i, item in enumerate(value) for error in _shape(item, shape[0], join(path, i))]
+    integer = isinstance(value, int) and not isinstance(value, bool)
+    if shape == "quantity":
+        if not (integer or isinstance(value, str)):
+            return [parse._type_error(path, "a Kubernetes quantity (a string or an integer)", value)]
+        return quantity(path, str(value))
+    if shape in _INT_RANGES:
+        low, high = _INT_RANGES[shape]
+        if not integer:
+            return [parse._type_error(path, "an integer", value)]
+        return [] if low <= value <= high else [invalid(path, f"{value} is out of range for an {shape} ({low}..{high})")]
+    expected = {"string": (str, "a string"), "boolean": (bool, "true or false")}[shape]
+    return [] if isinstance(value, expected[0]) else [parse._type_error(path, expected[1], value)]
 
 
 # ---- small rules -----------------------------------------------------------

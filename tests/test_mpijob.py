@@ -253,6 +253,24 @@ def test_file_errors_name_the_file(tmp_path: Path):
         ({"metrics": {"port": 65535}, "slotsPerWorker": 2}, "metrics.port: ranks use ports 65535..65536, past 65535"),
         ({"nccl": {"debug": "LOUD"}}, "nccl.debug: 'LOUD' is not one of VERSION, WARN, INFO, TRACE"),
         ({"horovod": {"timeline": "timeline.json"}}, "horovod.timeline: 'timeline.json' must be an absolute path"),
+        # Negative quantities: resource.Quantity parses them, the API server refuses them as requests and
+        # limits. Those with a unit once crashed the PodGroup's minResources defaulting (before validation).
+        ({"resources": {"worker": {"cpu": "1", "memory": "-1Gi"}}}, "resources.worker.memory: must not be negative, got '-1Gi'"),
+        ({"resources": {"worker": {"cpu": "-500m", "memory": "1Gi"}}}, "resources.worker.cpu: must not be negative, got '-500m'"),
+        ({"resources": {"worker": {"cpu": "1", "memory": "1Gi", "extra": {"example.com/dev": "-1Ki"}}}},
+         "resources.worker.extra.example.com/dev: must not be negative, got '-1Ki'"),
+        ({"resources": {"worker": {"cpu": "1", "memory": "-1"}}}, "resources.worker.memory: must not be negative, got '-1'"),
+        ({"resources": {"worker": {"cpu": "-1e3", "memory": "1Gi"}}}, "resources.worker.cpu: must not be negative, got '-1e3'"),
+        ({"resources": {"launcher": {"cpu": "-1m", "memory": "1Gi"}}}, "resources.launcher.cpu: must not be negative, got '-1m'"),
+        ({"shmSize": "-1Gi"}, "shmSize: must not be negative, got '-1Gi'"),
+        ({"runPolicy": {"schedulingPolicy": {"minResources": {"cpu": "-2"}}}},
+         "runPolicy.schedulingPolicy.minResources.cpu: must not be negative, got '-2'"),
+        # int32 in the MPIJob CRD: the field's own bound, not a rule that derives from it (metrics ports).
+        ({"slotsPerWorker": 4294967297}, "slotsPerWorker: must be <= 2147483647, got 4294967297"),
+        ({"workers": 99999999999999999999999}, "workers: must be <= 2147483647, got 99999999999999999999999"),
+        ({"runPolicy": {"backoffLimit": 2**31}}, "runPolicy.backoffLimit: must be <= 2147483647, got 2147483648"),
+        ({"runPolicy": {"schedulingPolicy": {"minAvailable": 2**31}}},
+         "runPolicy.schedulingPolicy.minAvailable: must be <= 2147483647, got 2147483648"),
     ],
 )  # fmt: skip
 def test_rule_violations(fields: dict[str, Any], expected: str):
@@ -265,6 +283,20 @@ def test_longest_valid_name_passes_and_one_more_fails():
     assert errors_of(BASE | {"name": name + "a", "workers": 100}) == [
         f"name: pod hostname '{name}a-worker-99' is 64 characters; a DNS-1035 label has at most 63 (shorten the name)"
     ]
+
+
+def test_quantities_and_counts_at_their_bounds_pass():
+    assert load_spec(BASE | {"workers": 2**31 - 1}).workers == 2**31 - 1
+    assert load_spec(BASE | {"slotsPerWorker": 2**31 - 1, "metrics": {"enabled": False}}).slots_per_worker == 2**31 - 1
+    spec = load_spec(BASE | {"resources": {"worker": {"cpu": "-0", "memory": "+4Gi"}}, "shmSize": "0"})
+    assert spec.run_policy.scheduling_policy.min_resources == {"cpu": "0", "memory": "8Gi"}  # type: ignore[union-attr]
+
+
+def test_negative_quantities_are_field_errors_under_any_prefix():
+    """A pipeline's candidate (and bench's job file) go through the same parse -> default -> validate."""
+    bad = BASE | {"resources": {"worker": {"cpu": "1", "memory": "-1Gi"}}}
+    assert messages(check_spec_data(bad, "candidates[0].job")[1]) == [
+        "candidates[0].job.resources.worker.memory: must not be negative, got '-1Gi'"]
 
 
 def test_many_errors_reported_together():
@@ -368,12 +400,78 @@ def test_rendered_manifests_pass_the_operator_rules():
         (lambda m: m["spec"]["runPolicy"].update(managedBy="example.com/my-controller"),
          "spec.runPolicy.managedBy: 'example.com/my-controller' is not one of kubeflow.org/mpi-operator, "
          "kueue.x-k8s.io/multikueue"),
+        # Wrongly typed fields (the CRD's types): one field error each, before any rule reads them.
+        (lambda m: m.update(metadata="x"), "metadata: must be a mapping, got string 'x'"),
+        (lambda m: m.update(metadata=None),
+         "metadata.name: required (the pods' hostnames are <name>-worker-<i>)"),
+        (lambda m: m["metadata"].update(name=5), "metadata.name: must be a string, got number 5"),
+        (lambda m: m["metadata"].update(labels="x"), "metadata.labels: must be a mapping, got string 'x'"),
+        (lambda m: m["spec"].update(slotsPerWorker="two"), "spec.slotsPerWorker: must be an integer, got string 'two'"),
+        (lambda m: m["spec"].update(runPolicy="x"), "spec.runPolicy: must be a mapping, got string 'x'"),
+        (lambda m: m["spec"]["runPolicy"].update(schedulingPolicy="x"),
+         "spec.runPolicy.schedulingPolicy: must be a mapping, got string 'x'"),
+        (lambda m: m["spec"].update(mpiReplicaSpecs=[]), "spec.mpiReplicaSpecs: must be a mapping, got a list"),
+        (lambda m: m["spec"]["mpiReplicaSpecs"]["Worker"].update(template="x"),
+         "spec.mpiReplicaSpecs[Worker].template: must be a mapping, got string 'x'"),
+        (lambda m: m["spec"]["mpiReplicaSpecs"]["Worker"].update(replicas=10**30),
+         "spec.mpiReplicaSpecs[Worker].replicas: 1000000000000000000000000000000 is out of range for an int32 "
+         "(-2147483648..2147483647)"),
+        (lambda m: m["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"].update(containers="x"),
+         "spec.mpiReplicaSpecs[Worker].template.spec.containers: must be a list, got string 'x'"),
+        (lambda m: m["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"].__setitem__(0, "x"),
+         "spec.mpiReplicaSpecs[Worker].template.spec.containers[0]: must be a mapping, got string 'x'"),
+        (lambda m: worker_pod(m)["containers"][0].update(resources="x"),
+         "spec.mpiReplicaSpecs[Worker].template.spec.containers[0].resources: must be a mapping, got string 'x'"),
+        (lambda m: worker_pod(m)["containers"][0]["resources"].update(limits="x"),
+         "spec.mpiReplicaSpecs[Worker].template.spec.containers[0].resources.limits: must be a mapping, "
+         "got string 'x'"),
+        (lambda m: worker_pod(m)["containers"][0]["resources"]["limits"].update(memory="-1Gi"),
+         "spec.mpiReplicaSpecs[Worker].template.spec.containers[0].resources.limits.memory: must not be "
+         "negative, got '-1Gi'"),
+        (lambda m: worker_pod(m)["containers"][0]["resources"]["requests"].update(cpu=0.5),
+         "spec.mpiReplicaSpecs[Worker].template.spec.containers[0].resources.requests.cpu: must be a Kubernetes "
+         "quantity (a string or an integer), got number 0.5"),
+        (lambda m: launcher(m).update(command="python x"),
+         "spec.mpiReplicaSpecs[Launcher].template.spec.containers[0].command: must be a list, "
+         "got string 'python x'"),
+        (lambda m: launcher(m).update(args=[1]),
+         "spec.mpiReplicaSpecs[Launcher].template.spec.containers[0].args[0]: must be a string, got number 1"),
+        (lambda m: worker_pod(m).update(volumes="x"),
+         "spec.mpiReplicaSpecs[Worker].template.spec.volumes: must be a list, got string 'x'"),
     ],
 )  # fmt: skip
 def test_manifest_rule_violations(edit, expected: str):
     manifest = _manifest()
     edit(manifest)
     assert messages(check_manifest(manifest)) == [expected]
+
+
+def test_the_manifest_shape_check_types_fields_as_the_mpijob_crd_does():
+    """The package carries the types it checks (render never reads ../shared); they are the real CRD's."""
+    from hvdk8s.mpijob.validation import _MPIJOB_SHAPE
+
+    from kube_double import crd_schema
+
+    def compare(shape: Any, crd: dict[str, Any], path: str) -> int:
+        if isinstance(shape, dict):
+            assert crd["type"] == "object", path
+            if "properties" not in crd and "additionalProperties" not in crd:
+                return 0  # the MPIJob's own metadata: ObjectMeta, the API server's
+            if wild := {"*", "[*]"} & set(shape):
+                return compare(shape[wild.pop()], crd["additionalProperties"], f"{path}.*")
+            return sum(compare(inner, crd["properties"][key], f"{path}.{key}") for key, inner in shape.items())
+        if isinstance(shape, list):
+            assert crd["type"] == "array", path
+            return compare(shape[0], crd["items"], f"{path}[]")
+        if shape == "quantity":
+            assert crd.get("x-kubernetes-int-or-string") and "pattern" in crd, path
+        elif shape in ("int32", "int64"):
+            assert (crd["type"], crd.get("format")) == ("integer", shape), path
+        else:
+            assert crd["type"] == shape, path
+        return 1
+
+    assert compare(_MPIJOB_SHAPE, crd_schema(), "") > 30  # leaves compared (crd_schema skips without ../shared)
 
 
 def test_operator_defaulting_before_validation():
@@ -558,6 +656,30 @@ def test_render_errors_are_user_errors(tmp_path: Path):
         run_render(str(EXAMPLES / "cpu.yaml"), "-o", str(tmp_path / "a-file" / "out.yaml"))
     assert run_render(str(EXAMPLES / "cpu.yaml"), "-o", str(tmp_path / "new" / "out.yaml")) == 0  # folders are made
     assert (tmp_path / "new" / "out.yaml").read_text() == (EXAMPLES / "cpu.mpijob.yaml").read_text()
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    (lambda m: m.update(metadata="x"), "metadata: must be a mapping, got string 'x'"),
+    (lambda m: m["spec"].update(runPolicy="x"), "spec.runPolicy: must be a mapping, got string 'x'"),
+    (lambda m: launcher(m).update(command="python x"),
+     "spec.mpiReplicaSpecs[Launcher].template.spec.containers[0].command: must be a list, got string 'python x'"),
+    (lambda m: m.update(kind="x") or m.clear() or m.update(BASE, resources={"worker": {"cpu": "1", "memory": "-1Gi"}}),
+     "resources.worker.memory: must not be negative, got '-1Gi'"),
+])  # fmt: skip
+def test_render_and_submit_refuse_malformed_files_with_a_field_path(edit, expected, tmp_path: Path, capsys):
+    """Exit 2 and the field's path, never a traceback: a ready-made MPIJob or a job spec (the last row)."""
+    from hvdk8s.cli import main
+    from hvdk8s.mpijob import objects_from_file
+
+    data = yaml.safe_load((EXAMPLES / "cpu.mpijob.yaml").read_text())
+    edit(data)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert main(["render", str(path)]) == 2
+    assert capsys.readouterr().err == f"hvdk8s render: error: {path}: invalid:\n  {expected}\n"
+    with pytest.raises(SpecError) as info:  # what submit sends
+        objects_from_file(path)
+    assert info.value.errors == [expected]
 
 
 def test_render_passes_mpijob_files_through(capsys: pytest.CaptureFixture[str]):

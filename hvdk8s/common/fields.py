@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from typing import Any, Literal
 
 from hvdk8s.common.errors import UserError
@@ -28,6 +28,9 @@ LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
 QUANTITY = re.compile(
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?\Z"
 )
+# The API's integer formats (OpenAPI int32/int64): replicas, slotsPerWorker, runPolicy's counts and seconds.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*\Z")
 # Kueue: the label that queues a job in a LocalQueue, and the managedBy value of MultiKueue.
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -89,25 +92,45 @@ def one_of(path: str, value: Any, allowed: tuple[str, ...]) -> list[FieldError]:
     return [] if value in allowed else [not_supported(path, value, allowed)]
 
 
-def at_least(path: str, value: Any, low: int) -> list[FieldError]:
+def at_least(path: str, value: Any, low: int, most: int | None = None) -> list[FieldError]:
+    """``value`` an integer >= ``low`` (and, with ``most``, <= ``most``: an int32 field's INT32_MAX); None passes."""
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < low):
         return [invalid(path, f"must be >= {low}, got {value!r}")]
+    if value is not None and most is not None and value > most:
+        return [invalid(path, f"must be <= {most}, got {value!r}")]
     return []
 
 
+def quantity_problem(value: str) -> str | None:
+    """Why ``value`` is no amount of a resource, or None: a Kubernetes quantity (resource.Quantity's syntax,
+    which takes a sign) that is not negative, since the API server refuses negative requests and limits
+    (ValidateResourceQuantityValue: "must be greater than or equal to 0")."""
+    match = QUANTITY.match(value)
+    if not match:
+        return f"{value!r} is not a Kubernetes quantity (e.g. 500m, 2, 4Gi)"
+    if match.group(1) == "-" and Decimal(match.group(2)) != 0:  # -0 is 0
+        return f"must not be negative, got {value!r}"
+    return None
+
+
 def quantity(path: str, value: str) -> list[FieldError]:
-    if QUANTITY.match(value):
-        return []
-    return [invalid(path, f"{value!r} is not a Kubernetes quantity (e.g. 500m, 2, 4Gi)")]
+    problem = quantity_problem(value)
+    return [invalid(path, problem)] if problem else []
 
 
 def scale_quantity(value: str | int, times: int) -> str:
-    """``times`` x a Kubernetes quantity, in its own unit (``500m`` x 3 = ``1500m``, ``4Gi`` x 2 = ``8Gi``)."""
-    text = str(value).lstrip("+")
-    match = re.match(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE])?\Z", text)
-    number, suffix = (Decimal(match.group(1)), match.group(2) or "") if match else (Decimal(text), "")  # 1e3
-    scaled = number * times
-    return (format(scaled.normalize(), "f") if scaled else "0") + suffix
+    """``times`` x a Kubernetes quantity, in its own unit (``500m`` x 3 = ``1500m``, ``4Gi`` x 2 = ``8Gi``,
+    ``1e3`` x 2 = ``2e3``), exactly; any quantity ``QUANTITY`` matches (callers check that first)."""
+    match = QUANTITY.match(str(value))
+    if not match:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity")
+    sign, number, unit = match.group(1) or "", match.group(2), match.group(6) or ""
+    # The number alone (the unit, an SI suffix or an exponent, stays text): its digits and times' digits
+    # bound the product's, so it is exact and never overflows whatever the exponent.
+    with localcontext() as context:
+        context.prec = len(number) + len(str(abs(times))) + 1
+        scaled = Decimal(sign + number) * times
+        return (format(scaled.normalize(), "f") if scaled else "0") + unit
 
 
 # ---- names and labels ------------------------------------------------------
