@@ -36,13 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     status = sub.add_parser("status", help="an MPIJob's (or TrainJob's) conditions and replica counts",
                             description="One-shot summary of a job: phase, conditions, replica counts.")
-    status.add_argument("name", help="job name")
+    status.add_argument("name", metavar="NAME", help="job name")
     cluster_flags(status)
     status.set_defaults(handler=_status)
 
     logs = sub.add_parser("logs", help="the job launcher's logs",
                           description="Print the log of the job's newest launcher pod.")
-    logs.add_argument("name", help="job name")
+    logs.add_argument("name", metavar="NAME", help="job name")
     logs.add_argument("-f", "--follow", action="store_true", help="wait for the launcher and stream until it exits")
     cluster_flags(logs)
     logs.set_defaults(handler=_logs)
@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "delete", help="delete an MPIJob (or TrainJob) and (foreground) its pods",
         description="Delete with foreground propagation: the job stays, marked for deletion, until its "
         "pods, services and secrets are gone, so resubmitting the same name cannot collide with them.")
-    delete.add_argument("name", help="job name")
+    delete.add_argument("name", metavar="NAME", help="job name")
     delete.add_argument("--wait", action="store_true", help="return once the job and its pods are gone")
     cluster_flags(delete)
     delete.set_defaults(handler=_delete)
@@ -111,28 +111,27 @@ def _dry_run(cluster: Cluster, runtimes: list[dict], manifest: dict, namespace: 
 
 
 def _status(args: argparse.Namespace) -> int:
-    from hvdk8s.cluster import client, jobstatus, kube, watch
+    from hvdk8s.cluster import jobstatus, kube, watch
 
-    cluster = client.connect(args.kubeconfig, args.context)
-    namespace, kind = args.namespace or cluster.namespace, _kind(args)
+    cluster, namespace = _target(args)
+    kind = _kind(args)
     job = kube.get_job(cluster, namespace, args.name, kind)
     print("\n".join(jobstatus.summary(job, watch.launcher_phase(cluster, namespace, args.name, kind))))
     return 0
 
 
 def _logs(args: argparse.Namespace) -> int:
-    from hvdk8s.cluster import client, watch
+    from hvdk8s.cluster import watch
 
-    cluster = client.connect(args.kubeconfig, args.context)
-    return watch.show_logs(cluster, args.namespace or cluster.namespace, args.name, args.follow, kind=_kind(args))
+    cluster, namespace = _target(args)
+    return watch.show_logs(cluster, namespace, args.name, args.follow, kind=_kind(args))
 
 
 def _delete(args: argparse.Namespace) -> int:
-    from hvdk8s.cluster import client, kube, watch
+    from hvdk8s.cluster import kube, watch
 
     kind = _kind(args)
-    cluster = client.connect(args.kubeconfig, args.context)
-    namespace = args.namespace or cluster.namespace
+    cluster, namespace = _target(args)
     kube.delete_job(cluster, namespace, args.name, kind)
     resource = f"{kind.kind.lower()}.{kind.group}/{args.name}"
     print(f"{resource} deletion requested ({kube.PROPAGATION.lower()}: "
@@ -141,6 +140,24 @@ def _delete(args: argparse.Namespace) -> int:
         watch.wait_deleted(cluster, namespace, args.name, kind)
         print(f"{resource} deleted")
     return 0
+
+
+def _target(args: argparse.Namespace) -> tuple[Cluster, str]:
+    """The cluster and namespace of ``status``/``logs``/``delete``, once NAME and -n/--namespace are names its
+    requests can carry (an empty NAME would make a GET or DELETE one on the whole collection), checked before
+    the kubeconfig is read; the context's namespace is checked when it is the one used."""
+    import json
+
+    from hvdk8s.cluster import client, kube
+    from hvdk8s.common.errors import UserError
+
+    kind = _kind(args)
+    if problem := kube.job_name_problem(args.name, kind):
+        raise UserError(f"NAME: {json.dumps(args.name, ensure_ascii=False)} is not a valid {kind.kind} name: {problem}")
+    if args.namespace is not None:
+        client.check_namespace(args.namespace, "-n/--namespace")
+    cluster = client.connect(args.kubeconfig, args.context)
+    return cluster, client.resolve_namespace(args.namespace, None, cluster.namespace)
 
 
 def _kind(args: argparse.Namespace):  # -> kube.JobKind (imported lazily with the client)

@@ -18,9 +18,18 @@ from typing import Any, cast
 import urllib3
 from kubernetes import client, watch
 
-from hvdk8s.cluster.client import Cluster
-from hvdk8s.cluster.kubeerrors import Action, api_error_message, name_taken_message, parse_status, unreachable_message
+from hvdk8s.cluster.client import Cluster, namespace_problem
+from hvdk8s.cluster.kubeerrors import (
+    Action,
+    api_error_message,
+    name_taken_message,
+    not_kubernetes_message,
+    parse_status,
+    unreachable_message,
+)
+from hvdk8s.common import fields
 from hvdk8s.common.errors import UserError
+from hvdk8s.mpijob.validation import pod_hostname_problem
 
 
 @dataclass(frozen=True)
@@ -93,8 +102,39 @@ def translate(cluster: Cluster, action: Action) -> Iterator[None]:
         raise UserError(unreachable_message(cluster.host, err)) from None
 
 
+def job_name_problem(name: str, kind: JobKind) -> str | None:
+    """Why no job of ``kind`` can be called ``name``, or None: the rule its controller holds job names to.
+
+    An MPIJob's is the MPI Operator's (v0.8.2 validateMPIJobName, which hvdk8s renders by:
+    ``mpijob.validation.pod_hostname_problem``): its pods' hostnames ``<name>-worker-<i>`` are DNS-1035 labels,
+    and the API server makes every name a DNS-1123 subdomain, so the name is a DNS-1035 label short enough for
+    ``-worker-0``. A TrainJob's is Trainer's (v2.3.0 CRD, x-kubernetes-validations on metadata.name: an RFC 1035
+    label of at most 63 characters). Any other kind's: the API server's rule for a custom resource's name.
+    """
+    if not name:
+        return "it is empty"
+    if kind is MPIJOB:
+        problem = fields.name_problem(name, "DNS-1035 label") or pod_hostname_problem(name, 1)
+        return problem and f"{'it' if problem.startswith('is ') else 'its'} {problem}"
+    problem = fields.name_problem(name, "DNS-1035 label" if kind is TRAINJOB else "DNS-1123 subdomain")
+    return problem and f"it {problem}"
+
+
+def check_target(namespace: str, name: str | None, resource: str) -> None:
+    """Refuse a request whose path the namespace or name would not end where meant: a GET or DELETE without a
+    name is one on the whole collection (a DELETE of a collection deletes every object in it), and a name with
+    a '/' or '..' is another path. The callers' own rules are stricter (:func:`job_name_problem`); this is the
+    API server's, which every stored object's name and namespace meet."""
+    if problem := namespace_problem(namespace):
+        raise UserError(f"no request sent: the namespace {namespace!r} {problem}")
+    if name is not None and (problem := "is empty" if not name else fields.name_problem(name, "DNS-1123 subdomain")):
+        raise UserError(f"no request sent: the {resource} name {name!r} {problem}")
+
+
 def _job_call(cluster: Cluster, kind: JobKind, verb: str, namespace: str,
               name: str | None = None) -> AbstractContextManager[None]:
+    if verb != "create":  # a create names its object in the body, which the API server checks
+        check_target(namespace, name, kind.resource)
     return translate(cluster, Action(verb, kind.resource, namespace, name))
 
 
@@ -211,6 +251,7 @@ def apply_runtime(cluster: Cluster, runtime: dict, namespace: str, dry_run: bool
 def delete_runtime(cluster: Cluster, runtime: dict, namespace: str) -> None:
     group, version = runtime["apiVersion"].split("/")
     name = runtime["metadata"]["name"]
+    check_target(namespace, name, f"{RUNTIMES}.{group}")
     with translate(cluster, Action("delete", f"{RUNTIMES}.{group}", namespace, name)):
         cluster.custom.delete_namespaced_custom_object(group, version, namespace, RUNTIMES, name,
                                                        _request_timeout=REQUEST_TIMEOUT)
@@ -296,7 +337,14 @@ def watch_job(cluster: Cluster, namespace: str, name: str, resource_version: str
         with _job_call(cluster, kind, "watch", namespace, name):
             try:
                 for event in stream:
+                    if not isinstance(event, dict) or not isinstance(event.get("raw_object"), dict):
+                        # the client yields None for a line that is not JSON
+                        raise UserError(not_kubernetes_message(cluster.host, "a watch answered with lines that "
+                                                               "are not watch events"))
                     yield event["type"], event["raw_object"]
+            except (KeyError, TypeError):  # the client's unmarshal_event reading JSON that is no watch event
+                raise UserError(not_kubernetes_message(cluster.host, "a watch answered with JSON lines that are "
+                                                       "not watch events")) from None
             except client.ApiException as err:
                 if err.status == 410:
                     raise WatchExpired(str(err.reason)) from None

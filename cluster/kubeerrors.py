@@ -63,6 +63,13 @@ def api_error_message(code: int, body: str | bytes | None, action: Action) -> st
     kind, api_version = KINDS.get(action.resource, ("object", ""))
     if code == 404 and action.resource in KINDS and not status:
         return crd_missing_message(action.resource)
+    details = status["details"] if isinstance(status.get("details"), dict) else {}
+    if code == 404 and details.get("kind") == "namespaces":
+        # the NamespaceLifecycle admission plugin refuses creates in a namespace that does not exist
+        # (k8s.io/apiserver plugin/namespace/lifecycle: errors.NewNotFound(v1.Resource("namespaces"), namespace))
+        return namespace_missing_message(action, details.get("name") or action.namespace)
+    if code == 404 and details.get("kind") not in (None, action.resource.split(".")[0].split("/")[0]):
+        return f"could not {action}: the API server answered 404 NotFound: {said}"  # something else it needs is missing
     if code == 404:
         plural = action.resource.split(".")[0]
         return f'{action.resource} "{action.name}" not found in namespace "{action.namespace}"' + (
@@ -87,6 +94,11 @@ def api_error_message(code: int, body: str | bytes | None, action: Action) -> st
                 f"{api_version} {kind}s)")
     return f"could not {action}: the API server answered {code} {status.get('reason', '')}: {said}".replace(
         "  ", " ")
+
+
+def namespace_missing_message(action: Action, namespace: str) -> str:
+    return (f'could not {action}: namespace "{namespace}" does not exist. Create it (kubectl create namespace '
+            f"{namespace}) or choose an existing one (kubectl get namespaces) with -n/--namespace")
 
 
 def name_taken_message(action: Action) -> str:
@@ -133,3 +145,37 @@ def unreachable_message(host: str, error: BaseException | str) -> str:
     cause = match.group(0).strip() if match else text
     return (f"cannot reach the Kubernetes API server at {host}: {cause}. Is the cluster up and is this the "
             "right kubeconfig context? Check with: kubectl cluster-info (choose one with --kubeconfig/--context)")
+
+
+# The media types of JSON, as the client's ApiClient.deserialize matches them (kubernetes 37.0.2 api_client.py).
+JSON_MEDIA = re.compile(r"application/(json|[\w!#$&.+\-^_]+\+json)", re.IGNORECASE)
+
+
+def foreign_answer(code: int, content_type: str | None, body: bytes | str | None) -> str | None:
+    """What in a successful (2xx) answer to a call expecting an object shows that no Kubernetes API server sent it,
+    or None. The API server answers such calls with a JSON object that names its ``kind`` and ``apiVersion`` (the
+    object, its list, or a ``Status``); a web page or any other JSON is someone else's."""
+    media = (content_type or "").split(";")[0].strip()
+    if media and not JSON_MEDIA.fullmatch(media):
+        return f"it answered {code} with {media} content: {_excerpt(body)}"
+    try:
+        obj = json.loads(body or b"")
+    except ValueError:  # JSONDecodeError, and UnicodeDecodeError for bytes that are no text
+        return f"it answered {code} with content that is not JSON: {_excerpt(body)}"
+    if not isinstance(obj, dict) or not all(isinstance(obj.get(key), str) for key in ("kind", "apiVersion")):
+        return (f"it answered {code} with JSON that is not a Kubernetes object (no kind and apiVersion): "
+                f"{_excerpt(body)}")
+    return None
+
+
+def not_kubernetes_message(host: str, what: str) -> str:
+    """The server answered, but not as a Kubernetes API server: the kubeconfig points somewhere else."""
+    return (f"the server at {host} did not answer as a Kubernetes API server: {what}. Is this the right kubeconfig "
+            "context, and its server the cluster's API server? Check with: kubectl cluster-info (choose one with "
+            "--kubeconfig/--context)")
+
+
+def _excerpt(body: bytes | str | None, most: int = 80) -> str:
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body or ""
+    text = " ".join(text.split())
+    return json.dumps(text[:most] + ("..." if len(text) > most else ""), ensure_ascii=False) if text else "(empty)"

@@ -15,7 +15,10 @@ get ``422 Invalid`` with per-field causes like the API server's. Where that CRD 
 absent, the create answers 500 and the test skips, naming the file (see ``answer``).
 
 Per test it can play: the CRD not installed (``404 page not found``), RBAC
-denials (``403`` naming user, verb, resource, namespace) and a scripted MPI
+denials (``403`` naming user, verb, resource, namespace), creates in a namespace
+that does not exist (``404`` for the namespace, as NamespaceLifecycle admission
+answers), a server that is not a Kubernetes API server at all (``Foreign``: 200 and a web
+page or other JSON, to every request or some verbs) and a scripted MPI
 Operator that walks an MPIJob through its conditions, replica counts and a
 launcher pod that writes log lines, or leaves its worker pods Pending with the
 scheduler's FailedScheduling events (listed by ``fieldSelector``, like the
@@ -269,6 +272,21 @@ def failing(reason: str, message: str, logs: Iterable[str] = (), workers: int = 
 # ---------------------------------------------------------------- the server
 
 
+@dataclass(frozen=True)
+class Foreign:
+    """What a server that is not a Kubernetes API server (a web page, some other JSON API) answers: 200 with this
+    content, to the requests of ``verbs`` (create, get, list, watch, update, delete), to every request when empty."""
+
+    content_type: str
+    body: bytes
+    verbs: frozenset[str] = frozenset()
+
+
+HTML_PAGE = Foreign("text/html; charset=utf-8", b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head>\n"
+                    b"<body>Please sign in</body></html>\n")
+JSON_LIST = Foreign("application/json", b"[1, 2, 3]\n")  # a line: a watch drops an unterminated one
+
+
 @dataclass
 class Pod:
     manifest: dict
@@ -309,12 +327,15 @@ class KubeDouble:
     expire_watches: answer this many watches that name a resourceVersion with ``410 Gone``.
     webhook_lag: Trainer's TrainJob webhook does not see a runtime created less than this many seconds ago
     (see ``_trainjob_webhook``).
+    namespaces: the namespaces that exist (None: any); a create or replace elsewhere is refused as the API
+    server's NamespaceLifecycle admission refuses it.
+    foreign: answer as a server that is not a Kubernetes API server (see ``Foreign``); requests are still recorded.
     """
 
     def __init__(self, *, crd_installed: bool = True, trainer_installed: bool = True, forbidden: Iterable[tuple[str, str]] = (),
                  lifecycle: list[Step] | None = None, max_watch_seconds: float = 30.0,
                  expire_watches: int = 0, foreground_delay: float = 0.1, user: str = "alice",
-                 webhook_lag: float = 0.0):
+                 webhook_lag: float = 0.0, namespaces: Iterable[str] | None = None, foreign: Foreign | None = None):
         self.resources = {(r.group, r.version, r.plural): r for r in RESOURCES
                           if (r.group == GROUP and crd_installed) or (r.group != GROUP and trainer_installed)}
         self.forbidden = set(forbidden)
@@ -324,6 +345,8 @@ class KubeDouble:
         self.foreground_delay = foreground_delay
         self.user = user
         self.webhook_lag = webhook_lag
+        self.namespaces = None if namespaces is None else set(namespaces)
+        self.foreign = foreign
         self.jobs: dict[tuple[str, str, str], dict] = {}  # (plural, namespace or "", name)
         self.created_at: dict[tuple[str, str, str], float] = {}  # as jobs: time.monotonic() of the create
         self.pods: dict[tuple[str, str], Pod] = {}
@@ -420,6 +443,8 @@ class KubeDouble:
     @Request.application
     def _wsgi(self, request: Request) -> Response:
         self.requests.append((request.method, request.path, dict(request.args)))
+        if self.foreign and (not self.foreign.verbs or _verb(request) in self.foreign.verbs):
+            return Response(self.foreign.body, status=200, content_type=self.foreign.content_type)
         adapter = self._routes.bind_to_environ(request.environ)
         try:
             endpoint, params = adapter.match()
@@ -478,6 +503,10 @@ class KubeDouble:
             unknown = ", ".join(f'unknown field "{p}"' for p in dropped)
             raise ApiError(400, "BadRequest", f'{res.kind} in version "{res.version}" cannot be handled as a '
                            f"{res.kind}: strict decoding error: {unknown}")
+        if self.namespaces is not None and res.namespaced and ns not in self.namespaces:
+            # k8s.io/apiserver plugin/namespace/lifecycle (admission, after decoding, before validation):
+            # errors.NewNotFound(v1.Resource("namespaces"), namespace)
+            raise ApiError(404, "NotFound", f'namespaces "{ns}" not found', {"name": ns, "kind": "namespaces"})
         apply_defaults(body, schema)
         name = meta.get("name") or ""
         causes = metadata_causes(body["metadata"]) + schema_causes(body, schema)
@@ -784,6 +813,17 @@ def _set_status(res: Resource, job: dict, step: Step, ns: str, name: str) -> Non
                            "message": message.format(ns=ns, name=name),
                            "lastTransitionTime": now, "lastUpdateTime": now})
         status["conditions"] = conditions
+
+
+def _verb(request: Request) -> str:
+    """The API server's verb for a request (k8s.io/apiserver endpoints/request RequestInfo), roughly: a GET
+    of a collection is a list (a watch with ``watch=true``), of one object a get."""
+    if request.method == "GET":
+        if request.args.get("watch") in ("true", "1"):
+            return "watch"
+        collection = request.path.rstrip("/").rsplit("/", 1)[-1] in {r.plural for r in RESOURCES} | {"pods", "events"}
+        return "list" if collection else "get"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(request.method, "")
 
 
 FIELD_SELECTORS = {"metadata.name", "metadata.namespace", "involvedObject.name", "involvedObject.kind"}

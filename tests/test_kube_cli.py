@@ -21,9 +21,12 @@ from hvdk8s.cluster.client import connect
 from hvdk8s.common.errors import UserError
 
 from kube_double import (
+    HTML_PAGE,
+    JSON_LIST,
     MPIJOBS,
     RUNTIMES,
     TRAINJOBS,
+    Foreign,
     KubeDouble,
     Step,
     failing,
@@ -708,3 +711,179 @@ def test_trainjob_without_trainer_installed_says_how_to_install_it(api, job_spec
     assert code == 2 and "Kubeflow Trainer is not installed" in err and kubeerrors.INSTALL_TRAINER in err
     code, _, err = run(capsys, "status", "digits", "--api", "trainjob", *flags)
     assert code == 2 and "Kubeflow Trainer is not installed" in err
+
+
+# ---------------------------------------------------------------- names, namespaces and servers no request may trust
+
+DNS1035 = "is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)"
+DNS1123 = "is not a DNS-1123 label (lowercase letters, digits and '-', starting with a letter or digit)"
+LONG = "a" * 55  # Trainer's limit is 63, the MPI Operator's (55 + "-worker-0" = 64) 54
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "delete"])
+@pytest.mark.parametrize("name, api_kind, problem", [
+    ("", "mpijob", "it is empty"),
+    ("../x", "mpijob", f"it {DNS1035}"),
+    ("a/b", "mpijob", f"it {DNS1035}"),
+    ("Pi", "mpijob", f"it {DNS1035}"),
+    ("pi.v2", "mpijob", f"it {DNS1035}"),  # a DNS-1123 subdomain the API server takes, the operator does not
+    (LONG, "mpijob", f"its pod hostname '{LONG}-worker-0' is 64 characters; a DNS-1035 label has at most 63 "
+                     "(shorten the name)"),
+    ("", "trainjob", "it is empty"),
+    ("9digits", "trainjob", f"it {DNS1035}"),
+    ("a" * 64, "trainjob", "it is 64 characters; a DNS-1035 label has at most 63 (shorten the name)"),
+], ids=["empty", "dotdot", "slash", "upper", "dotted", "long", "trainjob-empty", "trainjob-digit", "trainjob-long"])
+def test_a_name_no_job_can_have_is_refused_before_any_request(api, capsys, command, name, api_kind, problem):
+    """The sweep's finding 1: ``delete ""`` sent ``DELETE .../mpijobs/`` (on a real server a delete of every MPIJob
+    in the namespace) and said "deletion requested"; ``status ""`` printed the collection as ``MPIJobList ?/?``."""
+    double, flags = api()
+    code, out, err = run(capsys, command, name, "--api", api_kind, *flags)
+    kind = "MPIJob" if api_kind == "mpijob" else "TrainJob"
+    shown = '""' if not name else f'"{name}"'
+    assert (code, out, err) == (2, [], f"hvdk8s {command}: error: NAME: {shown} is not a valid {kind} name: "
+                                       f"{problem}\n")
+    assert double.requests == []
+
+
+def test_each_kind_has_its_controllers_name_rule(api, capsys):
+    """A 55-character name is a TrainJob's (Trainer: at most 63) but no MPIJob's: asked for, not refused."""
+    double, flags = api()
+    code, _, err = run(capsys, "status", LONG, "--api", "trainjob", *flags)
+    assert (code, err) == (2, f'hvdk8s status: error: trainjobs.trainer.kubeflow.org "{LONG}" not found in namespace '
+                              f'"team" (list them: kubectl get trainjobs -n team)\n')
+    assert [p for _, p, _ in double.requests] == [
+        f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/team/trainjobs/{LONG}"]
+
+
+def test_delete_without_a_name_deletes_nothing_at_any_layer(api, manifest, capsys):
+    double, flags = api()
+    assert run(capsys, "submit", str(manifest), *flags)[0] == 0
+    code, out, err = run(capsys, "delete", "", "--wait", *flags)
+    assert (code, out) == (2, []) and "deletion requested" not in err
+    assert double.job(NS, "pi") is not None
+    # below the CLI, the functions that build the calls refuse a name or namespace that would change the path
+    cluster = connect(flags[1])
+    runtime = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "metadata": {"name": ""}}
+    for call, said in [
+        (lambda: kube.delete_job(cluster, NS, ""), "no request sent: the mpijobs.kubeflow.org name '' is empty"),
+        (lambda: kube.delete_job(cluster, NS, "../pi"),
+         "no request sent: the mpijobs.kubeflow.org name '../pi' is not a DNS-1123 subdomain (lowercase letters, "
+         "digits, '-' and '.')"),
+        (lambda: kube.delete_job(cluster, "", "pi", kube.TRAINJOB), "no request sent: the namespace '' is empty"),
+        (lambda: kube.delete_job(cluster, "a/b", "pi"), f"no request sent: the namespace 'a/b' {DNS1123}"),
+        (lambda: kube.delete_runtime(cluster, runtime, NS),
+         "no request sent: the trainingruntimes.trainer.kubeflow.org name '' is empty"),
+        (lambda: kube.get_job(cluster, NS, ""), "no request sent: the mpijobs.kubeflow.org name '' is empty"),
+        (lambda: list(kube.watch_job(cluster, NS, "", "1", 1)),
+         "no request sent: the mpijobs.kubeflow.org name '' is empty"),
+    ]:
+        with pytest.raises(UserError) as refused:
+            call()
+        assert str(refused.value) == said
+    assert [m for m, _, _ in double.requests] == ["POST"]  # the submit's create, nothing since
+
+
+@pytest.mark.parametrize("namespace, problem", [
+    ("", "it is empty"),
+    ("../x", f"it {DNS1123}"),
+    ("Team", f"it {DNS1123}"),
+    ("a" * 64, "it is 64 characters; a DNS-1123 label has at most 63 (shorten the name)"),
+], ids=["empty", "dotdot", "upper", "long"])
+@pytest.mark.parametrize("command", ["status", "logs", "delete", "submit"])
+def test_a_namespace_flag_that_names_no_namespace_is_refused_before_any_request(api, manifest, capsys, command,
+                                                                                namespace, problem):
+    double, flags = api()
+    target = str(manifest) if command == "submit" else "pi"
+    code, out, err = run(capsys, command, target, "-n", namespace, *flags)
+    shown = f'"{namespace}"'
+    assert (code, out, err) == (2, [], f"hvdk8s {command}: error: -n/--namespace: {shown} is not a valid namespace: "
+                                       f"{problem}\n")
+    assert double.requests == []
+
+
+def test_the_namespace_used_is_checked_wherever_it_comes_from(api, tmp_path, capsys):
+    double, flags = api(namespace="Team")  # the kubeconfig context's
+    code, _, err = run(capsys, "status", "pi", *flags)
+    assert (code, err) == (2, "hvdk8s status: error: the context's namespace (kubeconfig, or the pod's service "
+                              f'account): "Team" is not a valid namespace: it {DNS1123}\n')
+    assert double.requests == []
+    assert run(capsys, "status", "pi", "-n", NS, *flags)[0] == 2 and len(double.requests) == 1  # not used: not checked
+    path = tmp_path / "pi.yaml"
+    path.write_text(yaml.safe_dump(PI | {"metadata": {"name": "pi", "namespace": "../x"}}))
+    code, _, err = run(capsys, "submit", str(path), "-n", NS, *flags)
+    assert (code, err) == (2, 'hvdk8s submit: error: metadata.namespace: "../x" is not a valid namespace: '
+                              f"it {DNS1123}\n")
+    assert len(double.requests) == 1
+
+
+def not_kubernetes(double: KubeDouble, what: str) -> str:
+    return (f"the server at {double.url} did not answer as a Kubernetes API server: {what}. Is this the right "
+            "kubeconfig context, and its server the cluster's API server? Check with: kubectl cluster-info (choose "
+            "one with --kubeconfig/--context)")
+
+
+PAGE_SAID = ('it answered 200 with text/html content: "<!DOCTYPE html> <html><head><title>Sign in</title></head> '
+             '<body>Please sign in</..."')
+LIST_SAID = 'it answered 200 with JSON that is not a Kubernetes object (no kind and apiVersion): "[1, 2, 3]"'
+
+
+@pytest.mark.parametrize("foreign, said", [(HTML_PAGE, PAGE_SAID), (JSON_LIST, LIST_SAID)], ids=["page", "list"])
+@pytest.mark.parametrize("command", ["status", "logs", "delete", "submit", "submit-dry-run"])
+def test_a_server_that_is_no_kubernetes_api_server_is_named_in_one_line(api, manifest, capsys, command, foreign, said):
+    """The sweep's finding 2: a kubeconfig whose server answers 200 with a web page or other JSON made ``status``
+    and ``submit`` crash, ``logs`` fail with pydantic's ValidationError and ``delete`` report success."""
+    double, flags = api(foreign=foreign)
+    argv = {"submit": ["submit", str(manifest)], "submit-dry-run": ["submit", str(manifest), "--dry-run=server"]}.get(
+        command, [command, "pi"])
+    code, out, err = run(capsys, *argv, *flags)
+    assert (code, out, err) == (2, [], f"hvdk8s {argv[0]}: error: {not_kubernetes(double, said)}\n")
+    assert len(double.requests) == 1  # its first answer gives it away
+
+
+def test_a_typed_answer_that_is_no_kubernetes_object_is_named_too(api, manifest, capsys):
+    """The pod list (a typed call: the client's pydantic models) answered by a page: ``logs`` said ValidationError."""
+    double, flags = api()
+    assert run(capsys, "submit", str(manifest), *flags)[0] == 0
+    double.foreign = Foreign(HTML_PAGE.content_type, HTML_PAGE.body, frozenset({"list"}))
+    code, _, err = run(capsys, "logs", "pi", *flags)
+    assert (code, err) == (2, f"hvdk8s logs: error: {not_kubernetes(double, PAGE_SAID)}\n")
+    assert double.requests[-1][1] == f"/api/v1/namespaces/{NS}/pods"
+
+
+@pytest.mark.parametrize("foreign, said", [
+    (HTML_PAGE, "a watch answered with lines that are not watch events"),
+    (JSON_LIST, "a watch answered with JSON lines that are not watch events"),
+], ids=["page", "list"])
+def test_a_watch_answered_by_something_else_is_named_too(api, manifest, capsys, foreign, said):
+    double, flags = api()
+    double.foreign = Foreign(foreign.content_type, foreign.body, frozenset({"watch"}))
+    code, out, err = run(capsys, "submit", str(manifest), "--wait", *flags)
+    assert code == 2 and out == ["mpijob.kubeflow.org/pi created in namespace team"]
+    assert err == f"hvdk8s submit: error: {not_kubernetes(double, said)}\n"
+
+
+def test_every_caller_of_connect_gets_the_check(api):
+    """``pipeline submit`` creates its Workflow through ``connect()``'s client too (it crashed on the create's None)."""
+    from hvdk8s.pipeline import submit as pipeline_submit
+
+    double, flags = api(foreign=HTML_PAGE)
+    workflow = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "w"}, "spec": {}}
+    with pytest.raises(UserError) as refused:
+        pipeline_submit.create(connect(flags[1]), workflow, NS)
+    assert str(refused.value) == not_kubernetes(double, PAGE_SAID)
+
+
+def test_creating_in_a_namespace_that_does_not_exist_says_so(api, manifest, job_spec, capsys):
+    """The sweep's finding 3: NamespaceLifecycle's ``namespaces "nope" not found`` was reported as the job not found."""
+    double, flags = api(namespaces={NS})
+    for extra in ([], ["--dry-run=server"]):
+        code, out, err = run(capsys, "submit", str(manifest), "-n", "nope", *extra, *flags)
+        assert (code, out, err) == (2, [], 'hvdk8s submit: error: could not create mpijobs.kubeflow.org "pi" in '
+                                           'namespace "nope": namespace "nope" does not exist. Create it (kubectl '
+                                           "create namespace nope) or choose an existing one (kubectl get namespaces) "
+                                           "with -n/--namespace\n")
+    code, _, err = run(capsys, "submit", str(job_spec), "--api", "trainjob", "-n", "nope", *flags)
+    assert code == 2 and err.startswith('hvdk8s submit: error: could not create trainingruntimes.trainer.kubeflow.org '
+                                        '"hvdk8s-digits" in namespace "nope": namespace "nope" does not exist.')
+    assert double.jobs == {}
+    assert run(capsys, "submit", str(manifest), *flags)[0] == 0  # the namespace that exists still takes it

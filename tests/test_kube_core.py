@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from hvdk8s.cluster import jobstatus, kubeerrors
+from hvdk8s.cluster import jobstatus, kube, kubeerrors
 from hvdk8s.cluster.client import resolve_namespace
 from hvdk8s.cluster.kubeerrors import MPIJOBS, Action
 from hvdk8s.common.errors import UserError
@@ -143,6 +143,70 @@ def test_unreachable_message_keeps_the_useful_part_of_urllib3s_error():
     assert kubeerrors.unreachable_message("https://10.0.0.1:6443", err).startswith(
         "cannot reach the Kubernetes API server at https://10.0.0.1:6443: Failed to establish a new connection: "
         "[Errno 111] Connection refused")
+
+
+def test_404_for_the_namespace_says_it_does_not_exist_not_that_the_job_is_missing():
+    """NamespaceLifecycle admission refuses a create in a missing namespace with the namespace's NotFound."""
+    body = status(404, "NotFound", 'namespaces "nope" not found', name="nope", kind="namespaces")
+    assert kubeerrors.api_error_message(404, body, Action("create", MPIJOBS, "nope", "j")) == (
+        'could not create mpijobs.kubeflow.org "j" in namespace "nope": namespace "nope" does not exist. Create it '
+        "(kubectl create namespace nope) or choose an existing one (kubectl get namespaces) with -n/--namespace")
+    other = status(404, "NotFound", 'secrets "ssh" not found', name="ssh", kind="secrets")
+    assert kubeerrors.api_error_message(404, other, CREATE) == (
+        'could not create mpijobs.kubeflow.org "j" in namespace "ns": the API server answered 404 NotFound: '
+        'secrets "ssh" not found')
+    pod = status(404, "NotFound", 'pods "p" not found', name="p", kind="pods")  # a subresource's own object
+    assert kubeerrors.api_error_message(404, pod, Action("get", "pods/log", "ns", "p")) == (
+        'pods/log "p" not found in namespace "ns"')
+
+
+@pytest.mark.parametrize("content_type, body, said", [
+    ("application/json", b'{"kind": "MPIJob", "apiVersion": "kubeflow.org/v2beta1", "metadata": {}}', None),
+    ("application/json; charset=utf-8", b'{"kind": "Status", "apiVersion": "v1", "status": "Success"}', None),
+    (None, b'{"kind": "PodList", "apiVersion": "v1", "items": []}', None),
+    ("text/html", b"<html>\n<body>sign in</body>\n</html>",
+     'it answered 200 with text/html content: "<html> <body>sign in</body> </html>"'),
+    ("application/json", b"[1, 2]", 'it answered 200 with JSON that is not a Kubernetes object (no kind and '
+                                    'apiVersion): "[1, 2]"'),
+    ("application/json", b'{"kind": "MPIJob"}', 'it answered 200 with JSON that is not a Kubernetes object (no kind '
+                                                'and apiVersion): "{\\"kind\\": \\"MPIJob\\"}"'),
+    ("application/json", b"", "it answered 200 with content that is not JSON: (empty)"),
+    ("application/json", b"\xff\xfe{", 'it answered 200 with content that is not JSON: "\ufffd\ufffd{"'),
+    ("text/plain", b"x" * 100, f'it answered 200 with text/plain content: "{"x" * 80}..."'),
+], ids=["object", "status", "no-type", "page", "list", "no-apiversion", "empty", "binary", "long"])
+def test_a_successful_answer_must_be_a_kubernetes_object(content_type, body, said):
+    assert kubeerrors.foreign_answer(200, content_type, body) == said
+
+
+@pytest.mark.parametrize("name, kind, problem", [
+    ("digits", kube.MPIJOB, None),
+    ("a" * 54, kube.MPIJOB, None),
+    ("a" * 55, kube.MPIJOB, f"its pod hostname '{'a' * 55}-worker-0' is 64 characters; a DNS-1035 label has at most 63 "
+                            "(shorten the name)"),
+    ("", kube.MPIJOB, "it is empty"),
+    ("pi.v2", kube.MPIJOB, "it is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)"),
+    ("a" * 63, kube.TRAINJOB, None),
+    ("1a", kube.TRAINJOB, "it is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)"),
+    ("bench.1", kube.TFJOB, None),  # any other kind: the API server's rule for a custom resource's name
+    ("Bench", kube.TFJOB, "it is not a DNS-1123 subdomain (lowercase letters, digits, '-' and '.')"),
+])
+def test_job_names_follow_their_controllers_rule(name, kind, problem):
+    assert kube.job_name_problem(name, kind) == problem
+
+
+def test_a_namespace_used_must_be_one():
+    assert resolve_namespace(None, None, "a" * 63) == "a" * 63
+    for flag, manifest, context, said in [
+        ("", None, "ctx", '-n/--namespace: "" is not a valid namespace: it is empty'),
+        ("a.b", None, "ctx", '-n/--namespace: "a.b" is not a valid namespace: it is not a DNS-1123 label'),
+        (None, "../x", "ctx", 'metadata.namespace: "../x" is not a valid namespace: it is not a DNS-1123 label'),
+        (None, 5, "ctx", "metadata.namespace: 5 is not a valid namespace: it is not a string (int)"),
+        (None, None, "A", "the context's namespace (kubeconfig, or the pod's service account): \"A\" is not a valid"),
+    ]:
+        with pytest.raises(UserError) as refused:
+            resolve_namespace(flag, manifest, context)
+        assert str(refused.value).startswith(said)
+    assert resolve_namespace("ok", None, "Not/Used") == "ok"  # the context's is only checked when it is used
 
 
 def test_namespace_precedence():
