@@ -79,12 +79,12 @@ def _convert(tp: Any, raw: Any, errors: list[FieldError], where: str) -> Any:
         return from_mapping(tp, raw, errors, where)
     if origin is tuple:
         if not isinstance(raw, list):
-            errors.append(_type_error(where, "a list", raw))
+            errors.append(type_error(where, "a list", raw))
             return None
         return tuple(_convert(args[0], item, errors, join(where, i)) for i, item in enumerate(raw))
     if origin is dict:
         if not isinstance(raw, Mapping):
-            errors.append(_type_error(where, "a mapping", raw))
+            errors.append(type_error(where, "a mapping", raw))
             return None
         return {str(k): _convert(args[1], v, errors, join(where, str(k))) for k, v in raw.items()}
     return _scalar(tp, raw, errors, where)
@@ -109,11 +109,12 @@ def _scalar(tp: type, raw: Any, errors: list[FieldError], where: str) -> Any:
     else:  # pragma: no cover - the model only uses the types above
         raise TypeError(f"unsupported field type {tp!r}")
     hint = " (quote it)" if tp is str and isinstance(raw, bool) else ""
-    errors.append(_type_error(where, _NAMES[tp], raw, hint))
+    errors.append(type_error(where, _NAMES[tp], raw, hint))
     return None
 
 
-def _type_error(where: str, expected: str, raw: Any, hint: str = "") -> FieldError:
+def type_error(where: str, expected: str, raw: Any, hint: str = "") -> FieldError:
+    """A field of the wrong type, in the words the strict reader and the manifest shape check share."""
     return FieldError("TypeInvalid", where, f"must be {expected}, got {_kind(raw)}{hint}")
 
 

@@ -507,7 +507,7 @@ def _shape(value: Any, shape: Any, path: str) -> list[FieldError]:
     """Where ``value`` (not null) differs from ``shape`` (see ``_MPIJOB_SHAPE``), each at its path under ``path``."""
     if isinstance(shape, dict):
         if not isinstance(value, Mapping):
-            return [parse._type_error(path or "<top level>", "a mapping", value)]
+            return [parse.type_error(path or "<top level>", "a mapping", value)]
         if "*" in shape:
             items = [(join(path, str(key)), item, shape["*"]) for key, item in value.items()]
         elif "[*]" in shape:
@@ -518,20 +518,20 @@ def _shape(value: Any, shape: Any, path: str) -> list[FieldError]:
         return [error for where, item, inner in items for error in _shape(item, inner, where)]
     if isinstance(shape, list):
         if not isinstance(value, list):
-            return [parse._type_error(path, "a list", value)]
+            return [parse.type_error(path, "a list", value)]
         return [error for i, item in enumerate(value) for error in _shape(item, shape[0], join(path, i))]
     integer = isinstance(value, int) and not isinstance(value, bool)
     if shape == "quantity":
         if not (integer or isinstance(value, str)):
-            return [parse._type_error(path, "a Kubernetes quantity (a string or an integer)", value)]
+            return [parse.type_error(path, "a Kubernetes quantity (a string or an integer)", value)]
         return quantity(path, str(value))
     if shape in _INT_RANGES:
         low, high = _INT_RANGES[shape]
         if not integer:
-            return [parse._type_error(path, "an integer", value)]
+            return [parse.type_error(path, "an integer", value)]
         return [] if low <= value <= high else [invalid(path, f"{value} is out of range for an {shape} ({low}..{high})")]
     expected = {"string": (str, "a string"), "boolean": (bool, "true or false")}[shape]
-    return [] if isinstance(value, expected[0]) else [parse._type_error(path, expected[1], value)]
+    return [] if isinstance(value, expected[0]) else [parse.type_error(path, expected[1], value)]
 
 
 # ---- small rules -----------------------------------------------------------
