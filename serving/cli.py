@@ -5,6 +5,7 @@ import argparse
 import importlib.util
 import math
 import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -242,10 +243,13 @@ def _select(args: argparse.Namespace) -> int:
     if args.data is not None:
         if not args.data.is_file():
             raise UserError(f"--data {args.data}: no such file")
-        with np.load(args.data) as arrays:
-            if "x" not in arrays or "y" not in arrays:
-                raise UserError(f"--data {args.data}: expected arrays named x and y, found {sorted(arrays)}")
-            data = (arrays["x"], arrays["y"])
+        try:
+            with np.load(args.data) as arrays:
+                if "x" not in arrays or "y" not in arrays:
+                    raise UserError(f"--data {args.data}: expected arrays named x and y, found {sorted(arrays)}")
+                data = (arrays["x"], arrays["y"])
+        except (ValueError, TypeError, OSError, EOFError, zipfile.BadZipFile) as err:  # an .npy, text, objects: no x, y
+            raise UserError(f"--data {args.data}: not an .npz of numeric arrays x and y ({err})") from None
     try:
         result = selection.select(
             args.candidates,

@@ -276,6 +276,21 @@ def test_select_promotes_the_best_candidate_and_records_metrics(tmp_path, digits
     assert "no such directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("content", ["text", "objects", "single array"])
+def test_select_refuses_data_that_is_not_npz_arrays_naming_the_file(tmp_path, capsys, content):
+    data = tmp_path / "data.npz"
+    if content == "text":
+        data.write_text("x,y\n1,2\n")
+    elif content == "objects":  # arrays of Python objects need pickle, which loading refuses
+        np.savez(data, x=np.array([{"a": 1}], dtype=object), y=np.array([1]))
+    else:
+        np.save(data, np.zeros(3))  # an .npy under an .npz name: one array, no x and y
+        data = tmp_path / "data.npz.npy"
+    code = cli("select", str(tmp_path), "--base-path", str(tmp_path / "base"), "--data", str(data))
+    err = capsys.readouterr().err
+    assert code == 2 and f"--data {data}: not an .npz of numeric arrays x and y" in err and "Traceback" not in err
+
+
 # --- local serving and the client ------------------------------------------------------------
 
 
