@@ -371,6 +371,7 @@ def _read_results(path: Path, source: str) -> dict[str, Any]:
     import json
 
     from hvdk8s.common import files
+    from hvdk8s.common.fields import value_kind
 
     try:
         results = json.loads(files.read_text(path, source))
@@ -381,19 +382,9 @@ def _read_results(path: Path, source: str) -> dict[str, Any]:
     if not isinstance(results, dict) or "raw" not in results:
         raise UserError(f"{source}: not an hvdk8s bench results file (no 'raw' timings)")
     if not isinstance(results["raw"], dict):
-        raise UserError(f"{source}: not an hvdk8s bench results file ('raw' is {_json_kind(results['raw'])}, expected "
+        raise UserError(f"{source}: not an hvdk8s bench results file ('raw' is {value_kind(results['raw'])}, expected "
                         "an object of timings by section: training, allreduce, ...)")
     return results
-
-
-def _json_kind(value: Any) -> str:
-    """What a JSON value is, as a user reading the file calls it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    kinds = ((dict, "an object"), (list, "a list"), (str, "a string"), ((int, float), "a number"))
-    return next((name for kind, name in kinds if isinstance(value, kind)), type(value).__name__)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

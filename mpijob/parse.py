@@ -17,7 +17,7 @@ import typing
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from hvdk8s.common.fields import FieldError, invalid, join, not_supported, required
+from hvdk8s.common.fields import FieldError, invalid, join, not_supported, required, value_kind
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -40,7 +40,7 @@ def from_mapping(cls: type[T], data: Any, errors: list[FieldError], path: str = 
     dataclass defaults.
     """
     if not isinstance(data, Mapping):
-        errors.append(invalid(path or "<top level>", f"must be a mapping, got {_kind(data)}"))
+        errors.append(invalid(path or "<top level>", f"must be a mapping, got {value_kind(data)}"))
         return None
     fields = {camel(f.name): f for f in dataclasses.fields(cls) if f.init}
     hints = typing.get_type_hints(cls)
@@ -115,23 +115,10 @@ def _scalar(tp: type, raw: Any, errors: list[FieldError], where: str) -> Any:
 
 def type_error(where: str, expected: str, raw: Any, hint: str = "") -> FieldError:
     """A field of the wrong type, in the words the strict reader and the manifest shape check share."""
-    return FieldError("TypeInvalid", where, f"must be {expected}, got {_kind(raw)}{hint}")
+    return FieldError("TypeInvalid", where, f"must be {expected}, got {value_kind(raw)}{hint}")
 
 
 _NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-
-
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"boolean {str(value).lower()}"
-    if isinstance(value, (int, float)):
-        return f"number {value}"
-    if isinstance(value, str):
-        return f"string {value!r}"
-    names: dict[type, str] = {list: "a list", dict: "a mapping"}
-    return names.get(type(value), type(value).__name__)
 
 
 def _suggest(key: Any, fields: Mapping[str, Any]) -> str:

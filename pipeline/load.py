@@ -15,7 +15,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hvdk8s.common.fields import FieldError, at_least, invalid, join, name_problem, one_of, required as required_error
+from hvdk8s.common.fields import (
+    FieldError,
+    at_least,
+    invalid,
+    join,
+    name_problem,
+    one_of,
+    required as required_error,
+    value_kind,
+)
 from hvdk8s.common.files import read_yaml
 from hvdk8s.mpijob import parse
 from hvdk8s.mpijob.files import SpecError, check_spec_data, is_mpijob
@@ -46,7 +55,7 @@ def from_data(data: Any, where: str, base_dir: Path) -> s.Pipeline:
     serving options take the pipeline's name, image, namespace and volume): all problems at once."""
     errors: list[FieldError] = []
     if not isinstance(data, Mapping):
-        raise SpecError(where, [invalid("<top level>", f"must be a mapping, got {parse._kind(data)}")])
+        raise SpecError(where, [invalid("<top level>", f"must be a mapping, got {value_kind(data)}")])
     top_fields = dict(data)
     raw_candidates = top_fields.pop("candidates", None)
     top = parse.from_mapping(s.PipelineFile, top_fields, errors)
@@ -104,13 +113,13 @@ def _candidate_entries(raw: Any, errors: list[FieldError]) -> list[tuple[int, s.
         errors.append(required_error("candidates", "required (a list of training jobs)"))
         return []
     if not isinstance(raw, list) or not raw:
-        errors.append(invalid("candidates", f"must be a non-empty list, got {parse._kind(raw)}"))
+        errors.append(invalid("candidates", f"must be a non-empty list, got {value_kind(raw)}"))
         return []
     entries, seen = [], set()
     for i, item in enumerate(raw):
         where = f"candidates[{i}]"
         if not isinstance(item, Mapping):
-            errors.append(invalid(where, f"must be a mapping with name and job (or jobFile), got {parse._kind(item)}"))
+            errors.append(invalid(where, f"must be a mapping with name and job (or jobFile), got {value_kind(item)}"))
             continue
         fields = dict(item)
         job = fields.pop("job", None)
@@ -125,7 +134,7 @@ def _candidate_entries(raw: Any, errors: list[FieldError]) -> list[tuple[int, s.
         if (job is None) == (entry.job_file is None):
             errors.append(invalid(where, "give exactly one of job (an inline job spec) or jobFile"))
         elif job is not None and not isinstance(job, Mapping):
-            errors.append(invalid(f"{where}.job", f"must be a mapping of job-spec fields, got {parse._kind(job)}"))
+            errors.append(invalid(f"{where}.job", f"must be a mapping of job-spec fields, got {value_kind(job)}"))
         else:
             entries.append((i, entry, job))
     return entries
@@ -184,7 +193,7 @@ def _candidate(top: s.PipelineFile, i: int, entry: s.CandidateEntry, job: Any, b
         where = f"candidates[{i}].jobFile ({entry.job_file})"
         job = read_yaml(base_dir / entry.job_file)
         if not isinstance(job, Mapping):
-            errors.append(invalid(where, f"must be a mapping of job-spec fields, got {parse._kind(job)}"))
+            errors.append(invalid(where, f"must be a mapping of job-spec fields, got {value_kind(job)}"))
             return None
         job = {k: v for k, v in job.items() if k not in PIPELINE_SET}  # a standalone spec names itself
     if is_mpijob(job):

@@ -912,7 +912,7 @@ def test_headline_puts_emulated_links_and_horovods_scripts_beside_shared_memory_
     (b"\xff\xfe", "not UTF-8 text (byte 0)"),
     (b"{}", "not an hvdk8s bench results file (no 'raw' timings)"),
     (b"{\"raw\": {}}", "not a results file this hvdk8s bench can render (KeyError: "),
-    (b"{\"raw\": 5}", "not an hvdk8s bench results file ('raw' is a number, expected an object of timings by section"),
+    (b"{\"raw\": 5}", "not an hvdk8s bench results file ('raw' is number 5, expected an object of timings by section"),
     (b"{\"raw\": []}", "not an hvdk8s bench results file ('raw' is a list, expected an object of timings by section"),
     (b"{\"raw\": null}", "not an hvdk8s bench results file ('raw' is null, expected an object"),
     (b"{\"raw\": {\"emulated\": 5}}", "not a results file this hvdk8s bench can render (AttributeError: "),

@@ -101,6 +101,20 @@ def at_least(path: str, value: Any, low: int, most: int | None = None) -> list[F
     return []
 
 
+def value_kind(value: Any) -> str:
+    """What a value read from YAML or JSON is, as a type error names it to the file's author."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"number {value}"
+    if isinstance(value, str):
+        return f"string {value!r}"
+    names: dict[type, str] = {list: "a list", dict: "a mapping"}
+    return names.get(type(value), type(value).__name__)
+
+
 def quantity_problem(value: str) -> str | None:
     """Why ``value`` is no amount of a resource, or None: a Kubernetes quantity (resource.Quantity's syntax,
     which takes a sign) that is not negative, since the API server refuses negative requests and limits
