@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from hvdk8s.common.errors import UserError
+from hvdk8s.common.files import read_yaml
 from hvdk8s.launcher.mpirun import DEFAULT_TCP_EAGER_LIMIT, AllreduceAlgorithm, mpirun_argv, tcp_eager_mca
 from hvdk8s.mpijob import (
     SpecError,
@@ -201,6 +202,15 @@ def test_file_errors_name_the_file(tmp_path: Path):
     bad.write_text("name: [unclosed\n")
     with pytest.raises(UserError, match=r"bad\.yaml: not valid YAML"):
         load_spec(bad)
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("name: a\nworkers: 2\nresources:\n  worker: {cpu: 1}\nworkers: 4\n")
+    with pytest.raises(UserError) as info:  # PyYAML alone would keep workers: 4 without a word
+        load_spec(twice)
+    assert str(info.value).startswith(f"{twice}: not valid YAML: key 'workers' given twice (first on line 2)\n")
+    assert "line 5, column 1" in str(info.value)
+    merged = tmp_path / "merged.yaml"  # a merge brings keys in that the mapping may give again
+    merged.write_text("base: &b {cpu: 1, memory: 1Gi}\nworker:\n  <<: *b\n  cpu: 4\n")
+    assert read_yaml(merged)["worker"] == {"cpu": 4, "memory": "1Gi"}
     latin1 = tmp_path / "latin1.yaml"
     latin1.write_bytes("name: caf\u00e9\n".encode("latin-1"))
     with pytest.raises(UserError, match=r"latin1\.yaml: not UTF-8 text \(byte 9\)"):

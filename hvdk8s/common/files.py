@@ -36,14 +36,36 @@ def read_text(path: str | os.PathLike[str], source: str) -> str:
 # ---- YAML files ------------------------------------------------------------
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (it would keep the last silently).
+
+    A key a merge (``<<``) brings in may still be given again: that is what merging is for.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                seen = first.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: the base class says so
+                continue
+            if seen is not key_node.start_mark:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice (first on line {seen.line + 1})", key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | os.PathLike[str]) -> Any:
-    """One YAML document; a missing file or bad syntax is the user's to fix."""
+    """One YAML document; a missing file, bad syntax or a key given twice is the user's to fix."""
     try:
         text = read_text(path, str(path))
     except (FileNotFoundError, ValueError) as exc:
         raise UserError(str(exc)) from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_Loader)  # a SafeLoader
     except yaml.YAMLError as exc:
         raise UserError(f"{path}: not valid YAML: {exc}") from None
 
