@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ingest.add_argument("--split", default="test")
     ingest.add_argument("--path", help="image folder, or TFDS data_dir")
     ingest.add_argument("--name", help="TFDS dataset name")
-    ingest.add_argument("--image-size", type=int, default=28)
+    ingest.add_argument("--image-size", type=_image_size, default=28, help="square side in pixels (default 28)")
     ingest.add_argument("--color-mode", choices=("grayscale", "rgb"), default="grayscale")
     ingest.add_argument("--out", type=Path, required=True, help=".npz to write (arrays x, y)")
     ingest.set_defaults(handler=_ingest)
@@ -105,6 +105,16 @@ def _submit(args: argparse.Namespace) -> int:
 
     workflow = render_workflow(build(load_pipeline(args.file)))
     return submit.submit(workflow, args.kubeconfig, args.context, args.namespace, wait=args.wait)
+
+
+def _image_size(text: str) -> int:
+    try:
+        size = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a whole number") from None
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be positive")
+    return size
 
 
 def _ingest(args: argparse.Namespace) -> int:

@@ -18,26 +18,29 @@ DIGITS_SPLITS = ("train", "test")
 
 def heldout(source: str, split: str, image_size: int, color_mode: str, path: str | None = None,
             name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(images, integer labels) of the data source, in the models' input format."""
+    """(images, integer labels) of the data source, in the models' input format.
+
+    Errors name ``hvdk8s pipeline ingest``'s flags: this step is run as that command, locally and in the Workflow.
+    """
     import tensorflow as tf
 
     from hvdk8s import data
 
     if source == "digits":
         if split not in DIGITS_SPLITS:
-            raise ValueError(f"digits split {split!r}: expected one of {', '.join(DIGITS_SPLITS)}")
+            raise ValueError(f"--split {split!r}: the digits have {' and '.join(DIGITS_SPLITS)}")
         train, test = data.load_digits(image_size=image_size)
         x, y = test if split == "test" else train
     elif source == "imageFolder":
-        ds, _ = data.image_folder(_given(source, "path", path), (image_size, image_size), color_mode=color_mode,
+        ds, _ = data.image_folder(_given(source, "--path", path), (image_size, image_size), color_mode=color_mode,
                                   shuffle=False)
         x, y = _arrays(ds)
     elif source == "tfds":
-        ds = data.tfds_dataset(_given(source, "name", name), split, _given(source, "path", path))
+        ds = data.tfds_dataset(_given(source, "--name", name), split, _given(source, "--path", path))
         ds = ds.map(lambda image, label: (tf.image.resize(image, (image_size, image_size)), label))
         x, y = _arrays(ds)
     else:
-        raise ValueError(f"data source {source!r}: expected digits, imageFolder or tfds")
+        raise ValueError(f"--source {source!r}: expected digits, imageFolder or tfds")
     x = np.asarray(x, dtype="float32")
     channels = 1 if color_mode == "grayscale" else 3
     if x.shape[-1] == 3 and channels == 1:
@@ -47,10 +50,10 @@ def heldout(source: str, split: str, image_size: int, color_mode: str, path: str
     return np.clip(x, 0.0, 1.0), np.asarray(y, dtype="int64")
 
 
-def _given(source: str, field: str, value: str | None) -> str:
-    """A data field the source needs (the pipeline file's checks require it; this says so to a direct caller)."""
-    if value is None:
-        raise ValueError(f"data source {source!r} needs data.{field}")
+def _given(source: str, flag: str, value: str | None) -> str:
+    """A flag the source needs (the Workflow always passes it: the pipeline file's checks require data.path/name)."""
+    if not value:
+        raise ValueError(f"--source {source} needs {flag}")
     return value
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
+import numpy as np
 import pytest
 import yaml
 
@@ -301,6 +302,38 @@ def test_role_grants_exactly_what_the_steps_do():
         ("", "pods", "get"), ("", "pods", "list"), ("", "pods/log", "get"),
     }
     assert not any("*" in rule["verbs"] or "*" in rule["resources"] for rule in role["rules"])
+
+
+# ------------------------------------------------------------------ the ingest step's command line
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--source", "imageFolder"], "--source imageFolder needs --path"),
+    (["--source", "tfds", "--path", "."], "--source tfds needs --name"),
+    (["--source", "digits", "--split", "validation"], "--split 'validation': the digits have train and test"),
+    (["--source", "digits", "--image-size", "0"], "argument --image-size: 0: must be positive"),
+    (["--source", "digits", "--image-size", "big"], "argument --image-size: 'big': not a whole number"),
+])
+def test_ingest_errors_name_its_flags(tmp_path, capsys, argv, message):
+    """The step runs as this command in the Workflow too, so a message names its flags, not the pipeline file's."""
+    out = tmp_path / "x.npz"
+    try:
+        code = main(["pipeline", "ingest", *argv, "--out", str(out)])
+    except SystemExit as stop:  # argparse's own errors
+        code = stop.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_ingest_writes_the_digits_test_split_at_the_given_size(tmp_path):
+    out = tmp_path / "x.npz"
+    assert main(["pipeline", "ingest", "--source", "digits", "--image-size", "12", "--out", str(out)]) == 0
+    with np.load(out) as held:
+        x, y = held["x"], held["y"]
+    assert x.shape[1:] == (12, 12, 1) and x.dtype == np.float32 and len(x) == len(y) > 100
+    assert 0.0 <= x.min() and x.max() <= 1.0 and set(y.tolist()) == set(range(10))
 
 
 # ------------------------------------------------------------------ the local executor, for real
