@@ -140,6 +140,32 @@ def forwarded_env(environ: Mapping[str, str], extra: Iterable[str] = ()) -> list
     return sorted(names | set(extra))
 
 
+# One label of a host name (letters, digits, - and _ inside), so an IPv4 address passes too.
+_HOST_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]*[A-Za-z0-9_])?"
+_HOST_NAME = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*")
+
+
+def host_slots(hosts: str) -> int:
+    """The slots of an Open MPI ``-H`` list: comma-separated ``host`` (one slot) or ``host:slots``.
+
+    A host listed without ``:slots`` has one slot, as in Open MPI 4 (mpirun's
+    "not enough slots" help: "N defaults to 1 if not provided"). A host listed
+    more than once has the sum of its entries' slots, as Open MPI merges them
+    (``a,a`` is ``a:2``). Raises ``ValueError`` naming the bad entry.
+    """
+    total = 0
+    for entry in hosts.split(","):
+        host, colon, slots = entry.partition(":")
+        if not host:
+            raise ValueError(f"{entry!r}: no host name")
+        if not _HOST_NAME.fullmatch(host):
+            raise ValueError(f"{entry!r}: {host!r} is not a host name or IPv4 address")
+        if colon and not (slots.isascii() and slots.isdigit() and int(slots) > 0):
+            raise ValueError(f"{entry!r}: slots {slots!r} is not a whole number above 0")
+        total += int(slots) if colon else 1
+    return total
+
+
 def mpirun_argv(
     np: int,
     command: Sequence[str],
