@@ -8,7 +8,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import io
+import os
 import sys
+import tokenize
 from pathlib import Path
 
 from hvdk8s.common.atomic import atomic_path
@@ -38,14 +41,19 @@ def _migrate(args: argparse.Namespace) -> int:
         if err.name != "libcst":
             raise
         raise UserError("needs libcst, an optional extra: pip install 'hvdk8s[migrate]'") from None
-    sources = {path: _read(path) for path in args.scripts}  # every file is checked before any is written
+    sources: dict[str, str] = {}
+    encodings: dict[str, str] = {}
+    for path in args.scripts:  # every file is checked before any is written
+        sources[path], encodings[path] = _read(path)
     results = {}
     for path, source in sources.items():
         try:
             results[path] = migrate_source(source, path)
         except SyntaxError as err:
             raise UserError(f"{path}:{err.lineno}: syntax error: {err.msg}; migrate reads Python 3 code") from None
-    changed = {path: result.code for path, result in results.items() if result.code != sources[path]}
+    # in each file's own encoding (codemod writes ASCII); a BOM (utf-8-sig) is written back
+    changed = {path: result.code.encode(encodings[path]) for path, result in results.items()
+               if result.code != sources[path]}
     if args.write:
         _write_all(changed)
     manual = False
@@ -54,9 +62,10 @@ def _migrate(args: argparse.Namespace) -> int:
             if args.write:
                 print(f"{path}: rewritten", file=sys.stderr)
             else:
-                sys.stdout.writelines(difflib.unified_diff(
-                    sources[path].splitlines(keepends=True), result.code.splitlines(keepends=True),
-                    path, path))  # fmt: skip
+                old = sources[path].encode(encodings[path])  # the file's bytes, so that patch applies the diff
+                sys.stdout.buffer.writelines(difflib.diff_bytes(
+                    difflib.unified_diff, old.splitlines(keepends=True), changed[path].splitlines(keepends=True),
+                    os.fsencode(path), os.fsencode(path)))  # fmt: skip
         for finding in result.findings:
             kind = "manual" if finding.manual else "note"
             print(f"{path}:{finding.line}: {kind}: {finding.message}", file=sys.stderr)
@@ -64,23 +73,35 @@ def _migrate(args: argparse.Namespace) -> int:
     return MANUAL_EXIT if manual else 0
 
 
-def _write_all(codes: dict[str, str]) -> None:
+def _write_all(codes: dict[str, bytes]) -> None:
     """Replace each file atomically, keeping its mode; every new version is on disk before the first rename."""
     path = ""
     try:
         with contextlib.ExitStack() as renames:  # each atomic_path renames its temporary when the stack closes
             for path, code in codes.items():
                 tmp = renames.enter_context(atomic_path(path))
-                tmp.write_bytes(code.encode("utf-8"))
+                tmp.write_bytes(code)
                 tmp.chmod(Path(path).stat().st_mode)  # a script's executable bit survives
     except OSError as err:
         # a failed rename names its target second (os.replace); anything else failed on the file being written
         raise UserError(f"{err.filename2 or path}: cannot write: {err.strerror or err}") from None
 
 
-def _read(path: str) -> str:
+def _read(path: str) -> tuple[str, str]:
+    """A script's text and its encoding, as Python reads it (``tokenize.detect_encoding``): UTF-8 after a BOM
+    (``utf-8-sig``, which writes the BOM back), else a PEP 263 coding cookie's, else UTF-8; CRLF stays CRLF."""
     try:
-        with open(path, encoding="utf-8", newline="") as f:  # newline="": CRLF files stay CRLF
-            return f.read()
-    except (OSError, UnicodeDecodeError) as err:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as err:
         raise UserError(f"{path}: cannot read: {err}") from None
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as err:  # an unknown encoding, a cookie other than utf-8 after a BOM, a first line not UTF-8
+        raise UserError(f"{path}: cannot read: {err.msg}") from None
+    try:
+        return data.decode(encoding), encoding
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise UserError(f"{path}:{line}: cannot read: byte 0x{data[err.start]:02x} is not {encoding} ({err.reason}); "
+                        "Python reads a file as UTF-8 unless a coding cookie (PEP 263) names its encoding") from None

@@ -367,6 +367,56 @@ def test_cli_bad_input_exits_2_naming_file_and_line(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "missing.py: cannot read" in proc.stderr
 
 
+# Scripts Python reads in an encoding of their own: (bytes before the Horovod import line, bytes after it).
+ENCODED_SCRIPTS = {
+    "bom.py": (b"\xef\xbb\xbf", b"hvd.init()\n"),  # a UTF-8 byte order mark
+    "utf8.py": (b"# -*- coding: utf-8 -*-\n", b"s = 'caf\xc3\xa9'\n"),
+    "latin1.py": (b"# -*- coding: latin-1 -*-\n", b"s = 'caf\xe9'  # d\xe9j\xe0 vu\n"),
+}
+
+
+def test_cli_keeps_a_scripts_bom_coding_cookie_and_encoding_in_the_diff_and_with_write(tmp_path: Path) -> None:
+    def write_scripts(folder: Path) -> None:
+        folder.mkdir()
+        for name, (head, tail) in ENCODED_SCRIPTS.items():
+            (folder / name).write_bytes(head + b"import horovod.keras as hvd\n" + tail)
+
+    write_scripts(tmp_path / "diff")
+    proc = subprocess.run([HVDK8S, "migrate", *ENCODED_SCRIPTS], cwd=tmp_path / "diff", capture_output=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (0, b"")
+    assert proc.stdout == (  # each file's own bytes, BOM included, so that patch applies it
+        b"--- bom.py\n+++ bom.py\n@@ -1,2 +1,2 @@\n"
+        b"-\xef\xbb\xbfimport horovod.keras as hvd\n+\xef\xbb\xbfimport hvdk8s as hvd\n hvd.init()\n"
+        b"--- utf8.py\n+++ utf8.py\n@@ -1,3 +1,3 @@\n"
+        b" # -*- coding: utf-8 -*-\n-import horovod.keras as hvd\n+import hvdk8s as hvd\n s = 'caf\xc3\xa9'\n"
+        b"--- latin1.py\n+++ latin1.py\n@@ -1,3 +1,3 @@\n"
+        b" # -*- coding: latin-1 -*-\n-import horovod.keras as hvd\n+import hvdk8s as hvd\n"
+        b" s = 'caf\xe9'  # d\xe9j\xe0 vu\n"
+    )
+    subprocess.run(["patch", "-p0"], input=proc.stdout, cwd=tmp_path / "diff", check=True, capture_output=True)
+    write_scripts(tmp_path / "write")
+    proc = subprocess.run([HVDK8S, "migrate", "--write", *ENCODED_SCRIPTS], cwd=tmp_path / "write",
+                          capture_output=True, timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        0, b"", b"bom.py: rewritten\nutf8.py: rewritten\nlatin1.py: rewritten\n")
+    for name, (head, tail) in ENCODED_SCRIPTS.items():
+        migrated = head + b"import hvdk8s as hvd\n" + tail
+        assert (tmp_path / "diff" / name).read_bytes() == (tmp_path / "write" / name).read_bytes() == migrated
+
+
+def test_cli_refuses_a_script_not_in_its_encoding(tmp_path: Path) -> None:
+    (tmp_path / "bad.py").write_bytes(b"# -*- coding: utf-8 -*-\nimport horovod.keras as hvd\ns = 'caf\xe9'\n")
+    (tmp_path / "odd.py").write_bytes(b"# -*- coding: klingon -*-\nimport horovod.keras as hvd\n")
+    for name, message in [
+        ("bad.py", "bad.py:3: cannot read: byte 0xe9 is not utf-8 (invalid continuation byte); Python reads a file "
+                   "as UTF-8 unless a coding cookie (PEP 263) names its encoding"),
+        ("odd.py", "odd.py: cannot read: unknown encoding: klingon"),
+    ]:
+        proc = _cli("--write", name, cwd=tmp_path)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"hvdk8s migrate: error: {message}\n")
+    assert (tmp_path / "bad.py").read_bytes() == b"# -*- coding: utf-8 -*-\nimport horovod.keras as hvd\ns = 'caf\xe9'\n"
+
+
 def test_cli_checks_every_file_before_writing_any(tmp_path: Path) -> None:
     (tmp_path / "good.py").write_text("import horovod.keras as hvd\n")
     (tmp_path / "bad.py").write_text("def (:\n")
