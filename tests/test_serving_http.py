@@ -10,7 +10,9 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -200,3 +202,27 @@ def test_mixed_good_and_malformed_load_has_no_unexpected_errors_or_resets(server
     stuck = [t.name for t in threads if t.is_alive()]
     assert stuck == [], f"clients still running after 120 s: {stuck}; failures so far: {failures}"
     assert failures == []
+
+
+def test_a_client_gone_before_its_whole_body_is_one_log_line_and_the_server_answers_on(server, exported):
+    """Content-Length 100000, 10 bytes sent, then the connection closed: one warning naming the client, no
+    traceback (Starlette's ClientDisconnect), and the next request is answered."""
+    log = exported.parent / "stderr.log"
+    start = log.stat().st_size
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(f"POST {PREDICT} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+                     "Content-Length: 100000\r\n\r\n".encode() + GOOD[:10])
+        client = "{}:{}".format(*sock.getsockname())
+    deadline = time.monotonic() + 30
+    while "closed the connection" not in (logged := log.read_bytes()[start:].decode()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    lines = logged.splitlines()
+    assert "Traceback" not in logged and len(lines) == 1 and lines[0].endswith(
+        f" hvdk8s.serving WARNING POST {PREDICT}: {client} closed the connection before sending the whole "
+        "request body"), logged
+    conn = connect(server)
+    try:
+        assert send(conn, "POST", PREDICT, GOOD)[0] == 200
+    finally:
+        conn.close()

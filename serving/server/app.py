@@ -35,7 +35,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -137,6 +137,11 @@ def create_app(
             answer = _json(200, await _handle(core, route, body, timeout_seconds) if route else {})
         except types.ServingError as err:
             code, answer = err.code, _json(err.http_status, rest.error_body(err.message))
+        except ClientDisconnect:  # no one is left to answer: one line in the log, not a traceback
+            client = f"{request.client.host}:{request.client.port}" if request.client else "a client"
+            log.warning("%s %s: %s closed the connection before sending the whole request body",
+                        request.method, path, client)
+            return Response(status_code=499)  # never sent (nginx's 499: client closed request)
         except Exception as err:  # noqa: BLE001  (a bug must still answer in JSON and keep the connection)
             log.exception("%s %s failed", request.method, path)
             code, answer = "INTERNAL", _json(500, rest.error_body(f"Internal: {type(err).__name__}: {err}"))
