@@ -13,7 +13,7 @@ from typing import Any
 from hvdk8s import doctor
 from hvdk8s.common.errors import UserError
 from hvdk8s.serving.api.address import GRPC_ADDRESS, GRPC_PORT, HOST, REST_PORT, REST_URL  # stdlib-only modules:
-from hvdk8s.serving.model.savedmodel import PREPROCESSING  # they keep the CLI fast
+from hvdk8s.serving.model.savedmodel import MAX_VERSION, PREPROCESSING  # they keep the CLI fast
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     export.add_argument("model", type=Path, help=".keras file")
     export.add_argument("--base-path", type=Path, required=True, help="model base path, e.g. models/digits")
-    export.add_argument("--version", type=int, help="version number (default: next integer)")
+    export.add_argument("--version", type=_version, help="version number (default: next integer)")
     _export_options(export)
     export.set_defaults(handler=_export)
 
@@ -162,7 +162,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _target_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc", action="store_true", help="use TF Serving's gRPC API instead of REST")
     parser.add_argument("--model", default="digits", help="model name (default: digits)")
-    parser.add_argument("--version", type=int, help="a specific version (default: the newest served)")
+    parser.add_argument("--version", type=_version, help="a specific version (default: the newest served)")
     parser.add_argument("--signature", help="signature name (default: serving_default)")
 
 
@@ -192,12 +192,22 @@ def _positive(kind: type, zero: bool = False) -> Callable[[str], Any]:
     return parse
 
 
-def _port(text: str) -> int:
-    """A TCP port, or 0 for any free one."""
-    value = _positive(int, zero=True)(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"{text}: a TCP port is at most 65535")
-    return value
+def _at_most(most: int, what: str) -> Callable[[str], int]:
+    """A parser of integers from 0 to ``most``; a larger one's error says ``{what} is at most {most}``."""
+    def parse(text: str) -> int:
+        value: int = _positive(int, zero=True)(text)
+        if value > most:
+            raise argparse.ArgumentTypeError(f"{text}: {what} is at most {most}")
+        return value
+
+    parse.__name__ = "int"  # argparse names the type in "invalid int value" messages
+    return parse
+
+
+_port = _at_most(65535, "a TCP port")
+"""A TCP port, or 0 for any free one."""
+_version = _at_most(MAX_VERSION, "a model version (TF Serving's are int64)")
+"""A model version: 0 to int64's maximum, as TF Serving's version folders and requests hold them."""
 
 
 def _bool(text: str) -> bool:
@@ -258,6 +268,7 @@ def _select(args: argparse.Namespace) -> int:
             data=data,
             class_names=_class_names(args.class_names),
             preprocessing=args.preprocessing,
+            data_name=str(args.data),
         )
     except (ValueError, FileNotFoundError, FileExistsError) as err:
         raise UserError(str(err)) from None

@@ -235,6 +235,22 @@ def test_export_cli_says_what_is_wrong_with_a_bad_checkpoint(tmp_path, trained, 
     assert not (tmp_path / "models").exists()
 
 
+@pytest.mark.parametrize("command", [["export", "model.keras", "--base-path", "models"], ["predict", "digit.png"],
+                                     ["loadtest"]], ids=["export", "predict", "loadtest"])
+@pytest.mark.parametrize("version, why", [
+    ("-1", "must be 0 or more"),
+    ("9223372036854775808", "a model version (TF Serving's are int64) is at most 9223372036854775807"),
+], ids=["negative", "beyond-int64"])
+def test_version_flags_refuse_versions_tf_serving_cannot_have(tmp_path, monkeypatch, capsys, command, version, why):
+    """Refused at the flag: export would write a folder that serve ignores; predict and loadtest would ask for one."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        cli(*command, "--version", version)
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.endswith(f"hvdk8s {command[0]}: error: argument --version: {version}: {why}\n")
+    assert not (tmp_path / "models").exists()
+
+
 # --- model selection -------------------------------------------------------------------------
 
 
@@ -289,6 +305,34 @@ def test_select_refuses_data_that_is_not_npz_arrays_naming_the_file(tmp_path, ca
     code = cli("select", str(tmp_path), "--base-path", str(tmp_path / "base"), "--data", str(data))
     err = capsys.readouterr().err
     assert code == 2 and f"--data {data}: not an .npz of numeric arrays x and y" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("labels, classes, wrong", [
+    ([3, 12], 10, "label 12 is outside the model's 10 classes (0 to 9)"),
+    ([-1, 3], 10, "label -1 is outside the model's 10 classes (0 to 9)"),
+    ([1.5, 3.0], 10, "label 1.5 is not a class number (a whole number)"),
+    ([[0, 1], [1, 0]], 2, "labels of shape (2, 2): expected one class number per image (not one-hot rows)"),
+    (None, 5, "label {first} is outside the model's 5 classes (0 to 4)"),  # the default data: the digits' 10
+], ids=["above", "negative", "fraction", "one-hot", "default-data"])
+def test_select_refuses_labels_that_are_not_the_models_classes_naming_the_data(tmp_path, capsys, digits, labels,
+                                                                                classes, wrong):
+    candidates = tmp_path / "candidates"
+    candidates.mkdir()
+    keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(),
+                      keras.layers.Dense(classes, activation="softmax")]).save(candidates / "tiny.keras")
+    base = tmp_path / "base"
+    if labels is None:
+        _, (_, y_test) = digits
+        source, argv = "digits test split (360 images)", []
+        wrong = wrong.format(first=y_test[y_test >= classes][0])
+    else:
+        data = tmp_path / "data.npz"
+        np.savez(data, x=np.zeros((2, 28, 28, 1), "float32"), y=np.array(labels))
+        source, argv = f"{data} (2 images)", ["--data", str(data)]
+    code = cli("select", str(candidates), "--base-path", str(base), *argv)
+    err = capsys.readouterr().err
+    assert (code, err) == (2, f"hvdk8s select: error: {source}, candidate tiny.keras: {wrong}\n")
+    assert not base.exists()
 
 
 # --- local serving and the client ------------------------------------------------------------
@@ -429,7 +473,9 @@ def test_predict_cli_on_a_directory_says_it_wants_image_files(tmp_path, capsys):
            f"e.g. {tmp_path / '*.png'}" in capsys.readouterr().err
 
 
-def test_rejected_export_leaves_no_base_path_behind(tmp_path, trained):
-    with pytest.raises(ValueError, match="version: expected a non-negative integer"):
-        serving.export(trained, tmp_path / "new", version=-1)
+@pytest.mark.parametrize("version", [-1, 2**63])  # 2**63: beyond TF Serving's int64 versions
+def test_rejected_export_leaves_no_base_path_behind(tmp_path, trained, version):
+    with pytest.raises(ValueError, match=rf"version: expected a non-negative integer up to {2**63 - 1} \(int64\), "
+                                         rf"got {version}$"):
+        serving.export(trained, tmp_path / "new", version=version)
     assert not (tmp_path / "new").exists()

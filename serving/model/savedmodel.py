@@ -39,6 +39,8 @@ PREPROCESSING: dict[str, Callable[[Any], Any]] = {
     "raw": lambda pixels: pixels,  # [0, 255]: for models with their own Rescaling layer
 }
 _VERSION = re.compile(r"^\d+$")
+MAX_VERSION = 2**63 - 1
+"""TF Serving's versions are int64: a folder named by a larger number is no version."""
 
 
 def versions(base_path: str | os.PathLike[str]) -> list[int]:
@@ -66,7 +68,7 @@ def version_dirs(base_path: str | os.PathLike[str]) -> dict[int, Path]:
     if not root.is_dir():
         return {}
     found = sorted(p for p in root.iterdir() if _VERSION.match(p.name) and p.is_dir())
-    return {int(p.name): p for p in found if int(p.name) < 2**63}
+    return {int(p.name): p for p in found if int(p.name) <= MAX_VERSION}
 
 
 def next_version(base_path: str | os.PathLike[str]) -> int:
@@ -163,8 +165,8 @@ def export(
 
     Raises:
         ValueError: The model is not a one-input, one-output image classifier; ``class_names`` does not
-            match its outputs; ``version`` is not a non-negative integer; ``preprocessing`` is unknown; or
-            ``metadata`` uses a reserved key.
+            match its outputs; ``version`` is not an integer from 0 to ``MAX_VERSION``; ``preprocessing`` is
+            unknown; or ``metadata`` uses a reserved key.
         FileExistsError: The version exists already.
 
     Example:
@@ -182,8 +184,8 @@ def export(
         raise ValueError(f"class_names: {len(names)} names for a model with {num_classes} outputs")
     root = Path(base_path)
     version = next_version(root) if version is None else version
-    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-        raise ValueError(f"version: expected a non-negative integer, got {version!r}")
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
+        raise ValueError(f"version: expected a non-negative integer up to {MAX_VERSION} (int64), got {version!r}")
     final = root / str(version)
     if final.exists():
         raise FileExistsError(f"version {version} already exists at {final}")

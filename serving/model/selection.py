@@ -58,25 +58,45 @@ def evaluate(model: Any, x: np.ndarray, y: np.ndarray, batch_size: int = 256) ->
     Args:
         model: A Keras classifier with probabilities as output.
         x: Inputs, in the model's input format.
-        y: Integer labels.
+        y: Class numbers, one per input: integers, or floats with whole values.
         batch_size: Examples per call of the model.
 
     Returns:
         ``{"accuracy": ..., "loss": ...}``.
 
     Raises:
-        ValueError: The predictions are not one row of probabilities per label.
+        ValueError: ``y`` is not one whole class number per input, or one is outside the model's classes; the
+            predictions are not one row of probabilities per label.
     """
+    y = np.asarray(y)
+    _check_labels(y)  # before the model runs
     # eager calls, not model.predict: no per-candidate tf.function (re)tracing
     batches = [np.asarray(model(x[i : i + batch_size], training=False)) for i in range(0, len(x), batch_size)]
     probabilities = np.concatenate(batches).astype("float64")
     if probabilities.ndim != 2 or probabilities.shape[0] != len(y):
         raise ValueError(f"model {model.name!r}: predictions of shape {probabilities.shape} for {len(y)} labels")
+    classes = probabilities.shape[1]
+    outside = y[(y < 0) | (y >= classes)]
+    if outside.size:
+        raise ValueError(f"label {int(outside[0])} is outside the model's {classes} classes (0 to {classes - 1})")
+    y = y.astype("int64")
     picked = np.clip(probabilities[np.arange(len(y)), y], 1e-7, 1.0)
     return {
         "accuracy": float(np.mean(probabilities.argmax(axis=1) == y)),
         "loss": float(-np.mean(np.log(picked))),
     }
+
+
+def _check_labels(y: np.ndarray) -> None:
+    """Raise ValueError unless ``y`` is one whole number per example (integers, booleans or whole floats)."""
+    if y.ndim != 1:
+        raise ValueError(f"labels of shape {y.shape}: expected one class number per image (not one-hot rows)")
+    if y.dtype.kind == "f":
+        fractional = y[~np.isfinite(y) | (np.floor(y) != y)]
+        if fractional.size:
+            raise ValueError(f"label {fractional[0]} is not a class number (a whole number)")
+    elif y.dtype.kind not in "biu":
+        raise ValueError(f"labels of type {y.dtype}: expected integer class numbers")
 
 
 def rank(candidates: Sequence[Candidate], metric: str = "accuracy") -> list[Candidate]:
@@ -95,6 +115,7 @@ def select(
     data: tuple[np.ndarray, np.ndarray] | None = None,
     class_names: Sequence[str] | None = None,
     preprocessing: str = "unit",
+    data_name: str = "given arrays",
 ) -> Selection:
     """Evaluate every candidate in ``candidates_dir`` and export the best as the next version.
 
@@ -110,6 +131,7 @@ def select(
             digits test split (``hvdk8s.data.load_digits``).
         class_names: A name per class, passed to ``export``.
         preprocessing: Passed to ``export``.
+        data_name: What ``data`` is, e.g. its file, for the table, the record and error messages.
 
     Returns:
         The selection: ``metric``, ``candidates`` (best first, each with ``name``, ``path``, ``accuracy``
@@ -117,8 +139,9 @@ def select(
         evaluated on).
 
     Raises:
-        ValueError: Unknown ``metric``, empty or mismatched ``data``, a candidate that cannot be loaded or
-            evaluated, or one that ``export`` refuses.
+        ValueError: Unknown ``metric``; empty or mismatched ``data``; a candidate that cannot be loaded, or
+            evaluated on ``data`` (e.g. a label outside its classes: the message names the data and the
+            candidate); or one that ``export`` refuses.
         FileNotFoundError: ``candidates_dir`` is missing or holds no ``.keras`` file.
 
     Example:
@@ -138,8 +161,8 @@ def select(
         data = load_digits()[1]
         source = f"digits test split ({len(data[1])} images)"
     else:
-        source = f"given arrays ({len(data[1])} images)"
-    x, y = np.asarray(data[0]), np.asarray(data[1]).astype("int64")
+        source = f"{data_name} ({len(data[1])} images)"
+    x, y = np.asarray(data[0]), np.asarray(data[1])
     if len(x) == 0 or len(x) != len(y):
         raise ValueError(f"held-out data: {len(x)} images and {len(y)} labels; need the same number, at least one")
 
@@ -147,7 +170,11 @@ def select(
     models = {}
     for path in files:
         model = savedmodel.load_keras_model(path)
-        scored.append(Candidate(path.name, os.fspath(path), **evaluate(model, x, y)))
+        try:
+            scores = evaluate(model, x, y)
+        except ValueError as err:
+            raise ValueError(f"{source}, candidate {path.name}: {err}") from None
+        scored.append(Candidate(path.name, os.fspath(path), **scores))
         models[path.name] = model
     ranked = rank(scored, metric)
     best = ranked[0]
