@@ -9,6 +9,7 @@ so the CLI prints an actionable line instead of a traceback.
 from __future__ import annotations
 
 import copy
+import json
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -16,13 +17,16 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import urllib3
-from kubernetes import client, watch
+from kubernetes import client
 
 from hvdk8s.cluster.client import Cluster, namespace_problem
 from hvdk8s.cluster.kubeerrors import (
     Action,
     api_error_message,
+    foreign_not_found,
     name_taken_message,
+    names_missing_object,
+    not_an_event,
     not_kubernetes_message,
     parse_status,
     unreachable_message,
@@ -91,12 +95,15 @@ class LauncherPod:
 
 @contextmanager
 def translate(cluster: Cluster, action: Action) -> Iterator[None]:
-    """API errors and unreachable servers become UserErrors naming the action and the fix."""
+    """API errors and unreachable servers become UserErrors naming the action and the fix; a 404 no API server
+    would send names the server instead."""
     try:
         yield
     except client.ApiException as err:
         if err.status == 0:  # the client's own wrapper for TLS failures
             raise UserError(unreachable_message(cluster.host, err.reason or "TLS error")) from None
+        if err.status == 404 and (what := foreign_not_found((err.headers or {}).get("content-type"), err.body, action)):
+            raise UserError(not_kubernetes_message(cluster.host, what)) from None
         raise UserError(api_error_message(err.status, err.body, action)) from None
     except urllib3.exceptions.HTTPError as err:
         raise UserError(unreachable_message(cluster.host, err)) from None
@@ -218,7 +225,7 @@ def refuse_taken_name(cluster: Cluster, manifest: dict, namespace: str) -> None:
             cluster.custom.get_namespaced_custom_object(kind.group, kind.version, namespace, kind.plural, name,
                                                         _request_timeout=REQUEST_TIMEOUT)
         except client.ApiException as err:
-            if err.status == 404 and parse_status(err.body):  # a plain 404 page: the CRD is not installed
+            if names_missing_object(err.status, err.body):  # any other 404: no CRD, or no API server
                 return
             raise
     raise UserError(name_taken_message(Action("create", kind.resource, namespace, name)))
@@ -327,32 +334,59 @@ def watch_job(cluster: Cluster, namespace: str, name: str, resource_version: str
     """(event type, object) for changes after ``resource_version``, for at most ``seconds``.
 
     Ends quietly when the server closes the watch (its timeout) or the connection stalls;
-    raises :class:`WatchExpired` when the version is too old (410 Gone).
+    raises :class:`WatchExpired` when the version is too old (410 Gone), a UserError for any other
+    ERROR event and for a line that is no watch event (a server that is not the API server).
     """
-    stream = watch.Watch().stream(
-        cluster.custom.list_namespaced_custom_object, kind.group, kind.version, namespace, kind.plural,
-        field_selector=f"metadata.name={name}", resource_version=resource_version,
-        allow_watch_bookmarks=True, timeout_seconds=seconds, _request_timeout=(REQUEST_TIMEOUT[0], seconds + 10))
+    with _job_call(cluster, kind, "watch", namespace, name):
+        action = Action("watch", kind.resource, namespace, name)
+        try:
+            answer = cluster.custom.list_namespaced_custom_object(
+                kind.group, kind.version, namespace, kind.plural, field_selector=f"metadata.name={name}",
+                resource_version=resource_version, allow_watch_bookmarks=True, timeout_seconds=seconds, watch=True,
+                _preload_content=False, _request_timeout=(REQUEST_TIMEOUT[0], seconds + 10))
+            for line in stream_lines(answer):
+                if line.strip():
+                    yield _watch_event(cluster, action, line)
+        except client.ApiException as err:
+            if err.status == 410:
+                raise WatchExpired(str(err.body)) from None
+            raise
+        except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError):
+            return
+
+
+def _watch_event(cluster: Cluster, action: Action, line: str) -> tuple[str, dict]:
+    """A watch's line as (event type, object); an ERROR event (its object a ``Status``: 410 Gone for a version
+    too old) raised as the ApiException it stands for."""
     try:
-        with _job_call(cluster, kind, "watch", namespace, name):
-            try:
-                for event in stream:
-                    if not isinstance(event, dict) or not isinstance(event.get("raw_object"), dict):
-                        # the client yields None for a line that is not JSON
-                        raise UserError(not_kubernetes_message(cluster.host, "a watch answered with lines that "
-                                                               "are not watch events"))
-                    yield event["type"], event["raw_object"]
-            except (KeyError, TypeError):  # the client's unmarshal_event reading JSON that is no watch event
-                raise UserError(not_kubernetes_message(cluster.host, "a watch answered with JSON lines that are "
-                                                       "not watch events")) from None
-            except client.ApiException as err:
-                if err.status == 410:
-                    raise WatchExpired(str(err.reason)) from None
-                raise
-            except (urllib3.exceptions.ReadTimeoutError, urllib3.exceptions.ProtocolError):
-                return
+        event = json.loads(line)
+    except ValueError:
+        event = None
+    if not (isinstance(event, dict) and isinstance(event.get("type"), str) and isinstance(event.get("object"), dict)):
+        raise UserError(not_kubernetes_message(cluster.host, not_an_event(action, line)))
+    if event["type"] == "ERROR":
+        raise client.ApiException(status=event["object"].get("code", 500), body=json.dumps(event["object"]))
+    return event["type"], event["object"]
+
+
+def stream_lines(answer: object) -> Iterator[str]:
+    """The lines of a call's answer with ``_preload_content=False`` (the unread HTTP response, which the client
+    types as the object it would have read) as they arrive, the last one too when no newline ends it (the
+    client's ``watch.iter_resp_lines`` drops it); closes the response when done or left."""
+    response = cast(urllib3.BaseHTTPResponse, answer)
+    pending = bytearray()
+    try:
+        for chunk in response.stream(amt=None):
+            pending += chunk
+            if b"\n" in chunk:
+                *lines, rest = pending.split(b"\n")
+                yield from (line.decode("utf-8", "replace") for line in lines)
+                pending = bytearray(rest)
+        if pending:
+            yield pending.decode("utf-8", "replace")
     finally:
-        stream.close()
+        response.close()
+        response.release_conn()
 
 
 def delete_job(cluster: Cluster, namespace: str, name: str, kind: JobKind = MPIJOB) -> dict:
@@ -385,8 +419,8 @@ def log_lines(cluster: Cluster, namespace: str, pod: LauncherPod, follow: bool) 
                                                         _request_timeout=REQUEST_TIMEOUT)
             yield from (text or "").splitlines()
             return
-        yield from watch.Watch().stream(cluster.core.read_namespaced_pod_log, name=pod.name,
-                                        namespace=namespace, container=pod.container)
+        yield from stream_lines(cluster.core.read_namespaced_pod_log(pod.name, namespace, container=pod.container,
+                                                                     follow=True, _preload_content=False))
 
 
 def job_pods(cluster: Cluster, namespace: str, job: str, kind: JobKind = MPIJOB) -> list[dict]:

@@ -31,6 +31,10 @@ RUNTIME_RIGHTS = ("each hvdk8s TrainJob brings its own TrainingRuntime, which Ku
                   "let profile users create: ask an admin to grant create, get, update and delete on "
                   f"{RUNTIMES} in this namespace")
 ARTICLE = {"MPIJob": "an"}
+# The API server's one answer that is no Status: its 404 for a path no API is served at, Go's http.NotFound text
+# (k8s.io/apiserver pkg/util/notfoundhandler), which is what a custom resource whose CRD is not installed gets
+# (apiextensions-apiserver's crdHandler passes requests for unknown CRDs or unserved versions on to it).
+NOT_SERVED = "404 page not found"
 
 
 @dataclass(frozen=True)
@@ -57,23 +61,18 @@ def parse_status(body: str | bytes | None) -> dict:
     return parsed if isinstance(parsed, dict) and parsed.get("kind") == "Status" else {}
 
 
+def status_details(status: dict) -> dict:
+    """A ``Status``'s details (what it is about: kind, name, causes), {} when it has none."""
+    details = status.get("details")
+    return details if isinstance(details, dict) else {}
+
+
 def api_error_message(code: int, body: str | bytes | None, action: Action) -> str:
     status = parse_status(body)
-    said = status.get("message") or (body.decode() if isinstance(body, bytes) else body or "").strip()
+    said = status.get("message") or _text(body).strip()
     kind, api_version = KINDS.get(action.resource, ("object", ""))
-    if code == 404 and action.resource in KINDS and not status:
-        return crd_missing_message(action.resource)
-    details = status["details"] if isinstance(status.get("details"), dict) else {}
-    if code == 404 and details.get("kind") == "namespaces":
-        # the NamespaceLifecycle admission plugin refuses creates in a namespace that does not exist
-        # (k8s.io/apiserver plugin/namespace/lifecycle: errors.NewNotFound(v1.Resource("namespaces"), namespace))
-        return namespace_missing_message(action, details.get("name") or action.namespace)
-    if code == 404 and details.get("kind") not in (None, action.resource.split(".")[0].split("/")[0]):
-        return f"could not {action}: the API server answered 404 NotFound: {said}"  # something else it needs is missing
     if code == 404:
-        plural = action.resource.split(".")[0]
-        return f'{action.resource} "{action.name}" not found in namespace "{action.namespace}"' + (
-            f' (list them: kubectl get {plural} -n {action.namespace})' if action.resource in KINDS else "")
+        return not_found_message(status, said, action)
     if code == 409 and status.get("reason") == "AlreadyExists":
         return name_taken_message(action)
     # k8s.io/apiserver admission/plugin/webhook/errors/statuserror.go ToStatusErr: a webhook denial is
@@ -94,6 +93,38 @@ def api_error_message(code: int, body: str | bytes | None, action: Action) -> st
                 f"{api_version} {kind}s)")
     return f"could not {action}: the API server answered {code} {status.get('reason', '')}: {said}".replace(
         "  ", " ")
+
+
+def not_found_message(status: dict, said: str, action: Action) -> str:
+    """What a 404 says is missing. A ``Status`` naming an object: that object (the one asked for, the namespace, or
+    another the request needs). The plain ``NOT_SERVED`` page, or a ``Status`` naming none (apimachinery's "the
+    server could not find the requested resource"): the resource type itself, for a job kind its CRD."""
+    details = status_details(status)
+    plural = action.resource.split(".")[0].split("/")[0]
+    if details.get("kind") == "namespaces":
+        # the NamespaceLifecycle admission plugin refuses creates in a namespace that does not exist
+        # (k8s.io/apiserver plugin/namespace/lifecycle: errors.NewNotFound(v1.Resource("namespaces"), namespace))
+        return namespace_missing_message(action, details.get("name") or action.namespace)
+    if details.get("kind") in (None, plural) and details.get("name"):
+        return f'{action.resource} "{action.name}" not found in namespace "{action.namespace}"' + (
+            f' (list them: kubectl get {plural} -n {action.namespace})' if action.resource in KINDS else "")
+    if action.resource in KINDS and type_not_served(status, said, plural):
+        return crd_missing_message(action.resource)
+    return f"could not {action}: the API server answered 404 NotFound: {said}"
+
+
+def type_not_served(status: dict, said: str, plural: str) -> bool:
+    """A 404 (its ``Status``, or its text when it has none) that says the resource type ``plural`` is not served:
+    the plain ``NOT_SERVED`` page, or a ``Status`` naming no object (for a custom resource: no CRD, or not
+    this version)."""
+    details = status_details(status)
+    return (bool(status) or said == NOT_SERVED) and details.get("kind") in (None, plural) and not details.get("name")
+
+
+def names_missing_object(code: int, body: str | bytes | None) -> bool:
+    """The answer is the API server's 404 for the object asked for: a ``Status`` that names it, so the resource
+    type is served (a CRD not installed gets ``NOT_SERVED``, a proxy its own page)."""
+    return code == 404 and bool(status_details(parse_status(body)).get("name"))
 
 
 def namespace_missing_message(action: Action, namespace: str) -> str:
@@ -168,14 +199,42 @@ def foreign_answer(code: int, content_type: str | None, body: bytes | str | None
     return None
 
 
+def foreign_not_found(content_type: str | None, body: bytes | str | None, action: Action) -> str | None:
+    """What in a 404 answer shows that no Kubernetes API server sent it, or None. The API server's 404 is a ``Status``,
+    or ``NOT_SERVED`` for a path it serves nothing at; a web page or other text is a proxy's or another server's
+    (the kubeconfig's server URL, or its path, is not the API server's)."""
+    if parse_status(body) or _text(body).strip() == NOT_SERVED:
+        return None
+    media = (content_type or "").split(";")[0].strip()
+    return (f"it answered {action} with 404 and {media + ' ' if media else ''}content that is not a Kubernetes "
+            f"Status: {_excerpt(body)}")
+
+
+def not_an_event(action: Action, line: str) -> str:
+    """A line of a watch's answer that is no watch event (a JSON object with a type and an object)."""
+    return f"it answered {action} with a line that is not a watch event: {_excerpt(line)}"
+
+
+def watch_cut_message(host: str, action: Action, watches: int) -> str:
+    """The server ended ``watches`` watches in a row as soon as they began, each without an event (client-go's
+    reflector calls one a "very short watch"): an API server keeps a watch open until its timeout."""
+    return (f"could not {action}: the server at {host} ended the watch {watches} times in a row as soon as it began, "
+            "without a single event, where a Kubernetes API server keeps a watch open until its timeout. Is the "
+            "kubeconfig's server the cluster's API server, with no proxy between that cuts streams? Check with: "
+            f"kubectl get {action.resource} {action.name} -n {action.namespace} --watch")
+
+
 def not_kubernetes_message(host: str, what: str) -> str:
     """The server answered, but not as a Kubernetes API server: the kubeconfig points somewhere else."""
     return (f"the server at {host} did not answer as a Kubernetes API server: {what}. Is this the right kubeconfig "
-            "context, and its server the cluster's API server? Check with: kubectl cluster-info (choose one with "
-            "--kubeconfig/--context)")
+            "context, and its server URL (path included) the cluster's API server? Check with: kubectl cluster-info "
+            "(choose one with --kubeconfig/--context)")
+
+
+def _text(body: bytes | str | None) -> str:
+    return body.decode("utf-8", "replace") if isinstance(body, bytes) else body or ""
 
 
 def _excerpt(body: bytes | str | None, most: int = 80) -> str:
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else body or ""
-    text = " ".join(text.split())
+    text = " ".join(_text(body).split())
     return json.dumps(text[:most] + ("..." if len(text) > most else ""), ensure_ascii=False) if text else "(empty)"

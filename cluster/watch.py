@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 from hvdk8s.cluster import jobstatus, kube
 from hvdk8s.cluster.client import Cluster
+from hvdk8s.cluster.kubeerrors import Action, watch_cut_message
 from hvdk8s.common.errors import UserError
 
 WATCH_SECONDS = 50  # per watch request; the server may end it sooner
@@ -21,6 +22,10 @@ POD_POLL_SECONDS = 2.0  # launcher-pod lookups between status changes
 LOG_DRAIN_SECONDS = 30.0  # after the job ends, how long the last log lines may take to arrive
 EXPLAIN_SECONDS = 60.0  # without the job running this long (and as often after), say why it waits
 EXPLAIN_PODS = 5  # pending pods whose events are read each time
+# A watch that ends sooner than this without an event did not work (client-go's reflector: "very short watch"):
+# it is tried again after each of these waits in turn (a good watch starts them over), then the wait fails.
+SHORT_WATCH_SECONDS = 1.0
+SHORT_WATCH_WAITS = (0.5, 1.0, 2.0, 4.0, 8.0)
 
 
 class Printer:
@@ -46,8 +51,12 @@ class Printer:
 
 def job_updates(cluster: Cluster, namespace: str, name: str, watch_seconds: int = WATCH_SECONDS,
                 kind: kube.JobKind = kube.MPIJOB) -> Iterator[dict]:
-    """The job now, then each time it changes; ends when it is deleted (or was never there)."""
+    """The job now, then each time it changes; ends when it is deleted (or was never there).
+
+    Watches that end at once without an event (see ``SHORT_WATCH_WAITS``) end it with a UserError.
+    """
     version = None
+    waits = iter(SHORT_WATCH_WAITS)
     while True:
         if version is None:
             listing = kube.list_job(cluster, namespace, name, kind)
@@ -55,8 +64,10 @@ def job_updates(cluster: Cluster, namespace: str, name: str, watch_seconds: int 
                 return
             version = listing["metadata"]["resourceVersion"]
             yield listing["items"][0]
+        began, events = time.monotonic(), 0
         try:
             for event, obj in kube.watch_job(cluster, namespace, name, version, watch_seconds, kind):
+                events += 1
                 version = obj["metadata"]["resourceVersion"]
                 if event == "DELETED":
                     return
@@ -64,6 +75,13 @@ def job_updates(cluster: Cluster, namespace: str, name: str, watch_seconds: int 
                     yield obj
         except kube.WatchExpired:
             version = None
+        if events or time.monotonic() - began >= SHORT_WATCH_SECONDS:
+            waits = iter(SHORT_WATCH_WAITS)
+        elif (wait := next(waits, None)) is not None:
+            time.sleep(wait)
+        else:
+            raise UserError(watch_cut_message(cluster.host, Action("watch", kind.resource, namespace, name),
+                                              len(SHORT_WATCH_WAITS) + 1))
 
 
 class LauncherLogs(threading.Thread):

@@ -16,7 +16,7 @@ from kubernetes import client
 
 from hvdk8s.cluster import kube
 from hvdk8s.cluster.client import Cluster, connect, resolve_namespace
-from hvdk8s.cluster.kubeerrors import Action, invalid_message, parse_status
+from hvdk8s.cluster.kubeerrors import Action, invalid_message, parse_status, type_not_served
 from hvdk8s.common.errors import UserError
 
 GROUP, VERSION, PLURAL = "argoproj.io", "v1alpha1", "workflows"
@@ -79,7 +79,7 @@ def follow(cluster: Cluster, namespace: str, name: str, out: TextIO) -> int:
 def _explain(err: client.ApiException, action: Action) -> None:
     """The messages kubeerrors cannot give for Workflows: Argo not installed, an invalid Workflow."""
     status = parse_status(err.body)
-    if err.status == 404 and not status:
+    if err.status == 404 and type_not_served(status, (err.body or "").strip(), PLURAL):
         raise UserError("the cluster does not serve argoproj.io/v1alpha1 Workflows: Argo Workflows is not "
                         f"installed. Install it with:\n  {INSTALL_ARGO}\nthen check: kubectl get crd "
                         "workflows.argoproj.io") from None

@@ -18,11 +18,10 @@ Per test it can play: the CRD not installed (``404 page not found``), RBAC
 denials (``403`` naming user, verb, resource, namespace), creates in a namespace
 that does not exist (``404`` for the namespace, as NamespaceLifecycle admission
 answers), a server that is not a Kubernetes API server at all (``Foreign``: 200 and a web
-page or other JSON, to every request or some verbs) and a scripted MPI
-Operator that walks an MPIJob through its conditions, replica counts and a
-launcher pod that writes log lines, or leaves its worker pods Pending with the
-scheduler's FailedScheduling events (listed by ``fieldSelector``, like the
-API server's events).
+page or other JSON, or a proxy's 404 page, to every request or some verbs; or a watch body no API
+server sends) and a scripted MPI Operator that walks an MPIJob through its conditions, replica counts
+and a launcher pod that writes log lines, or leaves its worker pods Pending with the scheduler's
+FailedScheduling events (listed by ``fieldSelector``, like the API server's events).
 """
 from __future__ import annotations
 
@@ -274,12 +273,15 @@ def failing(reason: str, message: str, logs: Iterable[str] = (), workers: int = 
 
 @dataclass(frozen=True)
 class Foreign:
-    """What a server that is not a Kubernetes API server (a web page, some other JSON API) answers: 200 with this
-    content, to the requests of ``verbs`` (create, get, list, watch, update, delete), to every request when empty."""
+    """A fixed answer, ``status`` with this content, to the requests of ``verbs`` (create, get, list, watch, update,
+    delete), to every request when empty: what a server that is not a Kubernetes API server (a web page, some other
+    JSON API, a proxy's 404 page) answers, or a watch body as no API server sends it (a last event with no newline,
+    nothing at all)."""
 
     content_type: str
     body: bytes
     verbs: frozenset[str] = frozenset()
+    status: int = 200
 
 
 HTML_PAGE = Foreign("text/html; charset=utf-8", b"<!DOCTYPE html>\n<html><head><title>Sign in</title></head>\n"
@@ -444,7 +446,7 @@ class KubeDouble:
     def _wsgi(self, request: Request) -> Response:
         self.requests.append((request.method, request.path, dict(request.args)))
         if self.foreign and (not self.foreign.verbs or _verb(request) in self.foreign.verbs):
-            return Response(self.foreign.body, status=200, content_type=self.foreign.content_type)
+            return Response(self.foreign.body, status=self.foreign.status, content_type=self.foreign.content_type)
         adapter = self._routes.bind_to_environ(request.environ)
         try:
             endpoint, params = adapter.match()

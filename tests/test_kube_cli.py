@@ -3,6 +3,7 @@ generated kubeconfig, against the local API double (tests/kube_double.py), which
 create bodies with the real MPIJob CRD schema and plays the MPI Operator. Not a real cluster."""
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -818,8 +819,8 @@ def test_the_namespace_used_is_checked_wherever_it_comes_from(api, tmp_path, cap
 
 def not_kubernetes(double: KubeDouble, what: str) -> str:
     return (f"the server at {double.url} did not answer as a Kubernetes API server: {what}. Is this the right "
-            "kubeconfig context, and its server the cluster's API server? Check with: kubectl cluster-info (choose "
-            "one with --kubeconfig/--context)")
+            "kubeconfig context, and its server URL (path included) the cluster's API server? Check with: kubectl "
+            "cluster-info (choose one with --kubeconfig/--context)")
 
 
 PAGE_SAID = ('it answered 200 with text/html content: "<!DOCTYPE html> <html><head><title>Sign in</title></head> '
@@ -850,16 +851,89 @@ def test_a_typed_answer_that_is_no_kubernetes_object_is_named_too(api, manifest,
     assert double.requests[-1][1] == f"/api/v1/namespaces/{NS}/pods"
 
 
-@pytest.mark.parametrize("foreign, said", [
-    (HTML_PAGE, "a watch answered with lines that are not watch events"),
-    (JSON_LIST, "a watch answered with JSON lines that are not watch events"),
-], ids=["page", "list"])
-def test_a_watch_answered_by_something_else_is_named_too(api, manifest, capsys, foreign, said):
+WATCHED = 'watch mpijobs.kubeflow.org "pi" in namespace "team"'
+
+
+def watches(double: KubeDouble) -> int:
+    return sum(1 for _, path, query in double.requests if path == WATCH and query.get("watch") == "true")
+
+
+@pytest.mark.parametrize("foreign, line", [
+    (HTML_PAGE, '"<!DOCTYPE html>"'),
+    (JSON_LIST, '"[1, 2, 3]"'),
+    (Foreign("text/html", b"<html><body>Please sign in</body></html>"), '"<html><body>Please sign in</body></html>"'),
+], ids=["page", "list", "page-without-newline"])
+def test_a_watch_answered_by_something_else_is_named_too(api, manifest, capsys, foreign, line):
+    """A body without a final newline was dropped whole by the client, and the wait watched again and again."""
     double, flags = api()
     double.foreign = Foreign(foreign.content_type, foreign.body, frozenset({"watch"}))
     code, out, err = run(capsys, "submit", str(manifest), "--wait", *flags)
     assert code == 2 and out == ["mpijob.kubeflow.org/pi created in namespace team"]
+    said = f"it answered {WATCHED} with a line that is not a watch event: {line}"
     assert err == f"hvdk8s submit: error: {not_kubernetes(double, said)}\n"
+    assert watches(double) == 1
+
+
+def test_a_last_watch_event_without_a_newline_is_read(api, manifest, capsys):
+    """client-go decodes a stream of JSON objects, not of lines: an event the body ends without a newline counts."""
+    double, flags = api()
+    done = {"metadata": {"name": "pi", "namespace": NS, "resourceVersion": "999"}, "status": {"conditions": [
+        {"type": "Succeeded", "status": "True", "reason": "MPIJobSucceeded", "message": "MPIJob team/pi done."}]}}
+    body = b'{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "998"}}}\n' + json.dumps(
+        {"type": "MODIFIED", "object": done}).encode()
+    double.foreign = Foreign("application/json", body, frozenset({"watch"}))
+    code, out, err = run(capsys, "submit", str(manifest), "--wait", *flags)
+    assert (code, err) == (0, "")
+    assert status_lines(out) == ["Succeeded: MPIJob team/pi done. [MPIJobSucceeded]"]
+    assert watches(double) == 1
+
+
+def test_watches_that_end_at_once_with_nothing_are_tried_a_few_times_then_said(api, manifest, capsys, monkeypatch):
+    """An empty 200 to every watch made the wait watch again at once, forever (hundreds of requests a second)."""
+    monkeypatch.setattr(watch, "SHORT_WATCH_WAITS", (0.01, 0.02, 0.04))
+    double, flags = api()
+    double.foreign = Foreign("application/json", b"", frozenset({"watch"}))
+    code, out, err = run(capsys, "submit", str(manifest), "--wait", *flags)
+    assert code == 2 and out == ["mpijob.kubeflow.org/pi created in namespace team"]
+    assert err == (f"hvdk8s submit: error: could not {WATCHED}: the server at {double.url} ended the watch 4 times in "
+                   "a row as soon as it began, without a single event, where a Kubernetes API server keeps a watch "
+                   "open until its timeout. Is the kubeconfig's server the cluster's API server, with no proxy "
+                   "between that cuts streams? Check with: kubectl get mpijobs.kubeflow.org pi -n team --watch\n")
+    assert watches(double) == 4
+
+
+PROXY_404 = Foreign("text/html", b"<html><head><title>404 Not Found</title></head><body>nginx</body></html>\n",
+                    status=404)
+
+
+@pytest.mark.parametrize("argv, asked", [
+    (["status", "pi"], 'get mpijobs.kubeflow.org "pi" in namespace "team"'),
+    (["delete", "pi"], 'delete mpijobs.kubeflow.org "pi" in namespace "team"'),
+    (["submit", "MANIFEST"], 'create mpijobs.kubeflow.org "pi" in namespace "team"'),
+    (["submit", "JOB_SPEC", "--api", "trainjob"], 'get trainjobs.trainer.kubeflow.org "digits" in namespace "team"'),
+], ids=["status", "delete", "submit", "submit-trainjob"])
+def test_a_404_page_that_is_no_kubernetes_status_names_the_server_not_the_operator(api, manifest, job_spec, capsys,
+                                                                                 argv, asked):
+    """Only the API server's own "404 page not found" means no CRD serves the kind; a proxy's page is no answer
+    of the API server at all (the kubeconfig's server URL, or its path, is not the API server's)."""
+    double, flags = api(foreign=PROXY_404)
+    argv = [{"MANIFEST": str(manifest), "JOB_SPEC": str(job_spec)}.get(arg, arg) for arg in argv]
+    code, out, err = run(capsys, *argv, *flags)
+    said = (f"it answered {asked} with 404 and text/html content that is not a Kubernetes Status: "
+            '"<html><head><title>404 Not Found</title></head><body>nginx</body></html>"')
+    assert (code, out, err) == (2, [], f"hvdk8s {argv[0]}: error: {not_kubernetes(double, said)}\n")
+    assert len(double.requests) == 1  # a TrainJob's runtime is not written after its name check got the page
+
+
+def test_a_followed_log_keeps_its_last_line_without_a_newline(api):
+    """The client's line splitter dropped a followed log's last line when no newline ended it (a process that died
+    mid-line); kubectl logs -f prints it, as does the log read whole."""
+    double, flags = api()
+    double.foreign = Foreign("text/plain", b"epoch 1\n\nTraceback: killed", frozenset({"get"}))
+    pod = kube.LauncherPod("pi-launcher", "uid-1", "Running", "mpi-launcher")
+    cluster = connect(flags[1])
+    for follow in (True, False):
+        assert list(kube.log_lines(cluster, NS, pod, follow=follow)) == ["epoch 1", "", "Traceback: killed"]
 
 
 def test_every_caller_of_connect_gets_the_check(api):

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
-from hvdk8s.cluster import jobstatus, kube, kubeerrors
+from hvdk8s.cluster import jobstatus, kube, kubeerrors, watch
 from hvdk8s.cluster.client import resolve_namespace
 from hvdk8s.cluster.kubeerrors import MPIJOBS, Action
 from hvdk8s.common.errors import UserError
@@ -104,13 +105,43 @@ def status(code: int, reason: str, message: str, **details) -> str:
 CREATE = Action("create", MPIJOBS, "ns", "j")
 
 
+GET = Action("get", MPIJOBS, "ns", "j")
+FOUND_NOT = status(404, "NotFound", 'mpijobs.kubeflow.org "j" not found', name="j", group="kubeflow.org",
+                   kind="mpijobs")
+
+
 def test_404_plain_text_on_mpijobs_means_the_crd_is_missing_but_a_status_means_no_such_job():
     message = kubeerrors.api_error_message(404, "404 page not found\n", CREATE)
     assert kubeerrors.INSTALL_OPERATOR in message
     assert "raw.githubusercontent.com/kubeflow/mpi-operator/v0.8.2/deploy/v2beta1/mpi-operator.yaml" in message
-    found = status(404, "NotFound", 'mpijobs.kubeflow.org "j" not found', name="j", kind="mpijobs")
-    assert kubeerrors.api_error_message(404, found, Action("get", MPIJOBS, "ns", "j")) == (
+    assert kubeerrors.api_error_message(404, FOUND_NOT, GET) == (
         'mpijobs.kubeflow.org "j" not found in namespace "ns" (list them: kubectl get mpijobs -n ns)')
+    assert kubeerrors.names_missing_object(404, FOUND_NOT)
+    assert not kubeerrors.names_missing_object(404, "404 page not found\n")
+
+
+@pytest.mark.parametrize("details", [{}, {"group": "kubeflow.org", "kind": "mpijobs"}], ids=["empty", "resource"])
+def test_a_404_status_that_names_no_object_means_the_resource_type_is_not_served(details):
+    """apimachinery's 404 for a path nothing serves (NewGenericServerResponse, as go-restful's routes answer it)
+    names no object: not the job, the kind is missing."""
+    body = status(404, "NotFound", "the server could not find the requested resource", **details)
+    assert kubeerrors.api_error_message(404, body, GET) == kubeerrors.crd_missing_message(MPIJOBS)
+    assert not kubeerrors.names_missing_object(404, body)
+
+
+@pytest.mark.parametrize("content_type, body, said", [
+    ("text/plain; charset=utf-8", b"404 page not found\n", None),
+    ("application/json", FOUND_NOT.encode(), None),
+    ("text/html", b"<html><body><h1>404 Not Found</h1></body></html>", 'it answered get mpijobs.kubeflow.org "j" in '
+     'namespace "ns" with 404 and text/html content that is not a Kubernetes Status: '
+     '"<html><body><h1>404 Not Found</h1></body></html>"'),
+    ("application/json", b'{"error": "no route"}', 'it answered get mpijobs.kubeflow.org "j" in namespace "ns" with '
+     '404 and application/json content that is not a Kubernetes Status: "{\\"error\\": \\"no route\\"}"'),
+    (None, b"", 'it answered get mpijobs.kubeflow.org "j" in namespace "ns" with 404 and content that is not a '
+     "Kubernetes Status: (empty)"),
+], ids=["not-served", "status", "page", "json", "empty"])
+def test_a_404_is_the_api_servers_only_as_a_status_or_its_plain_page(content_type, body, said):
+    assert kubeerrors.foreign_not_found(content_type, body, GET) == said
 
 
 def test_409_403_401_and_others():
@@ -216,3 +247,19 @@ def test_namespace_precedence():
     assert resolve_namespace("m", "m", "ctx") == "m"
     with pytest.raises(UserError, match='metadata.namespace "m" but --namespace is "f"'):
         resolve_namespace("f", "m", "ctx")
+
+
+def test_a_watch_with_an_event_starts_the_count_of_short_watches_over(monkeypatch):
+    """Watches ended at once with no event are tried again SHORT_WATCH_WAITS times in a row, not in all."""
+    monkeypatch.setattr(watch, "SHORT_WATCH_WAITS", (0.0, 0.0))
+    job = {"metadata": {"name": "j", "resourceVersion": "1"}}
+    monkeypatch.setattr(kube, "list_job", lambda *_: {"metadata": {"resourceVersion": "1"}, "items": [job]})
+    answers = iter([[], [], [("BOOKMARK", job)], [], [], [("DELETED", job)], [], [], []])
+    monkeypatch.setattr(kube, "watch_job", lambda *_: iter(next(answers)))
+    cluster = SimpleNamespace(host="https://k8s:6443")
+    assert list(watch.job_updates(cluster, "ns", "j")) == [job]
+    with pytest.raises(UserError) as cut:
+        list(watch.job_updates(cluster, "ns", "j"))
+    assert str(cut.value).startswith('could not watch mpijobs.kubeflow.org "j" in namespace "ns": the server at '
+                                     "https://k8s:6443 ended the watch 3 times in a row as soon as it began")
+    assert next(answers, None) is None

@@ -8,7 +8,7 @@ from urllib.parse import urlencode
 import pytest
 import urllib3
 
-from kube_double import KubeDouble, crd_schema
+from kube_double import Foreign, KubeDouble, crd_schema
 
 pytestmark = pytest.mark.unit
 
@@ -100,3 +100,13 @@ def test_crd_missing_and_forbidden():
         code, status = call(double, "GET", "/api/v1/namespaces/ns/pods", labelSelector="a=b")
         assert (code, status["message"]) == (403, 'pods is forbidden: User "alice" cannot list resource "pods" in '
                                                   'API group "" in the namespace "ns"')
+
+
+def test_it_can_answer_as_some_other_server_does():
+    """``Foreign``: its status and content to its verbs (a proxy's 404 page to gets here), the API to the rest."""
+    page = b"<html><body>404 Not Found</body></html>"
+    with KubeDouble(foreign=Foreign("text/html", page, frozenset({"get", "watch"}), status=404)) as double:
+        assert call(double, "GET", f"{JOBS}/j") == (404, page)
+        assert call(double, "GET", JOBS, watch="true") == (404, page)
+        code, listed = call(double, "GET", JOBS)
+        assert (code, listed["kind"]) == (200, "MPIJobList")

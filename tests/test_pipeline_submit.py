@@ -30,6 +30,8 @@ pytestmark = pytest.mark.unit
 
 NS = "team"
 PREFIX = "/apis/argoproj.io/v1alpha1/namespaces/<ns>/workflows"
+# the API server's answer for a path it serves nothing at, a CRD not installed among them (kubeerrors.NOT_SERVED)
+NOT_SERVED = ("text/plain; charset=utf-8", "404 page not found\n")
 
 
 class WorkflowDouble:
@@ -38,8 +40,9 @@ class WorkflowDouble:
     the phase they end in (default Succeeded), ``final`` is the workflow's phase after the last."""
 
     def __init__(self, *, crd_installed: bool = True, outcome: dict[str, str] | None = None,
-                 final: str = "Succeeded", message: str = ""):
+                 final: str = "Succeeded", message: str = "", not_found: tuple[str, str] = NOT_SERVED):
         self.crd_installed, self.outcome, self.final, self.message = crd_installed, outcome or {}, final, message
+        self.not_found = not_found  # (content type, body) of the 404 answered without the CRD
         self.workflows: dict[tuple[str, str], dict] = {}
         self.controllers: dict[tuple[str, str], Iterator[None]] = {}
         self.ids = itertools.count(1)
@@ -75,7 +78,7 @@ class WorkflowDouble:
         except Exception:  # noqa: BLE001  (werkzeug NotFound: what the real server says for unknown paths)
             return Response("404 page not found\n", status=404, mimetype="text/plain")
         if not self.crd_installed:
-            return Response("404 page not found\n", status=404, mimetype="text/plain")
+            return Response(self.not_found[1], status=404, content_type=self.not_found[0])
         return answer(getattr(self, endpoint), request, **params)
 
     def create(self, request: Request, ns: str) -> Response:
@@ -166,11 +169,27 @@ def test_without_wait_it_only_creates(api, capsys):
     assert list(double.workflows) == [(NS, "digits-00001")]
 
 
-def test_argo_not_installed_says_how_to_install_it(api, capsys):
-    _, flags = api(crd_installed=False)
+@pytest.mark.parametrize("not_found", [
+    NOT_SERVED,  # the real API server's
+    ("application/json", '{"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", '
+                         '"message": "the server could not find the requested resource", "code": 404}'),
+], ids=["plain-page", "status-naming-no-object"])
+def test_argo_not_installed_says_how_to_install_it(api, capsys, not_found):
+    _, flags = api(crd_installed=False, not_found=not_found)
     code, _, err = run(capsys, "pipeline", "submit", str(EXAMPLE), *flags)
     assert code == 2
     assert "Argo Workflows is not installed" in err and submit.INSTALL_ARGO in err
+
+
+def test_a_proxys_404_page_names_the_server_not_argo(api, capsys):
+    double, flags = api(crd_installed=False, not_found=("text/html", "<html><body>Not Found</body></html>\n"))
+    code, _, err = run(capsys, "pipeline", "submit", str(EXAMPLE), *flags)
+    host = f"http://127.0.0.1:{double.server.server_port}"
+    assert (code, err) == (2, f"hvdk8s pipeline: error: the server at {host} did not answer as a Kubernetes API "
+                              "server: it answered create workflows.argoproj.io in namespace \"team\" with 404 and "
+                              'text/html content that is not a Kubernetes Status: "<html><body>Not Found</body></html>". '
+                              "Is this the right kubeconfig context, and its server URL (path included) the cluster's "
+                              "API server? Check with: kubectl cluster-info (choose one with --kubeconfig/--context)\n")
 
 
 def test_an_invalid_workflow_is_refused_with_field_paths(api):
