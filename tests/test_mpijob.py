@@ -208,9 +208,14 @@ def test_file_errors_name_the_file(tmp_path: Path):
         load_spec(twice)
     assert str(info.value).startswith(f"{twice}: not valid YAML: key 'workers' given twice (first on line 2)\n")
     assert "line 5, column 1" in str(info.value)
-    merged = tmp_path / "merged.yaml"  # a merge brings keys in that the mapping may give again
-    merged.write_text("base: &b {cpu: 1, memory: 1Gi}\nworker:\n  <<: *b\n  cpu: 4\n")
-    assert read_yaml(merged)["worker"] == {"cpu": 4, "memory": "1Gi"}
+    merged = tmp_path / "merged.yaml"  # a merge brings keys in that the mapping may give again, at any depth
+    merged.write_text("base: &b {cpu: 1, memory: 1Gi}\nworker:\n  <<: *b\n  cpu: 4\n"
+                      "group:\n  mid: &m\n    <<: *b\n    cpu: 2\ntop:\n  <<: *m\n"
+                      "both:\n  <<: [*m, *b]\n")
+    assert read_yaml(merged) == yaml.safe_load(merged.read_text()) == {
+        "base": {"cpu": 1, "memory": "1Gi"}, "worker": {"cpu": 4, "memory": "1Gi"},
+        "group": {"mid": {"cpu": 2, "memory": "1Gi"}}, "top": {"cpu": 2, "memory": "1Gi"},
+        "both": {"cpu": 2, "memory": "1Gi"}}
     latin1 = tmp_path / "latin1.yaml"
     latin1.write_bytes("name: caf\u00e9\n".encode("latin-1"))
     with pytest.raises(UserError, match=r"latin1\.yaml: not UTF-8 text \(byte 9\)"):

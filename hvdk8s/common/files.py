@@ -39,23 +39,31 @@ def read_text(path: str | os.PathLike[str], source: str) -> str:
 class _Loader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key given twice in one mapping (it would keep the last silently).
 
-    A key a merge (``<<``) brings in may still be given again: that is what merging is for.
+    A key a merge (``<<``) brings in may still be given again: that is what merging is for. So each mapping is
+    checked once, as written, before PyYAML flattens its merges into it (which it does in place, and to an
+    anchored mapping before an alias merges it elsewhere).
     """
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        first: dict[Any, yaml.Mark] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                seen = first.setdefault(key, key_node.start_mark)
-            except TypeError:  # an unhashable key: the base class says so
-                continue
-            if seen is not key_node.start_mark:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} given twice (first on line {seen.line + 1})", key_node.start_mark)
-        return super().construct_mapping(node, deep)
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._checked: set[int] = set()
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        if id(node) not in self._checked:
+            self._checked.add(id(node))
+            first: dict[Any, yaml.Mark] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    seen = first.setdefault(key, key_node.start_mark)
+                except TypeError:  # an unhashable key: construct_mapping says so
+                    continue
+                if seen is not key_node.start_mark:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} given twice (first on line {seen.line + 1})", key_node.start_mark)
+        super().flatten_mapping(node)
 
 
 def read_yaml(path: str | os.PathLike[str]) -> Any:
