@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 import typing
 
-from hvdk8s.launcher.mpirun import DEFAULT_TCP_EAGER_LIMIT, AllreduceAlgorithm, host_slots
+from hvdk8s.launcher.mpirun import DEFAULT_TCP_EAGER_LIMIT, AllreduceAlgorithm, check_hosts
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,21 +66,12 @@ def _run(args: argparse.Namespace) -> int:
     elif args.min_np or args.max_np or args.slots is not None or args.blacklist_cooldown:
         raise UserError("--min-np/--max-np/--slots/--blacklist-cooldown: elastic runs need --host-discovery-script "
                         "(a plain run takes slots in -H host:slots)")
-    elif args.hosts is not None:  # refused here, not by mpirun's ssh attempts or its paragraphs of help
+    elif args.hosts is not None:  # refused here, not by mpirun's ssh attempt to a host named "foo:x"
         try:
-            slots = host_slots(args.hosts)
+            check_hosts(args.hosts)
         except ValueError as err:
             raise UserError(f"-H/--hosts: {err} (expected host or host:slots, comma-separated)") from None
-        if args.np > slots and not _oversubscribing(args.env):
-            raise UserError(f"-np {args.np}: more ranks than the {slots} slot{'s' if slots > 1 else ''} of "
-                            f"-H/--hosts {args.hosts} (a host without :slots has 1)")
     return local.run(args.np, args.argv, hosts=args.hosts, env=args.env, timeline=args.timeline, elastic=elastic,
                      allreduce_algorithm=args.allreduce_algorithm, tcp_eager_limit=args.tcp_eager_limit,
                      network_interface=args.network_interface)
 
-
-def _oversubscribing(env: list[str]) -> bool:
-    """Whether Open MPI is told to place more ranks than slots (its MCA variable, here or through --env)."""
-    name = "OMPI_MCA_rmaps_base_oversubscribe"
-    given = dict(item.partition("=")[::2] for item in env)
-    return (given.get(name) or os.environ.get(name, "")).strip().lower() in ("1", "true", "yes")

@@ -143,27 +143,27 @@ def forwarded_env(environ: Mapping[str, str], extra: Iterable[str] = ()) -> list
 # One label of a host name (letters, digits, - and _ inside), so an IPv4 address passes too.
 _HOST_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]*[A-Za-z0-9_])?"
 _HOST_NAME = re.compile(rf"{_HOST_LABEL}(?:\.{_HOST_LABEL})*")
+# Open MPI 4's relative names for the allocation's nodes (orte/util/dash_host: +n<index>, +e or +e:<count> empty).
+_RELATIVE = re.compile(r"\+n[0-9]+|\+e(:[1-9][0-9]*)?")
 
 
-def host_slots(hosts: str) -> int:
-    """The slots of an Open MPI ``-H`` list: comma-separated ``host`` (one slot) or ``host:slots``.
+def check_hosts(hosts: str) -> None:
+    """Raise ``ValueError`` naming the first entry of an Open MPI ``-H`` list that mpirun would not take.
 
-    A host listed without ``:slots`` has one slot, as in Open MPI 4 (mpirun's
-    "not enough slots" help: "N defaults to 1 if not provided"). A host listed
-    more than once has the sum of its entries' slots, as Open MPI merges them
-    (``a,a`` is ``a:2``). Raises ``ValueError`` naming the bad entry.
+    Entries are ``host`` or ``host:slots`` (a whole number above 0, or ``*``/``auto`` for the host's cores), or a
+    relative ``+n<i>``/``+e[:n]`` (Open MPI 4.1's orte/util/dash_host). Slots are not summed against ``-np``: under
+    a hostfile or a resource manager's allocation, ``-H`` only picks hosts from it, with the allocation's slots.
     """
-    total = 0
     for entry in hosts.split(","):
+        if _RELATIVE.fullmatch(entry):
+            continue
         host, colon, slots = entry.partition(":")
         if not host:
             raise ValueError(f"{entry!r}: no host name")
         if not _HOST_NAME.fullmatch(host):
             raise ValueError(f"{entry!r}: {host!r} is not a host name or IPv4 address")
-        if colon and not (slots.isascii() and slots.isdigit() and int(slots) > 0):
-            raise ValueError(f"{entry!r}: slots {slots!r} is not a whole number above 0")
-        total += int(slots) if colon else 1
-    return total
+        if colon and slots not in ("*", "auto") and not (slots.isascii() and slots.isdigit() and int(slots) > 0):
+            raise ValueError(f"{entry!r}: slots {slots!r} is not a whole number above 0 (or * or auto)")
 
 
 def mpirun_argv(
