@@ -63,6 +63,7 @@ def _migrate(args: argparse.Namespace) -> int:
                 print(f"{path}: rewritten", file=sys.stderr)
             else:
                 old = sources[path].encode(encodings[path])  # the file's bytes, so that patch applies the diff
+                sys.stdout.flush()
                 sys.stdout.buffer.writelines(difflib.diff_bytes(
                     difflib.unified_diff, old.splitlines(keepends=True), changed[path].splitlines(keepends=True),
                     os.fsencode(path), os.fsencode(path)))  # fmt: skip
@@ -101,7 +102,8 @@ def _read(path: str) -> tuple[str, str]:
         raise UserError(f"{path}: cannot read: {err.msg}") from None
     try:
         return data.decode(encoding), encoding
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise UserError(f"{path}:{line}: cannot read: byte 0x{data[err.start]:02x} is not {encoding} ({err.reason}); "
+    except UnicodeDecodeError as err:  # err.object: the bytes decoded (after a BOM), which err.start counts in
+        line = err.object.count(b"\n", 0, err.start) + 1
+        raise UserError(f"{path}:{line}: cannot read: byte 0x{err.object[err.start]:02x} is not {encoding} "
+                        f"({err.reason}); "
                         "Python reads a file as UTF-8 unless a coding cookie (PEP 263) names its encoding") from None

@@ -407,7 +407,10 @@ def test_cli_keeps_a_scripts_bom_coding_cookie_and_encoding_in_the_diff_and_with
 def test_cli_refuses_a_script_not_in_its_encoding(tmp_path: Path) -> None:
     (tmp_path / "bad.py").write_bytes(b"# -*- coding: utf-8 -*-\nimport horovod.keras as hvd\ns = 'caf\xe9'\n")
     (tmp_path / "odd.py").write_bytes(b"# -*- coding: klingon -*-\nimport horovod.keras as hvd\n")
+    (tmp_path / "bom.py").write_bytes(b"\xef\xbb\xbfimport horovod.keras as hvd\nx = 1\ns = '\xff'\n")
     for name, message in [
+        ("bom.py", "bom.py:3: cannot read: byte 0xff is not utf-8-sig (invalid start byte); Python reads a file "
+                   "as UTF-8 unless a coding cookie (PEP 263) names its encoding"),  # counted after the BOM
         ("bad.py", "bad.py:3: cannot read: byte 0xe9 is not utf-8 (invalid continuation byte); Python reads a file "
                    "as UTF-8 unless a coding cookie (PEP 263) names its encoding"),
         ("odd.py", "odd.py: cannot read: unknown encoding: klingon"),
