@@ -182,7 +182,7 @@ def _export_options(parser: argparse.ArgumentParser) -> None:
 def _positive(kind: type, zero: bool = False) -> Callable[[str], Any]:
     def parse(text: str) -> Any:
         value = kind(text)
-        if not math.isfinite(value):  # float("inf"), float("nan"): no timeout or wait can be either
+        if isinstance(value, float) and not math.isfinite(value):  # inf, nan: no timeout or wait can be either
             raise argparse.ArgumentTypeError(f"{text}: must be a finite number")
         if value < 0 or (value == 0 and not zero):
             raise argparse.ArgumentTypeError(f"{text}: must be {'0 or more' if zero else 'positive'}")
