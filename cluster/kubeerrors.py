@@ -216,10 +216,11 @@ def not_an_event(action: Action, line: str) -> str:
 
 
 def watch_cut_message(host: str, action: Action, watches: int) -> str:
-    """The server ended ``watches`` watches in a row as soon as they began, each without an event (client-go's
-    reflector calls one a "very short watch"): an API server keeps a watch open until its timeout."""
+    """The server ended ``watches`` watches in a row within a second of their start, none with a change of the job
+    (client-go's reflector calls one a "very short watch"; a 410 Gone each time is one too): an API server keeps a
+    watch open until its timeout."""
     return (f"could not {action}: the server at {host} ended the watch {watches} times in a row as soon as it began, "
-            "without a single event, where a Kubernetes API server keeps a watch open until its timeout. Is the "
+            "without a change of the job, where a Kubernetes API server keeps a watch open until its timeout. Is the "
             "kubeconfig's server the cluster's API server, with no proxy between that cuts streams? Check with: "
             f"kubectl get {action.resource} {action.name} -n {action.namespace} --watch")
 

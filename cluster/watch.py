@@ -73,7 +73,7 @@ def job_updates(cluster: Cluster, namespace: str, name: str, watch_seconds: int 
                     return
                 if event in ("ADDED", "MODIFIED"):
                     yield obj
-        except kube.WatchExpired:
+        except kube.WatchExpired:  # counted as a short watch too: a server that answers 410 every time must not spin
             version = None
         if events or time.monotonic() - began >= SHORT_WATCH_SECONDS:
             waits = iter(SHORT_WATCH_WAITS)

@@ -896,7 +896,7 @@ def test_watches_that_end_at_once_with_nothing_are_tried_a_few_times_then_said(a
     code, out, err = run(capsys, "submit", str(manifest), "--wait", *flags)
     assert code == 2 and out == ["mpijob.kubeflow.org/pi created in namespace team"]
     assert err == (f"hvdk8s submit: error: could not {WATCHED}: the server at {double.url} ended the watch 4 times in "
-                   "a row as soon as it began, without a single event, where a Kubernetes API server keeps a watch "
+                   "a row as soon as it began, without a change of the job, where a Kubernetes API server keeps a watch "
                    "open until its timeout. Is the kubeconfig's server the cluster's API server, with no proxy "
                    "between that cuts streams? Check with: kubectl get mpijobs.kubeflow.org pi -n team --watch\n")
     assert watches(double) == 4

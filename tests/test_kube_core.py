@@ -263,3 +263,30 @@ def test_a_watch_with_an_event_starts_the_count_of_short_watches_over(monkeypatc
     assert str(cut.value).startswith('could not watch mpijobs.kubeflow.org "j" in namespace "ns": the server at '
                                      "https://k8s:6443 ended the watch 3 times in a row as soon as it began")
     assert next(answers, None) is None
+
+
+class _Chunked:
+    """An unread HTTP response as ``stream_lines`` sees it: chunks as the network cuts them."""
+
+    def __init__(self, chunks: list[bytes]):
+        self.chunks, self.closed, self.released = chunks, False, False
+
+    def stream(self, amt=None):
+        yield from self.chunks
+
+    def close(self) -> None:
+        self.closed = True
+
+    def release_conn(self) -> None:
+        self.released = True
+
+
+def test_stream_lines_joins_lines_across_chunks_and_keeps_a_last_one_without_a_newline():
+    snowman = "\u2603".encode()  # three bytes, cut between chunks
+    answer = _Chunked([b'{"a":', b'1}\n{"b"', b':2}\n\n{"c": "' + snowman[:1], snowman[1:] + b'"}'])
+    assert list(kube.stream_lines(answer)) == ['{"a":1}', '{"b":2}', "", '{"c": "\u2603"}']
+    assert answer.closed and answer.released
+    left = _Chunked([b"one\ntwo\n"])
+    next(iter(lines := kube.stream_lines(left)))
+    lines.close()  # a reader that stops early still closes the response
+    assert left.closed and left.released
