@@ -100,6 +100,13 @@ def base_path(tmp_path_factory, trained):
     return base
 
 
+@pytest.fixture(scope="module")
+def tiny():
+    """An untrained 8x8x1 -> 3 classes model: quick to evaluate and export."""
+    return keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(3, activation="softmax")],
+                            name="tiny")
+
+
 # --- export ----------------------------------------------------------------------------------
 
 
@@ -235,12 +242,36 @@ def test_export_cli_says_what_is_wrong_with_a_bad_checkpoint(tmp_path, trained, 
     assert not (tmp_path / "models").exists()
 
 
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"metadata": {"metrics": {"accuracy": 0.5}, "seen": {1, 2}}}, TypeError,
+     "metadata['seen']: cannot be stored as JSON (Object of type set is not JSON serializable)"),
+    ({"class_names": "abc"}, TypeError,
+     "class_names: expected a sequence of names, got the string 'abc' (for one name per character pass list(...))"),
+    ({"class_names": ["a", 1, "c"]}, TypeError, "class_names[1]: expected a str, got int 1"),
+], ids=["metadata-not-json", "class-names-string", "class-name-not-string"])
+def test_export_refuses_bad_class_names_and_metadata_before_writing(tmp_path, tiny, kwargs, error, message):
+    """Unrefused, a string was split into characters, int names were stored as ints, and unstorable metadata
+    failed only after the SavedModel was built, leaving the base path behind."""
+    with pytest.raises(error) as raised:
+        serving.export(tiny, tmp_path / "tiny", **kwargs)
+    assert str(raised.value) == message
+    assert not (tmp_path / "tiny").exists()
+
+
+def test_export_stores_numpy_scalars_in_metadata_as_numbers(tmp_path, tiny):
+    path = serving.export(tiny, tmp_path / "tiny", metadata={"metrics": {"accuracy": np.float32(0.5)},
+                                                             "epochs": np.int64(3)})
+    record = serving.read_metadata(path)
+    assert (record["metrics"], record["epochs"]) == ({"accuracy": 0.5}, 3)
+
+
 @pytest.mark.parametrize("command", [["export", "model.keras", "--base-path", "models"], ["predict", "digit.png"],
                                      ["loadtest"]], ids=["export", "predict", "loadtest"])
 @pytest.mark.parametrize("version, why", [
     ("-1", "must be 0 or more"),
     ("9223372036854775808", "a model version (TF Serving's are int64) is at most 9223372036854775807"),
-], ids=["negative", "beyond-int64"])
+    ("9" * 400, "a model version (TF Serving's are int64) is at most 9223372036854775807"),  # beyond a float too
+], ids=["negative", "beyond-int64", "beyond-float"])
 def test_version_flags_refuse_versions_tf_serving_cannot_have(tmp_path, monkeypatch, capsys, command, version, why):
     """Refused at the flag: export would write a folder that serve ignores; predict and loadtest would ask for one."""
     monkeypatch.chdir(tmp_path)
@@ -333,6 +364,58 @@ def test_select_refuses_labels_that_are_not_the_models_classes_naming_the_data(t
     err = capsys.readouterr().err
     assert (code, err) == (2, f"hvdk8s select: error: {source}, candidate tiny.keras: {wrong}\n")
     assert not base.exists()
+
+
+@pytest.mark.parametrize("x, y, batch_size, error, message", [
+    (np.zeros((2, 28, 28, 1)), [0, 1], 256, ValueError,
+     "images of shape (2, 28, 28, 1) do not fit model 'tiny', whose input shape is (None, 8, 8, 1)"),
+    (np.zeros((2, 8, 8, 3)), [0, 1], 256, ValueError,
+     "images of shape (2, 8, 8, 3) do not fit model 'tiny', whose input shape is (None, 8, 8, 1)"),
+    (np.zeros((2, 64)), [0, 1], 256, ValueError,
+     "images of shape (2, 64) do not fit model 'tiny', whose input shape is (None, 8, 8, 1)"),
+    (np.full((2, 8, 8, 1), "0"), [0, 1], 256, ValueError, "images of type <U1: expected numbers"),
+    (np.zeros((0, 8, 8, 1)), [], 256, ValueError,
+     "images of shape (0, 8, 8, 1) and labels of shape (0,): need one label per image, at least one"),
+    (np.zeros((3, 8, 8, 1)), [0, 1], 256, ValueError,
+     "images of shape (3, 8, 8, 1) and labels of shape (2,): need one label per image, at least one"),
+    (np.zeros((2, 8, 8, 1)), [0, 1], 0, ValueError, "batch_size=0: must be >= 1"),
+    (np.zeros((2, 8, 8, 1)), [0, 1], 2.0, TypeError, "batch_size: expected a whole number, got float 2.0"),
+], ids=["28x28", "3-channels", "flat", "strings", "empty", "more-images", "batch-0", "batch-float"])
+def test_evaluate_refuses_bad_input_before_the_model_runs(tiny, x, y, batch_size, error, message):
+    """Unrefused: a Keras error about a Dense layer, numpy's "need at least one array to concatenate", range()'s
+    "arg 3 must not be zero"."""
+    with pytest.raises(error) as raised:
+        serving.evaluate(tiny, x, np.array(y), batch_size)
+    assert str(raised.value) == message
+
+
+def test_evaluate_takes_the_shapes_keras_takes(tiny):
+    """``None`` sizes match any size; a missing or surplus last axis of size 1 is Keras's to add or drop."""
+    labels = np.array([0, 1, 2])
+    expected = serving.evaluate(tiny, np.ones((3, 8, 8, 1)), labels, batch_size=2)
+    assert serving.evaluate(tiny, np.ones((3, 8, 8)), labels) == pytest.approx(expected)
+    assert serving.evaluate(tiny, np.ones((3, 8, 8, 1, 1)), labels) == pytest.approx(expected)
+    assert serving.evaluate(tiny, np.ones((3, 8, 8, 1)), labels[:, None]) == pytest.approx(expected)  # a column
+    pooled = keras.Sequential([keras.Input((None, None, 1)), keras.layers.GlobalAveragePooling2D(),
+                               keras.layers.Dense(3, activation="softmax")])
+    assert serving.evaluate(pooled, np.ones((3, 5, 7, 1)), labels).keys() == {"accuracy", "loss"}
+
+
+@pytest.mark.parametrize("data, message", [
+    ((np.zeros((2, 8, 8, 1)),), "data: must be a pair (x, y) of images and labels, got tuple of length 1"),
+    (np.zeros((2, 8, 8, 1)), "data: must be a pair (x, y) of images and labels, got ndarray"),
+    ((np.zeros((0, 8, 8, 1)), np.zeros(0)),
+     "given arrays: images of shape (0, 8, 8, 1) and labels of shape (0,): need one label per image, at least one"),
+    ((np.zeros((2, 28, 28, 1)), np.zeros(2)), "given arrays (2 images), candidate tiny.keras: images of shape "
+                                              "(2, 28, 28, 1) do not fit model 'tiny', whose input shape is "
+                                              "(None, 8, 8, 1)"),
+], ids=["one-array", "not-a-pair", "empty", "28x28"])
+def test_select_refuses_data_that_the_candidates_cannot_take(tmp_path, tiny, data, message):
+    tiny.save(tmp_path / "tiny.keras")
+    with pytest.raises(ValueError) as raised:
+        serving.select(tmp_path, tmp_path / "base", data=data)
+    assert str(raised.value) == message
+    assert not (tmp_path / "base").exists()
 
 
 # --- local serving and the client ------------------------------------------------------------

@@ -143,22 +143,26 @@ def export(
     model's input size, as ``keras.utils.image_dataset_from_directory`` does)
     to the model's input: a name from ``PREPROCESSING`` or a TensorFlow
     function. ``metadata`` (e.g. evaluation metrics) is stored in the version's
-    ``assets.extra/hvdk8s.json`` together with the export settings.
+    ``assets.extra/hvdk8s.json`` together with the export settings, numpy
+    scalars (``np.float32(0.9)``) as the Python numbers they hold.
 
-    The version is written under a temporary name and renamed into place, so a
-    polling server never loads half of it. Its ``serving_default`` signature
-    takes encoded JPEG or PNG bytes (``image_bytes``); ``predict_tensor`` takes
-    the model's own float input (``images``).
+    Every argument is checked before anything is written. The version is
+    written under a temporary name and renamed into place, so a polling server
+    never loads half of it. Its ``serving_default`` signature takes encoded
+    JPEG or PNG bytes (``image_bytes``); ``predict_tensor`` takes the model's
+    own float input (``images``).
 
     Args:
         model: A built Keras classifier with one image input ``(batch, height, width, channels)`` and one
             output ``(batch, classes)``.
         base_path: The model's base path, the folder TF Serving watches.
         version: The version number; None for ``next_version(base_path)``.
-        class_names: A name per output class, returned beside the probabilities; None for none.
+        class_names: A name (a ``str``) per output class, in output order, returned beside the probabilities;
+            None for none.
         preprocessing: ``"unit"`` (pixels / 255, the default), ``"symmetric"`` (to [-1, 1]), ``"raw"``
             ([0, 255] unchanged, for models with their own ``Rescaling`` layer), or a TensorFlow function.
-        metadata: Further entries for the version's record (their keys must not be the record's own).
+        metadata: Further entries for the version's record: JSON values (numpy scalars too), under keys that
+            are not the record's own.
 
     Returns:
         The version folder, ``base_path/<version>``.
@@ -167,6 +171,8 @@ def export(
         ValueError: The model is not a one-input, one-output image classifier; ``class_names`` does not
             match its outputs; ``version`` is not an integer from 0 to ``MAX_VERSION``; ``preprocessing`` is
             unknown; or ``metadata`` uses a reserved key.
+        TypeError: ``class_names`` is a string or holds a name that is not one; a ``metadata`` entry cannot be
+            stored as JSON.
         FileExistsError: The version exists already.
 
     Example:
@@ -179,7 +185,7 @@ def export(
     """
     height, width, channels, num_classes = _image_classifier_shape(model)
     normalise = _preprocessing_fn(preprocessing)
-    names = list(class_names) if class_names is not None else None
+    names = _class_names(class_names)
     if names is not None and len(names) != num_classes:
         raise ValueError(f"class_names: {len(names)} names for a model with {num_classes} outputs")
     root = Path(base_path)
@@ -206,17 +212,46 @@ def export(
     clash = sorted(set(record) & set(metadata or {}))
     if clash:
         raise ValueError(f"metadata: keys {clash} are reserved for the export record")
+    for key, value in (metadata or {}).items():
+        try:
+            json.dumps({key: value}, default=_numpy_scalar)
+        except (TypeError, ValueError) as err:  # ValueError: a circular reference
+            raise TypeError(f"metadata[{key!r}]: cannot be stored as JSON ({err})") from None
     record.update(metadata or {})
+    record_json = json.dumps(record, indent=2, default=_numpy_scalar) + "\n"
 
     archive = _archive(model, (height, width, channels), normalise, names)
     with atomic_directory(final) as tmp:  # only once the arguments are known to be good
         with contextlib.redirect_stdout(io.StringIO()):  # Keras prints the temporary path
             archive.write_out(os.fspath(tmp), verbose=False)
         (tmp / METADATA_FILE).parent.mkdir(parents=True, exist_ok=True)
-        (tmp / METADATA_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        (tmp / METADATA_FILE).write_text(record_json)
         if final.exists():  # another exporter took the number meanwhile (the rename refuses one taken later)
             raise FileExistsError(f"version {version} already exists at {final}")
     return final
+
+
+def _class_names(class_names: Sequence[str] | None) -> list[str] | None:
+    """``class_names`` as a list, or a TypeError for a string (not split into characters) or a name that is no string."""
+    if class_names is None:
+        return None
+    if isinstance(class_names, str):
+        raise TypeError(f"class_names: expected a sequence of names, got the string {class_names!r} (for one name "
+                        "per character pass list(...))")
+    names = list(class_names)
+    for i, name in enumerate(names):
+        if not isinstance(name, str):
+            raise TypeError(f"class_names[{i}]: expected a str, got {type(name).__name__} {name!r}")
+    return names
+
+
+def _numpy_scalar(value: Any) -> Any:
+    """``json.dumps``'s ``default``: a numpy scalar as the Python value it holds; TypeError for anything else."""
+    import numpy as np  # here, not at the top: the CLI imports this module for its constants
+
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def _image_classifier_shape(model: Any) -> tuple[int, int, int, int]:

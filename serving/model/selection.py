@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from hvdk8s.common.argcheck import whole
 from hvdk8s.serving.model import savedmodel
 
 METRICS = ("accuracy", "loss")
@@ -57,19 +58,27 @@ def evaluate(model: Any, x: np.ndarray, y: np.ndarray, batch_size: int = 256) ->
 
     Args:
         model: A Keras classifier with probabilities as output.
-        x: Inputs, in the model's input format.
-        y: Class numbers, one per input: integers, or floats with whole values.
-        batch_size: Examples per call of the model.
+        x: Inputs, at least one, shaped as the model's input (``None`` sizes match any; as in Keras, a missing
+            last axis of size 1 is added and a surplus one dropped).
+        y: Class numbers, one per input: integers, or floats with whole values; a vector, or a column (N, 1).
+        batch_size: Examples per call of the model, at least 1.
 
     Returns:
         ``{"accuracy": ..., "loss": ...}``.
 
     Raises:
-        ValueError: ``y`` is not one whole class number per input, or one is outside the model's classes; the
+        TypeError: ``batch_size`` is not a whole number.
+        ValueError: ``batch_size`` is below 1; ``x`` is empty, not numbers, or not shaped as the model's input;
+            ``y`` is not one whole class number per input, or one is outside the model's classes; the
             predictions are not one row of probabilities per label.
     """
-    y = np.asarray(y)
-    _check_labels(y)  # before the model runs
+    batch_size = whole("batch_size", batch_size)
+    x, y = np.asarray(x), np.asarray(y)
+    if y.ndim == 2 and y.shape[1] == 1:  # a column of class numbers, as Keras's own datasets give CIFAR's
+        y = y[:, 0]
+    _check_labels(y)  # all before the model runs
+    _check_count(x, y)
+    _check_images(model, x)
     # eager calls, not model.predict: no per-candidate tf.function (re)tracing
     batches = [np.asarray(model(x[i : i + batch_size], training=False)) for i in range(0, len(x), batch_size)]
     probabilities = np.concatenate(batches).astype("float64")
@@ -97,6 +106,30 @@ def _check_labels(y: np.ndarray) -> None:
             raise ValueError(f"label {fractional[0]} is not a class number (a whole number)")
     elif y.dtype.kind not in "biu":
         raise ValueError(f"labels of type {y.dtype}: expected integer class numbers")
+
+
+def _check_count(x: np.ndarray, y: np.ndarray) -> None:
+    """Raise ValueError unless ``x`` and ``y`` hold the same number of examples, at least one."""
+    if x.ndim == 0 or y.ndim == 0 or len(x) != len(y) or len(x) == 0:
+        raise ValueError(f"images of shape {x.shape} and labels of shape {y.shape}: need one label per image, "
+                         "at least one")
+
+
+def _check_images(model: Any, x: np.ndarray) -> None:
+    """Raise ValueError unless ``x`` holds numbers shaped as the model's input, as Keras would take them."""
+    if x.dtype.kind not in "biuf":
+        raise ValueError(f"images of type {x.dtype}: expected numbers")
+    expected = getattr(model, "input_shape", None)  # none for a subclassed model (it checks its own); a list: many
+    if not isinstance(expected, tuple):
+        return
+    want, got = expected[1:], x.shape[1:]
+    if len(got) == len(want) - 1 and want[-1] == 1:  # Keras adds the missing channel axis...
+        got += (1,)
+    elif len(got) == len(want) + 1 and got[-1] == 1:  # ...and drops a surplus one (Functional._adjust_input_rank)
+        got = got[:-1]
+    if len(got) != len(want) or any(w is not None and w != g for w, g in zip(want, got)):
+        raise ValueError(f"images of shape {x.shape} do not fit model {model.name!r}, whose input shape is "
+                         f"{expected}")
 
 
 def rank(candidates: Sequence[Candidate], metric: str = "accuracy") -> list[Candidate]:
@@ -127,8 +160,8 @@ def select(
         candidates_dir: Folder of candidate ``.keras`` files.
         base_path: The served model's base path; the winner becomes its next version.
         metric: ``"accuracy"`` (higher is better) or ``"loss"`` (cross-entropy, lower is better).
-        data: The held-out ``(images, integer labels)`` pair, in the models' input format; None for the
-            digits test split (``hvdk8s.data.load_digits``).
+        data: The held-out pair ``(images, integer labels)``, in the models' input format (see ``evaluate``);
+            None for the digits test split (``hvdk8s.data.load_digits``).
         class_names: A name per class, passed to ``export``.
         preprocessing: Passed to ``export``.
         data_name: What ``data`` is, e.g. its file, for the table, the record and error messages.
@@ -139,9 +172,11 @@ def select(
         evaluated on).
 
     Raises:
-        ValueError: Unknown ``metric``; empty or mismatched ``data``; a candidate that cannot be loaded, or
-            evaluated on ``data`` (e.g. a label outside its classes: the message names the data and the
-            candidate); or one that ``export`` refuses.
+        ValueError: Unknown ``metric``; ``data`` that is not a pair, or holds no images or not one label per
+            image; a candidate that cannot be loaded, or evaluated on ``data`` (e.g. images not shaped as its
+            input, a label outside its classes: the message names the data and the candidate); or one that
+            ``export`` refuses.
+        TypeError: ``class_names`` that ``export`` refuses (a string, a name that is not one).
         FileNotFoundError: ``candidates_dir`` is missing or holds no ``.keras`` file.
 
     Example:
@@ -158,13 +193,16 @@ def select(
     if data is None:
         from hvdk8s.data import load_digits
 
-        data = load_digits()[1]
-        source = f"digits test split ({len(data[1])} images)"
-    else:
-        source = f"{data_name} ({len(data[1])} images)"
+        data, data_name = load_digits()[1], "digits test split"
+    elif not isinstance(data, (tuple, list)) or len(data) != 2:
+        raise ValueError(f"data: must be a pair (x, y) of images and labels, got {type(data).__name__}"
+                         + (f" of length {len(data)}" if isinstance(data, (tuple, list)) else ""))
     x, y = np.asarray(data[0]), np.asarray(data[1])
-    if len(x) == 0 or len(x) != len(y):
-        raise ValueError(f"held-out data: {len(x)} images and {len(y)} labels; need the same number, at least one")
+    try:
+        _check_count(x, y)  # before loading any candidate
+    except ValueError as err:
+        raise ValueError(f"{data_name}: {err}") from None
+    source = f"{data_name} ({len(y)} images)"
 
     scored = []
     models = {}
