@@ -53,7 +53,8 @@ def job_updates(cluster: Cluster, namespace: str, name: str, watch_seconds: int 
                 kind: kube.JobKind = kube.MPIJOB) -> Iterator[dict]:
     """The job now, then each time it changes; ends when it is deleted (or was never there).
 
-    Watches that end at once without an event (see ``SHORT_WATCH_WAITS``) end it with a UserError.
+    Watches that end at once without an event (see ``SHORT_WATCH_WAITS``; an immediate 410 Gone is re-listed without
+    a wait, but counted) end it with a UserError.
     """
     version = None
     waits = iter(SHORT_WATCH_WAITS)
@@ -73,12 +74,13 @@ def job_updates(cluster: Cluster, namespace: str, name: str, watch_seconds: int 
                     return
                 if event in ("ADDED", "MODIFIED"):
                     yield obj
-        except kube.WatchExpired:  # counted as a short watch too: a server that answers 410 every time must not spin
+        except kube.WatchExpired:
             version = None
         if events or time.monotonic() - began >= SHORT_WATCH_SECONDS:
             waits = iter(SHORT_WATCH_WAITS)
         elif (wait := next(waits, None)) is not None:
-            time.sleep(wait)
+            if version is not None:  # after a 410 the list comes at once (it is counted: one every time must not spin)
+                time.sleep(wait)
         else:
             raise UserError(watch_cut_message(cluster.host, Action("watch", kind.resource, namespace, name),
                                               len(SHORT_WATCH_WAITS) + 1))

@@ -265,6 +265,26 @@ def test_a_watch_with_an_event_starts_the_count_of_short_watches_over(monkeypatc
     assert next(answers, None) is None
 
 
+def test_a_410_is_re_listed_at_once_but_one_every_time_is_said(monkeypatch):
+    """client-go re-lists after 410 Gone without waiting; a server that answers 410 to every watch is counted
+    like any watch that ends at once, so the follower neither spins nor waits before a list."""
+    slept: list[float] = []
+    monkeypatch.setattr(watch.time, "sleep", slept.append)
+    job = {"metadata": {"name": "j", "resourceVersion": "1"}}
+    lists = []
+    monkeypatch.setattr(kube, "list_job", lambda *_: lists.append(1) or {"metadata": {"resourceVersion": "1"},
+                                                                          "items": [job]})
+
+    def expired(*_):
+        raise kube.WatchExpired("too old resource version")
+        yield  # a generator, as watch_job is
+
+    monkeypatch.setattr(kube, "watch_job", expired)
+    with pytest.raises(UserError, match="ended the watch 6 times in a row as soon as it began"):
+        list(watch.job_updates(SimpleNamespace(host="https://k8s:6443"), "ns", "j"))
+    assert (slept, len(lists)) == ([], 6)
+
+
 class _Chunked:
     """An unread HTTP response as ``stream_lines`` sees it: chunks as the network cuts them."""
 
