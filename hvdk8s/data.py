@@ -6,6 +6,7 @@ failing with a message that names the missing path.
 """
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdk8s import runtime
+from hvdk8s.common.argcheck import real, whole
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 Arrays = tuple[np.ndarray, np.ndarray]
@@ -39,9 +41,15 @@ def shard(
 
     Returns:
         This rank's shard.
+
+    Raises:
+        TypeError: ``rank`` or ``size`` is not a whole number.
+        ValueError: ``size`` is below 1, or ``rank`` is not in ``0 .. size - 1``.
     """
-    rank = runtime.rank() if rank is None else rank
-    size = runtime.size() if size is None else size
+    size = whole("size", runtime.size() if size is None else size)
+    rank = whole("rank", runtime.rank() if rank is None else rank, 0)
+    if rank >= size:
+        raise ValueError(f"rank={rank}: must be < size={size}")
     if even:
         n = int(dataset.cardinality())
         if n >= 0:
@@ -73,6 +81,11 @@ def from_arrays(
     Returns:
         A prefetched dataset of ``(x, y)`` batches.
 
+    Raises:
+        ValueError: ``x`` and ``y`` differ in length, or ``batch_size`` is below 1 or above the examples of a
+            rank's shard (there would be no batch).
+        TypeError: ``batch_size`` is not a whole number.
+
     Example:
         ```python
         (x_train, y_train), (x_test, y_test) = hvd.data.load_digits()
@@ -80,6 +93,14 @@ def from_arrays(
         model.fit(train, epochs=10, callbacks=hvd.default_callbacks())
         ```
     """
+    if len(x) != len(y):
+        raise ValueError(f"from_arrays: x has {len(x)} examples and y {len(y)}; expected one label per example")
+    batch_size = whole("batch_size", batch_size)
+    ranks = runtime.size() if shard_by_rank else 1
+    if batch_size > len(x) // ranks:
+        where = f"each rank's shard ({len(x)} over {ranks} ranks)" if shard_by_rank else "the data"
+        raise ValueError(f"batch_size={batch_size}: larger than the {len(x) // ranks} examples of {where}; "
+                         "batches are full (drop_remainder), so there would be none")
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     if shard_by_rank:
         ds = shard(ds)
@@ -103,11 +124,23 @@ def load_digits(image_size: int = 28, test_fraction: float = 0.2, seed: int = 0)
     Returns:
         ``((x_train, y_train), (x_test, y_test))``: float32 images of shape ``(n, image_size, image_size, 1)``
         and int64 labels 0-9.
+
+    Raises:
+        TypeError: ``image_size`` is not a whole number, or ``test_fraction`` not a number.
+        ValueError: ``image_size`` is below 1; ``test_fraction`` is not between 0 and 1, or leaves either
+            side of the stratified split fewer images than there are classes.
     """
     from sklearn.datasets import load_digits as sk_digits
     from sklearn.model_selection import train_test_split
 
+    image_size = whole("image_size", image_size)
+    if real("test_fraction", test_fraction, above=0) >= 1:
+        raise ValueError(f"test_fraction={test_fraction}: must be < 1")
     bunch = sk_digits()
+    held_out, classes = math.ceil(test_fraction * len(bunch.target)), len(bunch.target_names)
+    if not classes <= held_out <= len(bunch.target) - classes:
+        raise ValueError(f"test_fraction={test_fraction}: holds out {held_out} of {len(bunch.target)} images; the "
+                         f"stratified split needs at least {classes} (one per class) on each side")
     images = (bunch.images.astype("float32") / 16.0)[..., None]
     if image_size != 8:
         images = tf.image.resize(images, (image_size, image_size), method="bilinear").numpy()
@@ -143,10 +176,15 @@ def image_folder(
 
     Raises:
         FileNotFoundError: ``path`` is not a directory.
-        ValueError: It has no sub-folders, or no JPEG or PNG files in them.
+        ValueError: It has no sub-folders, or no JPEG or PNG files in them; ``image_size`` is no ``(height,
+            width)`` pair, or a side is below 1.
+        TypeError: A side of ``image_size`` is not a whole number.
     """
     import keras
 
+    if not isinstance(image_size, (tuple, list)) or len(image_size) != 2:
+        raise ValueError(f"image_size={image_size!r}: expected (height, width)")
+    image_size = (whole("image_size[0]", image_size[0]), whole("image_size[1]", image_size[1]))
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"image folder {root}: no such directory")

@@ -4,6 +4,8 @@ from __future__ import annotations
 import keras
 from keras import layers
 
+from hvdk8s.common.argcheck import whole
+
 VARIANTS = ("cnn", "cnn_dropout", "cnn_bn")
 
 
@@ -31,7 +33,9 @@ def cnn(
         An uncompiled ``keras.Sequential`` model named after ``variant``.
 
     Raises:
-        ValueError: ``variant`` is not one of ``VARIANTS``.
+        ValueError: ``variant`` is not one of ``VARIANTS``; ``input_shape`` is no tuple or list of three, or its height
+            or width is below 4 (two 2x2 poolings) or its channels below 1; ``num_classes`` is below 1.
+        TypeError: A side of ``input_shape``, or ``num_classes``, is not a whole number.
 
     Example:
         ```python
@@ -42,6 +46,11 @@ def cnn(
     """
     if variant not in VARIANTS:
         raise ValueError(f"model variant {variant!r}: expected one of {VARIANTS}")
+    if not isinstance(input_shape, (tuple, list)) or len(input_shape) != 3:
+        raise ValueError(f"input_shape={input_shape!r}: expected (height, width, channels)")
+    for i, (side, least) in enumerate(zip(input_shape, (4, 4, 1))):
+        whole(f"input_shape[{i}]", side, least)
+    whole("num_classes", num_classes)
     init = keras.initializers.GlorotUniform(seed=seed)
     bn = variant == "cnn_bn"
     model = keras.Sequential(name=variant)

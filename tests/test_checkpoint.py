@@ -217,3 +217,85 @@ def test_a_checkpoint_numbered_below_the_newest_one_warns(tmp_path: Path) -> Non
         "or use an empty folder"
     ]  # once per fit
     assert [n for n, _ in checkpoint.list_checkpoints(tmp_path)] == [3, 4]
+
+
+@pytest.mark.unit
+def test_restore_refuses_a_checkpoint_file_for_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint's own path used to give 0 (a fresh start): the resume was lost without a word."""
+    model = tiny_model()
+    path = checkpoint.save_atomic(model, checkpoint.checkpoint_path(tmp_path, 7))
+    monkeypatch.setattr(checkpoint.runtime, "is_chief", lambda: True)  # rank 0 reads, before any collective
+    with pytest.raises(ValueError) as refused:
+        checkpoint.restore_latest(model, path)
+    assert str(refused.value) == (f"checkpoint folder {path}: is a file; expected the folder holding the "
+                                  f"ckpt-NNNN.keras checkpoints (Checkpoint's directory), such as {tmp_path}")
+    assert checkpoint.load_latest(model, tmp_path) == 7
+
+
+@pytest.mark.unit
+def test_a_checkpoint_of_another_architecture_is_named(tmp_path: Path) -> None:
+    checkpoint.save_atomic(tiny_model(), checkpoint.checkpoint_path(tmp_path, 3))
+    other = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4), keras.layers.Dense(2)])
+    other.compile("sgd", "mse")
+    with pytest.raises(ValueError) as refused:
+        checkpoint.load_latest(other, tmp_path)
+    assert re.fullmatch(
+        rf"checkpoint ckpt-0003\.keras in {re.escape(str(tmp_path))}: does not fit the model \(saved from another "
+        r"architecture\?\); Keras: A total of 2 objects could not be loaded\. Example error message for object "
+        r"<Dense name=\w+, built=True>:", str(refused.value))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("arguments, error, message", [
+    ({"every_epochs": "2"}, TypeError, "every_epochs: expected a whole number, got str '2'"),
+    ({"every_epochs": 1.5}, TypeError, "every_epochs: expected a whole number, got float 1.5"),
+    ({"every_epochs": 0}, ValueError, "every_epochs=0: must be >= 1"),
+    ({"keep": "3"}, TypeError, "keep: expected a whole number, got str '3'"),
+    ({"keep": 0}, ValueError, "keep=0: must be >= 1"),
+])
+def test_checkpoint_refuses_counts_that_are_not_whole_numbers_above_0(
+    tmp_path: Path, arguments: dict, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error) as refused:
+        checkpoint.Checkpoint(tmp_path, **arguments)
+    assert str(refused.value) == message
+
+
+@pytest.mark.unit
+def test_load_model_says_what_is_wrong_with_the_file(tmp_path: Path) -> None:
+    """Keras called a text file named .keras "File not found", h5py a missing .h5 "Unable to synchronously open"."""
+    import hvdk8s
+
+    (text := tmp_path / "x.keras").write_text("not a model")
+    (notes := tmp_path / "y.h5").write_text("not a model")
+    (other := tmp_path / "model.txt").write_text("not a model")
+    for path, message in [
+        (text, f"model {text}: not a valid .keras file: a .keras file is a zip archive and this one (11 bytes) is not "
+               "a complete one (truncated, still being written, or not written by Keras)"),
+        (tmp_path / "x.h5", f"model {tmp_path / 'x.h5'}: no such file"),
+        (notes, f"model {notes}: not a valid .h5 file: a legacy Keras model is an HDF5 file and this one (11 bytes) "
+                "is not one"),
+        (other, f"model {other}: expected a .keras file (written by model.save('name.keras')) or a legacy .h5/.hdf5 "
+                "file; this one's name ends in '.txt'"),
+        (tmp_path, f"model {tmp_path}: is a directory; expected a .keras file (written by model.save('name.keras'))."),
+    ]:
+        with pytest.raises(ValueError) as refused:
+            hvdk8s.load_model(path)
+        assert str(refused.value) == message
+
+
+@pytest.mark.unit
+def test_load_model_refuses_custom_optimizers_that_are_not_optimizer_classes(tmp_path: Path) -> None:
+    import hvdk8s
+
+    tiny_model().save(path := tmp_path / "m.keras")
+    for custom, message in [
+        (["Adam"], "custom_optimizers: expected optimizer classes (keras.optimizers.Optimizer subclasses), "
+                   "got str 'Adam'"),
+        ([keras.layers.Dense], "custom_optimizers: expected optimizer classes (keras.optimizers.Optimizer "
+                               f"subclasses), got type {keras.layers.Dense!r}"),
+        ("Adam", "custom_optimizers: expected a list of optimizer classes, got 'Adam'"),
+    ]:
+        with pytest.raises(TypeError) as refused:
+            hvdk8s.load_model(path, custom_optimizers=custom)
+        assert str(refused.value) == message

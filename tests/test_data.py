@@ -31,6 +31,45 @@ def test_shards_partition_the_data() -> None:
     assert together == list(range(12))
 
 
+@pytest.mark.parametrize("rank, size, error, message", [
+    (0, 0, ValueError, "size=0: must be >= 1"),
+    (3, 2, ValueError, "rank=3: must be < size=2"),
+    (-1, 2, ValueError, "rank=-1: must be >= 0"),
+    (0, "2", TypeError, "size: expected a whole number, got str '2'"),
+])
+def test_shard_refuses_a_rank_outside_the_shards(
+    rank: object, size: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error) as refused:
+        data.shard(tf.data.Dataset.range(10), rank=rank, size=size)
+    assert str(refused.value) == message
+
+
+def test_from_arrays_refuses_labels_that_do_not_match_and_batches_that_cannot_be() -> None:
+    x, y = np.zeros((10, 2), np.float32), np.zeros(10, np.int64)
+    for arrays, batch_size, error, message in [
+        ((x, y[:9]), 2, ValueError, "from_arrays: x has 10 examples and y 9; expected one label per example"),
+        ((x, y), 0, ValueError, "batch_size=0: must be >= 1"),
+        ((x, y), -1, ValueError, "batch_size=-1: must be >= 1"),
+        ((x, y), "2", TypeError, "batch_size: expected a whole number, got str '2'"),
+        ((x, y), 11, ValueError, "batch_size=11: larger than the 10 examples of the data; batches are full "
+                                 "(drop_remainder), so there would be none"),
+    ]:
+        with pytest.raises(error) as refused:
+            data.from_arrays(*arrays, batch_size, shard_by_rank=False)
+        assert str(refused.value) == message
+    assert len(list(data.from_arrays(x, y, 10, shard_by_rank=False))) == 1
+
+
+def test_from_arrays_refuses_a_batch_larger_than_a_rank_s_shard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """It gave 0 batches: a fit that trains on nothing."""
+    monkeypatch.setattr(data.runtime, "size", lambda: 4)
+    with pytest.raises(ValueError) as refused:
+        data.from_arrays(np.zeros((10, 2), np.float32), np.zeros(10, np.int64), 3)
+    assert str(refused.value) == ("batch_size=3: larger than the 2 examples of each rank's shard (10 over 4 ranks); "
+                                  "batches are full (drop_remainder), so there would be none")
+
+
 def test_digits_are_real_scaled_and_split_reproducibly() -> None:
     (x_train, y_train), (x_test, y_test) = data.load_digits()
     assert x_train.shape == (1437, 28, 28, 1) and x_test.shape == (360, 28, 28, 1)
@@ -38,6 +77,22 @@ def test_digits_are_real_scaled_and_split_reproducibly() -> None:
     assert sorted(set(y_test.tolist())) == list(range(10))
     (x_again, _), _ = data.load_digits()
     assert np.array_equal(x_train, x_again)
+
+
+@pytest.mark.parametrize("arguments, error, message", [
+    ({"image_size": 0}, ValueError, "image_size=0: must be >= 1"),
+    ({"image_size": -4}, ValueError, "image_size=-4: must be >= 1"),
+    ({"image_size": (28, 28)}, TypeError, "image_size: expected a whole number, got tuple (28, 28)"),
+    ({"test_fraction": 0}, ValueError, "test_fraction=0: must be > 0"),
+    ({"test_fraction": 1.5}, ValueError, "test_fraction=1.5: must be < 1"),
+    ({"test_fraction": "0.2"}, TypeError, "test_fraction: expected a number, got str '0.2'"),
+    ({"test_fraction": 0.001}, ValueError, "test_fraction=0.001: holds out 2 of 1797 images; the stratified split "
+                                           "needs at least 10 (one per class) on each side"),
+])
+def test_load_digits_refuses_bad_sizes_and_fractions(arguments: dict, error: type[Exception], message: str) -> None:
+    with pytest.raises(error) as refused:
+        data.load_digits(**arguments)
+    assert str(refused.value) == message
 
 
 def write_images(root: Path, counts: dict[str, int]) -> None:
@@ -91,6 +146,23 @@ def test_image_folder_errors_name_the_path(tmp_path: Path) -> None:
     (tmp_path / "empty_class").mkdir()
     with pytest.raises(ValueError, match="no .jpg/.jpeg/.png files"):
         data.image_folder(tmp_path, (8, 8))
+
+
+@pytest.mark.parametrize("image_size, error, message", [
+    ((0, 0), ValueError, "image_size[0]=0: must be >= 1"),
+    ((8, -1), ValueError, "image_size[1]=-1: must be >= 1"),
+    ((8, 8.0), TypeError, "image_size[1]: expected a whole number, got float 8.0"),
+    (8, ValueError, "image_size=8: expected (height, width)"),
+    ((8, 8, 3), ValueError, "image_size=(8, 8, 3): expected (height, width)"),
+])
+def test_image_folder_refuses_an_image_size_at_the_call(
+    tmp_path: Path, image_size: object, error: type[Exception], message: str
+) -> None:
+    """It failed only when the dataset was iterated, in TensorFlow's resize."""
+    write_images(tmp_path, {"cat": 1})
+    with pytest.raises(error) as refused:
+        data.image_folder(tmp_path, image_size)
+    assert str(refused.value) == message
 
 
 def test_tfds_without_prepared_data_says_how_to_prepare_and_downloads_nothing(tmp_path: Path) -> None:

@@ -1,10 +1,11 @@
-"""Reading the files users name (job specs, pipelines, TF Serving's config files): errors that say which file.
+"""Reading the files users name (job specs, pipelines, TF Serving's config files, models): errors that say which file.
 
 And YAML: a file users name as one document, manifests dumped for people to read.
 """
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,50 @@ def read_text(path: str | os.PathLike[str], source: str) -> str:
         raise ValueError(f"{source}: cannot read: {err.strerror}") from None
     except UnicodeDecodeError as err:
         raise ValueError(f"{source}: not UTF-8 text (byte {err.start})") from None
+
+
+# ---- model files -----------------------------------------------------------
+
+
+def check_model_file(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a ``Path`` if it is a file Keras can load a model from, else a ``ValueError`` saying what is wrong.
+
+    Keras itself calls a truncated or non-zip ``.keras`` file "File not
+    found", h5py a missing or non-HDF5 ``.h5`` file "Unable to synchronously
+    open file", and a directory or other extension "File format not
+    supported"; these are checked first, in words a user can act on.
+
+    Args:
+        path: The model file given to a loader.
+
+    Returns:
+        ``path``, as a ``Path``.
+
+    Raises:
+        ValueError: ``path`` is a directory, missing, named neither ``.keras`` nor ``.h5``/``.hdf5``, or not a
+            zip archive (``.keras``) or HDF5 file (``.h5``/``.hdf5``).
+    """
+    file = Path(path)
+    if file.is_dir():
+        hint = (" It holds a SavedModel, which Keras 3 cannot load and TF Serving serves as it is: copy it into the "
+                "base path as a version folder (BASE_PATH/<n>/)." if (file / "saved_model.pb").is_file() else "")
+        raise ValueError(f"model {file}: is a directory; expected a .keras file (written by model.save('name.keras'))."
+                         + hint)
+    if not file.is_file():
+        raise ValueError(f"model {file}: no such file")
+    if file.suffix not in (".keras", ".h5", ".hdf5"):
+        raise ValueError(f"model {file}: expected a .keras file (written by model.save('name.keras')) or a legacy "
+                         f".h5/.hdf5 file; this one's name ends in {file.suffix or 'no extension'!r}")
+    if file.suffix == ".keras" and not zipfile.is_zipfile(file):
+        raise ValueError(f"model {file}: not a valid .keras file: a .keras file is a zip archive and this one "
+                         f"({file.stat().st_size} bytes) is not a complete one (truncated, still being written, or "
+                         "not written by Keras)")
+    import h5py  # here: Keras's own dependency, for the one case that needs it
+
+    if file.suffix != ".keras" and not h5py.is_hdf5(file):
+        raise ValueError(f"model {file}: not a valid {file.suffix} file: a legacy Keras model is an HDF5 file and "
+                         f"this one ({file.stat().st_size} bytes) is not one")
+    return file
 
 
 # ---- YAML files ------------------------------------------------------------

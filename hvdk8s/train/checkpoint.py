@@ -19,6 +19,7 @@ from pathlib import Path
 import keras
 
 from hvdk8s import collectives, runtime
+from hvdk8s.common.argcheck import whole
 from hvdk8s.common.atomic import atomic_path
 
 _NAME = re.compile(r"^ckpt-(\d{4,})\.keras$")
@@ -150,6 +151,10 @@ def restore_latest(model: keras.Model, directory: str | os.PathLike[str]) -> int
         The number of epochs the newest checkpoint had completed (0 when there is none): pass it to
         ``fit(initial_epoch=...)``.
 
+    Raises:
+        ValueError: On rank 0: ``directory`` is a file, or its newest checkpoint does not fit ``model``
+            (``load_latest``).
+
     Example:
         ```python
         model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(1e-3 * hvd.size())), loss=...)
@@ -176,15 +181,28 @@ def load_latest(model: keras.Model, directory: str | os.PathLike[str]) -> int:
 
     Returns:
         The number of epochs the newest checkpoint had completed, 0 when there is none.
+
+    Raises:
+        ValueError: ``directory`` is a file (a checkpoint itself, say), or its newest checkpoint does not fit
+            ``model`` (another architecture): the message names the file and keeps Keras's first line.
     """
-    remove_stale_temporaries(directory)
-    checkpoints = list_checkpoints(directory)
+    folder = Path(directory)
+    if folder.is_file():
+        raise ValueError(f"checkpoint folder {folder}: is a file; expected the folder holding the ckpt-NNNN.keras "
+                         f"checkpoints (Checkpoint's directory), such as {folder.parent}")
+    remove_stale_temporaries(folder)
+    checkpoints = list_checkpoints(folder)
     if not checkpoints:
         return 0
     epoch, path = checkpoints[-1]
     if model.optimizer is not None and not model.optimizer.built:
         model.optimizer.build(model.trainable_variables)
-    model.load_weights(path)
+    try:
+        model.load_weights(path)
+    except ValueError as err:  # Keras's "A total of N objects could not be loaded..." names no file
+        first_line = str(err).partition("\n")[0]
+        raise ValueError(f"checkpoint {path.name} in {folder}: does not fit the model (saved from another "
+                         f"architecture?); Keras: {first_line}") from err
     print(f"hvdk8s: resumed from {path} (epoch {epoch})", flush=True)
     return epoch
 
@@ -205,6 +223,7 @@ class Checkpoint(keras.callbacks.Callback):
         keep: How many of the newest checkpoints to keep; older ones are deleted.
 
     Raises:
+        TypeError: ``every_epochs`` or ``keep`` is not a whole number.
         ValueError: ``every_epochs`` or ``keep`` is below 1.
 
     Example:
@@ -219,11 +238,9 @@ class Checkpoint(keras.callbacks.Callback):
 
     def __init__(self, directory: str | os.PathLike[str], *, every_epochs: int = 1, keep: int = 3) -> None:
         super().__init__()
-        if every_epochs < 1 or keep < 1:
-            raise ValueError("Checkpoint: every_epochs and keep must be >= 1")
         self.directory = Path(directory)
-        self.every_epochs = every_epochs
-        self.keep = keep
+        self.every_epochs = whole("every_epochs", every_epochs)
+        self.keep = whole("keep", keep)
         self._warned = False
 
     def on_train_begin(self, logs: dict | None = None) -> None:

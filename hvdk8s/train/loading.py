@@ -20,6 +20,7 @@ from typing import Any
 import keras
 from horovod.tensorflow import Compression
 
+from hvdk8s.common.files import check_model_file
 from hvdk8s.train import keras_compat
 from hvdk8s.train.optimizer import DistributedOptimizer
 
@@ -62,7 +63,9 @@ def load_model(
         The model, compiled with its optimizer wrapped in ``DistributedOptimizer`` when it was saved with one.
 
     Raises:
-        ValueError: ``legacy_opts`` is True, or ``filepath`` is a legacy HDF5 model saved with its optimizer.
+        ValueError: ``legacy_opts`` is True; ``filepath`` is no model file (``check_model_file``), or a legacy
+            HDF5 model saved with its optimizer.
+        TypeError: ``custom_optimizers`` is not a list of optimizer classes.
 
     Example:
         ```python
@@ -74,16 +77,31 @@ def load_model(
     """
     if legacy_opts:
         raise ValueError("load_model(legacy_opts=True): Keras 3 has no keras.optimizers.legacy optimizers")
+    custom = _optimizer_classes(custom_optimizers)
+    check_model_file(filepath)
     _refuse_legacy_h5(filepath)
 
     def distributed(cls: type[Any], config: dict) -> keras.optimizers.Optimizer:
         return DistributedOptimizer(cls.from_config(config), compression=compression)
 
     objects: dict[str, Any] = keras_compat.load_overrides(
-        [*_keras_optimizer_classes(), *(custom_optimizers or [])], distributed
+        [*_keras_optimizer_classes(), *custom], distributed
     )
     objects.update(custom_objects or {})
     return keras.models.load_model(filepath, custom_objects=objects)
+
+
+def _optimizer_classes(custom_optimizers: Sequence[type] | None) -> list[type]:
+    """``custom_optimizers`` as a list, or a ``TypeError`` naming it for anything but optimizer classes."""
+    if custom_optimizers is None:
+        return []
+    if isinstance(custom_optimizers, (str, type)):
+        raise TypeError(f"custom_optimizers: expected a list of optimizer classes, got {custom_optimizers!r}")
+    for entry in custom_optimizers:
+        if not (isinstance(entry, type) and issubclass(entry, keras.optimizers.Optimizer)):
+            raise TypeError("custom_optimizers: expected optimizer classes (keras.optimizers.Optimizer subclasses), "
+                            f"got {type(entry).__name__} {entry!r}")
+    return list(custom_optimizers)
 
 
 LEGACY_H5_MESSAGE = (

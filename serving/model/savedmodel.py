@@ -19,7 +19,6 @@ import json
 import os
 import re
 import time
-import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -99,28 +98,13 @@ def read_metadata(version_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def load_keras_model(path: str | os.PathLike[str]) -> Any:
-    """The model in a ``.keras`` (or legacy ``.h5``) file, or a ``ValueError`` that says what is wrong with the file.
-
-    Keras itself calls a truncated or non-zip ``.keras`` file "File not
-    found", and a directory or other extension "File format not supported";
-    these are checked first, in words a user can act on.
-    """
-    file = Path(path)
-    if file.is_dir():
-        hint = (" It holds a SavedModel, which TF Serving serves as it is: copy it into the base path as a version "
-                "folder (BASE_PATH/<n>/)." if (file / "saved_model.pb").is_file() else "")
-        raise ValueError(f"model {file}: is a directory; expected a .keras file (written by model.save('name.keras'))."
-                         + hint)
-    if not file.is_file():
-        raise ValueError(f"model {file}: no such file")
-    if file.suffix not in (".keras", ".h5"):
-        raise ValueError(f"model {file}: expected a .keras file (written by model.save('name.keras')) or a legacy .h5 "
-                         f"file; this one's name ends in {file.suffix or 'no extension'!r}")
-    if file.suffix == ".keras" and not zipfile.is_zipfile(file):
-        raise ValueError(f"model {file}: not a valid .keras file: a .keras file is a zip archive and this one "
-                         f"({file.stat().st_size} bytes) is not a complete one (truncated, still being written, or "
-                         "not written by Keras)")
+    """The model in a ``.keras`` (or legacy ``.h5``/``.hdf5``) file, or a ``ValueError`` that says what is wrong with
+    the file (``hvdk8s.common.files.check_model_file``) or what Keras said of it."""
     import keras
+
+    from hvdk8s.common.files import check_model_file  # here: the CLI imports this module for its constants
+
+    file = check_model_file(path)
 
     try:
         return keras.models.load_model(file, compile=False)
