@@ -25,6 +25,7 @@ import keras
 
 from hvdk8s import collectives, runtime
 from hvdk8s.collectives import variable_key
+from hvdk8s.common import argcheck
 from hvdk8s.train import fit_step, schedule
 from hvdk8s.train.optimizer import is_distributed, reduces_gradients
 
@@ -67,6 +68,10 @@ class BroadcastGlobalVariablesCallback(DistributedFitCallback):
         local_variables: A variable, or several, to leave out of the broadcast (see
             ``register_local_var``); None for none.
 
+    Raises:
+        TypeError: ``root_rank`` is not a whole number.
+        ValueError: ``root_rank`` is negative; or, when it broadcasts, not a rank of the job.
+
     Example:
         ```python
         model.fit(dataset, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
@@ -76,7 +81,7 @@ class BroadcastGlobalVariablesCallback(DistributedFitCallback):
 
     def __init__(self, root_rank: int, device: str = "", local_variables: Any = None) -> None:
         super().__init__()
-        self.root_rank = root_rank
+        self.root_rank = argcheck.whole("root_rank", root_rank, least=0)  # the job's size is checked at broadcast
         self.device = device
         self.broadcast_done = False
         self._broadcast_model: Any = None
@@ -217,8 +222,11 @@ class LearningRateScheduleCallback(DistributedFitCallback):
             steps when training begins.
 
     Raises:
-        ValueError: ``initial_lr`` is None; or, when training begins without ``staircase``, the number of
-            steps per epoch is neither given nor known to ``fit`` (a dataset of unknown length).
+        TypeError: ``initial_lr``, a constant ``multiplier``, ``start_epoch`` or ``end_epoch`` is not a
+            number, or ``steps_per_epoch`` not a whole number.
+        ValueError: ``initial_lr`` is None (Horovod's message) or negative; a constant ``multiplier`` is
+            negative; ``steps_per_epoch`` is below 1; or, when training begins without ``staircase``, the
+            number of steps per epoch is neither given nor known to ``fit`` (a dataset of unknown length).
 
     Example:
         ```python
@@ -245,7 +253,14 @@ class LearningRateScheduleCallback(DistributedFitCallback):
         super().__init__()
         if initial_lr is None:
             raise ValueError("Parameter `initial_lr` is required")
-        self.initial_lr = initial_lr
+        self.initial_lr = argcheck.real("initial_lr", initial_lr, least=0)
+        if not callable(multiplier):
+            argcheck.real("multiplier", multiplier, least=0)
+        argcheck.real("start_epoch", start_epoch)
+        if end_epoch is not None:
+            argcheck.real("end_epoch", end_epoch)
+        if steps_per_epoch is not None:
+            argcheck.whole("steps_per_epoch", steps_per_epoch)
         self.start_epoch = start_epoch
         self.end_epoch = end_epoch
         self.staircase = staircase
@@ -336,14 +351,17 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
 
     Args:
         initial_lr: The rate after warm-up, already scaled by ``size()``.
-        warmup_epochs: Epochs the warm-up lasts.
+        warmup_epochs: Epochs the warm-up lasts; 0 for none.
         momentum_correction: Scale SGD's momentum by ``new_lr / old_lr`` as the rate changes.
         steps_per_epoch: Batches per epoch; None takes ``fit``'s number of steps when training begins.
         verbose: 1 prints on rank 0 when the warm-up ends.
 
     Raises:
-        ValueError: When training begins, the number of steps per epoch is neither given nor known to
-            ``fit``.
+        TypeError: ``initial_lr`` or ``warmup_epochs`` is not a number, or ``steps_per_epoch`` not a whole
+            number.
+        ValueError: ``initial_lr`` is None (Horovod's message) or negative; ``warmup_epochs`` is negative;
+            ``steps_per_epoch`` is below 1; or, when training begins, the number of steps per epoch is
+            neither given nor known to ``fit``.
 
     Example:
         ```python
@@ -363,6 +381,8 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         steps_per_epoch: int | None = None,
         verbose: int = 0,
     ) -> None:
+        argcheck.real("warmup_epochs", warmup_epochs, least=0)  # a float, as Horovod's ImageNet example passes
+
         def multiplier(epoch: float) -> float:
             epoch += 1.0 / self._steps_per_epoch()
             size = runtime.size()

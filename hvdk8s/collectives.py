@@ -14,6 +14,7 @@ rank still reduces after an elastic job grows.
 """
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ import tensorflow as tf
 from horovod.tensorflow import Compression
 
 from hvdk8s import commtime
+from hvdk8s.common import argcheck
 
 Average = hvd.Average
 Sum = hvd.Sum
@@ -34,16 +36,38 @@ add_process_set = hvd.add_process_set
 remove_process_set = hvd.remove_process_set
 
 COMPRESSIONS: Mapping[str, Any] = {"none": Compression.none, "fp16": Compression.fp16}
+# Horovod's reduction ops (ints), by the name a message gives them: hvdk8s exports the first three.
+_OP_NAMES: Mapping[int, str] = {
+    Average: "hvdk8s.Average", Sum: "hvdk8s.Sum", Adasum: "hvdk8s.Adasum",
+    hvd.Min: "horovod.tensorflow.Min", hvd.Max: "horovod.tensorflow.Max", hvd.Product: "horovod.tensorflow.Product",
+}
 
 
 def resolve_compression(compression: str | Any) -> Any:
-    """Accept Horovod's ``Compression.none``/``Compression.fp16`` or their names."""
+    """Accept Horovod's ``Compression.none``/``Compression.fp16`` (or another Horovod compressor) or their names.
+
+    Raises:
+        ValueError: A string other than ``"none"`` and ``"fp16"``.
+        TypeError: Anything else without Horovod's ``compress`` and ``decompress`` (None, a bool ...).
+    """
     if isinstance(compression, str):
         try:
             return COMPRESSIONS[compression]
         except KeyError:
             raise ValueError(f"compression={compression!r}: expected one of {sorted(COMPRESSIONS)}") from None
+    if not (callable(getattr(compression, "compress", None)) and callable(getattr(compression, "decompress", None))):
+        raise TypeError(f"compression: expected hvdk8s.Compression.none or hvdk8s.Compression.fp16 (or their names), "
+                        f"got {type(compression).__name__} {compression!r}")
     return compression
+
+
+def _check_op(op: Any, allowed: Sequence[int]) -> None:
+    """Refuse an ``op`` that is not one of ``allowed`` (Horovod's op constants) with a message naming them.
+
+    A bool is refused too, though ``True == Sum``.
+    """
+    if isinstance(op, bool) or op not in allowed:
+        raise ValueError(f"op={op!r}: expected one of {', '.join(_OP_NAMES[o] for o in allowed)}")
 
 
 def variable_key(var: Any) -> Any:
@@ -101,21 +125,35 @@ class GradientReduction:
         device_sparse: str = "",
         name: str = "hvdk8s.grads",
     ) -> GradientReduction:
-        """Validate Horovod's arguments with messages naming the argument."""
-        if op not in (Average, Sum, Adasum):
-            raise ValueError(f"op={op!r}: expected hvdk8s.Average, hvdk8s.Sum or hvdk8s.Adasum")
+        """Validate Horovod's arguments with messages naming the argument.
+
+        Raises:
+            TypeError: ``sparse_as_dense`` is not a bool, ``process_set`` not a ``ProcessSet``,
+                ``gradient_predivide_factor`` not a number, or ``compression`` neither a compressor nor a name.
+            ValueError: ``op`` is not ``Average``, ``Sum`` or ``Adasum``; ``compression`` is an unknown name;
+                ``groups`` is neither a positive count nor a list of variable lists; ``gradient_predivide_factor``
+                is not above 0, or not 1.0 with an ``op`` other than ``Average``; or ``Adasum``'s limits.
+        """
+        _check_op(op, (Average, Sum, Adasum))
+        if not isinstance(sparse_as_dense, bool):
+            raise TypeError(f"sparse_as_dense: expected True or False, got {type(sparse_as_dense).__name__} "
+                            f"{sparse_as_dense!r}")
+        if not isinstance(process_set, ProcessSet):
+            raise TypeError(f"process_set: expected a hvdk8s.ProcessSet (hvdk8s.global_process_set, or one from "
+                            f"hvdk8s.add_process_set), got {type(process_set).__name__} {process_set!r}")
+        predivide = argcheck.real("gradient_predivide_factor", gradient_predivide_factor, above=0)
         if num_groups and groups is None:
             groups = num_groups  # Horovod's deprecated spelling of groups=int
         resolved = _resolve_groups(groups)
-        if gradient_predivide_factor != 1.0 and op != Average:
+        if predivide != 1.0 and op != Average:  # Horovod refuses it too, with a ValueError
             raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor}: only applies to op=Average")
         if op == Adasum:
-            _check_adasum(resolved, gradient_predivide_factor)
+            _check_adasum(resolved, predivide)
         return cls(
             op=op,
             compression=resolve_compression(compression),
-            sparse_as_dense=bool(sparse_as_dense),
-            gradient_predivide_factor=float(gradient_predivide_factor),
+            sparse_as_dense=sparse_as_dense,
+            gradient_predivide_factor=predivide,
             groups=resolved,
             process_set=process_set,
             device_dense=device_dense,
@@ -132,13 +170,14 @@ def _resolve_groups(groups: int | Sequence[Sequence[Any]] | None) -> int | tuple
     """
     if groups is None:
         return None
-    if isinstance(groups, int):
+    if isinstance(groups, numbers.Integral):
         if isinstance(groups, bool) or groups <= 0:  # Horovod refuses 0 too, with this message
             raise ValueError(f"groups={groups!r}: groups should be a non-negative integer or a list of list of "
                              "tf.Variable.")
-        return groups
-    if not all(isinstance(g, (list, tuple)) for g in groups):
-        raise ValueError("groups: expected a positive integer or a list of lists of variables")
+        return int(groups)
+    if not isinstance(groups, (list, tuple)) or not all(isinstance(g, (list, tuple)) for g in groups):
+        raise ValueError(f"groups: expected a positive integer or a list of lists of variables, "
+                         f"got {type(groups).__name__}")
     return tuple(frozenset(variable_key(v) for v in g) for g in groups)
 
 
@@ -265,6 +304,19 @@ def all_true(flag: Any, process_set: Any = global_process_set, name: str = "hvdk
     return tf.equal(count, runtime_size(process_set))
 
 
+def _root_rank(root_rank: object, process_set: Any) -> int:
+    """``root_rank`` as an int that is one of ``process_set``'s ranks: Horovod's broadcasts take a global rank.
+
+    Before ``init`` only its type and sign are checked (Horovod then says it is not initialized).
+    """
+    rank = argcheck.whole("root_rank", root_rank, least=0)
+    ranks = process_set.ranks if hvd.is_initialized() else None
+    if ranks and rank not in ranks:
+        span = f"0 to {len(ranks) - 1}" if ranks == list(range(len(ranks))) else f"{ranks}, global ranks as in Horovod"
+        raise ValueError(f"root_rank={rank}: not a rank of the process set (size {len(ranks)}: ranks {span})")
+    return rank
+
+
 def broadcast_variables(variables: Sequence[Any], root_rank: int = 0, process_set: Any = global_process_set) -> None:
     """Overwrite ``variables`` on every rank with their values on ``root_rank`` (one traced group of broadcasts).
 
@@ -285,6 +337,8 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0, process_se
         Nothing; the variables are assigned in place.
 
     Raises:
+        TypeError: ``root_rank`` is not a whole number.
+        ValueError: ``root_rank`` is negative or not a rank of ``process_set``.
         tensorflow.errors.FailedPreconditionError: Horovod is not initialized (call ``hvdk8s.init()`` first).
 
     Example:
@@ -294,6 +348,7 @@ def broadcast_variables(variables: Sequence[Any], root_rank: int = 0, process_se
         hvd.broadcast_variables(model.variables + optimizer.variables, root_rank=0)
         ```
     """
+    root_rank = _root_rank(root_rank, process_set)
     if variables:
         _broadcast_group([v.value if isinstance(v, keras.Variable) else v for v in variables], root_rank, process_set)
 
@@ -336,10 +391,11 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, proc
         ``root_rank``'s object: on ``root_rank`` the object passed in, on the others an unpickled copy.
 
     Raises:
-        ValueError: Horovod is not initialized (call ``hvdk8s.init()`` first).
-        tensorflow.errors.InvalidArgumentError: ``root_rank`` is not a rank of the process set.
+        TypeError: ``root_rank`` is not a whole number.
+        ValueError: ``root_rank`` is negative or not a rank of ``process_set``; or Horovod is not initialized
+            (call ``hvdk8s.init()`` first).
     """
-    return hvd.broadcast_object(obj, root_rank=root_rank, name=name, process_set=process_set)
+    return hvd.broadcast_object(obj, root_rank=_root_rank(root_rank, process_set), name=name, process_set=process_set)
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set: Any = global_process_set) -> list[Any]:
@@ -401,8 +457,10 @@ def allreduce(
         An eager ``tf.Tensor`` of the value's shape and dtype holding the reduced result, the same on every rank.
 
     Raises:
-        ValueError: ``compression`` is a string other than ``"none"`` or ``"fp16"``; both ``average`` and
-            ``op`` are given (Horovod's check); or Horovod is not initialized (call ``hvdk8s.init()`` first).
+        TypeError: ``compression`` is neither a Horovod compressor nor a name (None, say).
+        ValueError: ``op`` is not one of Horovod's op constants (a string, say); ``compression`` is a string
+            other than ``"none"`` or ``"fp16"``; both ``average`` and ``op`` are given (Horovod's check); or
+            Horovod is not initialized (call ``hvdk8s.init()`` first).
 
     Example:
         ```python
@@ -411,6 +469,8 @@ def allreduce(
         correct, seen = hvd.allreduce([local_correct, local_seen], op=hvd.Sum).numpy()
         ```
     """
+    if op is not None:
+        _check_op(op, tuple(_OP_NAMES))
     return hvd.allreduce(
         tf.constant(value, name=name), average=average, prescale_factor=prescale_factor,
         postscale_factor=postscale_factor, op=op, compression=resolve_compression(compression),
@@ -455,10 +515,11 @@ def broadcast(value: Any, root_rank: int, name: str | None = None) -> tf.Tensor:
         An eager ``tf.Tensor`` with ``root_rank``'s value, of the value's shape and dtype.
 
     Raises:
+        TypeError: ``root_rank`` is not a whole number.
+        ValueError: ``root_rank`` is negative or not below the job's size.
         tensorflow.errors.FailedPreconditionError: Horovod is not initialized (call ``hvdk8s.init()`` first).
-        tensorflow.errors.InvalidArgumentError: ``root_rank`` is not a rank of the job.
     """
-    return hvd.broadcast(tf.constant(value, name=name), root_rank)
+    return hvd.broadcast(tf.constant(value, name=name), _root_rank(root_rank, global_process_set))
 
 
 def reducescatter(value: Any, name: str | None = None, op: Any = Average) -> tf.Tensor:
@@ -479,9 +540,11 @@ def reducescatter(value: Any, name: str | None = None, op: Any = Average) -> tf.
             for the first dimension.
 
     Raises:
+        ValueError: ``op`` is not one of Horovod's op constants (a string, say).
         tensorflow.errors.FailedPreconditionError: Horovod is not initialized (call ``hvdk8s.init()`` first).
-        tensorflow.errors.AbortedError: ``op`` is neither ``Average`` nor ``Sum``.
+        tensorflow.errors.AbortedError: ``op`` is another of Horovod's ops (``Adasum``, ``Min`` ...).
     """
+    _check_op(op, tuple(_OP_NAMES))
     return hvd.reducescatter(tf.constant(value, name=name), op=op)
 
 

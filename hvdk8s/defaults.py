@@ -6,6 +6,7 @@ import os
 import keras
 
 from hvdk8s.callbacks import BroadcastGlobalVariablesCallback, LearningRateWarmupCallback, MetricAverageCallback
+from hvdk8s.common import argcheck
 from hvdk8s.observe.observability import observability_callbacks
 from hvdk8s.train.checkpoint import Checkpoint
 
@@ -55,8 +56,11 @@ def default_callbacks(
         The callbacks, to pass to ``model.fit(callbacks=...)`` before any of your own.
 
     Raises:
-        ValueError: ``warmup_epochs`` without ``initial_lr``, or, with ``checkpoint_dir``, ``checkpoint_every``
-            or ``keep_checkpoints`` below 1.
+        TypeError: ``warmup_epochs``, ``checkpoint_every``, ``keep_checkpoints``, ``metrics_port`` or
+            ``batch_size`` is not a whole number; with a warm-up, ``initial_lr`` is not a number.
+        ValueError: ``warmup_epochs`` or ``metrics_port`` is negative; ``checkpoint_every``,
+            ``keep_checkpoints`` or ``batch_size`` is below 1; with a warm-up, ``initial_lr`` is missing or
+            negative.
 
     Example:
         ```python
@@ -69,6 +73,13 @@ def default_callbacks(
                                                   checkpoint_dir="checkpoints"))
         ```
     """
+    argcheck.whole("warmup_epochs", warmup_epochs, least=0)
+    argcheck.whole("checkpoint_every", checkpoint_every)
+    argcheck.whole("keep_checkpoints", keep_checkpoints)
+    if metrics_port is not None:
+        argcheck.whole("metrics_port", metrics_port, least=0)
+    if batch_size is not None:
+        argcheck.whole("batch_size", batch_size)
     metric_average = MetricAverageCallback()
     out: list[keras.callbacks.Callback] = [BroadcastGlobalVariablesCallback(0), metric_average]
     if warmup_epochs:

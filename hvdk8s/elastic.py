@@ -28,6 +28,7 @@ import tensorflow as tf
 from horovod.tensorflow.elastic import HorovodInternalError, ObjectState, run_fn
 
 from hvdk8s import collectives
+from hvdk8s.common import argcheck
 
 
 class KerasState(ObjectState):
@@ -49,11 +50,19 @@ class KerasState(ObjectState):
         **kwargs: Further state kept in sync, as attributes of the same names (``state.epoch``,
             ``state.batch``, ...), committed, restored and broadcast from rank 0 with the variables.
 
+    Raises:
+        TypeError: ``model`` is not a ``keras.Model``, or ``optimizer`` is neither None nor a Keras optimizer.
+
     Example:
         ``run``'s example makes one and trains with it.
     """
 
     def __init__(self, model: keras.Model, optimizer: keras.optimizers.Optimizer | None = None, **kwargs: Any) -> None:
+        if not isinstance(model, keras.Model):
+            raise TypeError(f"model: expected a keras.Model, got {type(model).__name__} {model!r}")
+        if optimizer is not None and not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise TypeError(f"optimizer: expected a keras.optimizers.Optimizer or None (the model's), "
+                            f"got {type(optimizer).__name__} {optimizer!r}")
         self.model = model
         self.optimizer = optimizer or model.optimizer
         self._saved: list[tuple[keras.Variable, np.ndarray]] = []
@@ -119,13 +128,17 @@ class CommitStateCallback(keras.callbacks.Callback):
     Args:
         state: The state to commit.
         batches_per_commit: Commit every this many batches (and at each epoch end).
+
+    Raises:
+        TypeError: ``batches_per_commit`` is not a whole number.
+        ValueError: ``batches_per_commit`` is below 1.
     """
 
     def __init__(self, state: KerasState, batches_per_commit: int = 1) -> None:
         super().__init__()
         self.state = state
-        self.batches_per_commit = batches_per_commit
-        self.batches_remaining = batches_per_commit
+        self.batches_per_commit = argcheck.whole("batches_per_commit", batches_per_commit)
+        self.batches_remaining = self.batches_per_commit
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self.batches_remaining = self.batches_per_commit  # the same on every rank after a reset

@@ -38,6 +38,7 @@ from horovod.tensorflow import (  # noqa: F401  (re-exported)
     stop_timeline,
 )
 
+from .common import argcheck
 from .common.errors import UserError
 from .threads import DEFAULT_CPU_THREAD_POLICY, thread_pools
 
@@ -82,9 +83,10 @@ def init(
         quiet: Do not print the ranks' placement.
 
     Raises:
+        TypeError: ``threads_per_rank`` is not a whole number (checked before Horovod starts).
         UserError: More ranks on this host than GPUs visible to them (see ``gpu_of_rank``).
-        ValueError: ``HVDK8S_THREADS_PER_RANK`` is not a whole number, or ``HVDK8S_THREAD_POLICY`` names no
-            policy.
+        ValueError: ``threads_per_rank`` is below 1 (checked before Horovod starts);
+            ``HVDK8S_THREADS_PER_RANK`` is not a whole number, or ``HVDK8S_THREAD_POLICY`` names no policy.
 
     Example:
         ```python
@@ -95,6 +97,8 @@ def init(
         ```
     """
     global _devices_set
+    if threads_per_rank is not None:
+        threads_per_rank = argcheck.whole("threads_per_rank", threads_per_rank)
     if hvd.is_initialized():
         return
     hvd.init(comm=comm, process_sets=process_sets)

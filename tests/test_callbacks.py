@@ -122,3 +122,70 @@ def test_broadcast_runs_once_per_callback_and_model_as_in_horovod(hvd, monkeypat
         m.fit(*DATA, batch_size=4, verbose=0, callbacks=[broadcast])
     assert len(calls) == 2 and broadcast.broadcast_done
     assert calls[0] == len(first.variables) + len(first.optimizer.variables)
+
+
+def test_broadcast_callback_refuses_a_root_rank_that_is_no_rank(hvd) -> None:
+    """The type when it is made; the range (the job's size is known only after init) when it broadcasts, in fit."""
+    with pytest.raises(TypeError) as refused:
+        hvd.callbacks.BroadcastGlobalVariablesCallback("0")
+    assert str(refused.value) == "root_rank: expected a whole number, got str '0'"
+    with pytest.raises(ValueError) as refused:
+        hvd.callbacks.BroadcastGlobalVariablesCallback(-1)
+    assert str(refused.value) == "root_rank=-1: must be >= 0"
+    with pytest.raises(ValueError) as refused:
+        model(hvd).fit(*DATA, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(5)])
+    assert str(refused.value) == "root_rank=5: not a rank of the process set (size 1: ranks 0 to 0)"
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda cb: cb.LearningRateWarmupCallback("0.1"), TypeError, "initial_lr: expected a number, got str '0.1'"),
+    (lambda cb: cb.LearningRateWarmupCallback(-0.1), ValueError, "initial_lr=-0.1: must be >= 0"),
+    (lambda cb: cb.LearningRateWarmupCallback(0.1, warmup_epochs=-1), ValueError, "warmup_epochs=-1: must be >= 0"),
+    (lambda cb: cb.LearningRateWarmupCallback(0.1, warmup_epochs="5"), TypeError,
+     "warmup_epochs: expected a number, got str '5'"),
+    (lambda cb: cb.LearningRateWarmupCallback(0.1, steps_per_epoch=0), ValueError, "steps_per_epoch=0: must be >= 1"),
+    (lambda cb: cb.LearningRateScheduleCallback(0.1, multiplier="x"), TypeError,
+     "multiplier: expected a number, got str 'x'"),
+    (lambda cb: cb.LearningRateScheduleCallback(0.1, multiplier=-0.5), ValueError, "multiplier=-0.5: must be >= 0"),
+    (lambda cb: cb.LearningRateScheduleCallback(0.1, 0.5, start_epoch="1"), TypeError,
+     "start_epoch: expected a number, got str '1'"),
+    (lambda cb: cb.LearningRateScheduleCallback(0.1, 0.5, end_epoch="3"), TypeError,
+     "end_epoch: expected a number, got str '3'"),
+    (lambda cb: cb.LearningRateScheduleCallback(None, 0.5), ValueError, "Parameter `initial_lr` is required"),
+])
+def test_rate_callbacks_refuse_non_numbers_when_made_not_at_fit(hvd, make, error: type[Exception], message: str) -> None:
+    with pytest.raises(error) as refused:
+        make(hvd.callbacks)
+    assert str(refused.value) == message
+
+
+def test_rate_callbacks_keep_what_horovod_takes(hvd) -> None:
+    """A callable multiplier, no warm-up (0 epochs), and a float warm-up (Horovod's ImageNet example's --warmup-epochs
+    is a float) still train."""
+    callbacks = [hvd.callbacks.LearningRateScheduleCallback(0.1, multiplier=lambda epoch: 0.5, start_epoch=1.0),
+                 hvd.callbacks.LearningRateWarmupCallback(0.1, warmup_epochs=0),
+                 hvd.callbacks.LearningRateWarmupCallback(0.1, warmup_epochs=1.0)]
+    history = model(hvd).fit(*DATA, epochs=2, batch_size=4, verbose=0, callbacks=callbacks).history
+    assert history["lr"] == pytest.approx([0.1, 0.05])
+
+
+@pytest.mark.parametrize("arguments, error, message", [
+    ({"checkpoint_every": "2", "checkpoint_dir": "ckpt"}, TypeError,
+     "checkpoint_every: expected a whole number, got str '2'"),
+    ({"checkpoint_every": 0}, ValueError, "checkpoint_every=0: must be >= 1"),
+    ({"keep_checkpoints": 1.5}, TypeError, "keep_checkpoints: expected a whole number, got float 1.5"),
+    ({"metrics_port": "abc"}, TypeError, "metrics_port: expected a whole number, got str 'abc'"),
+    ({"metrics_port": -1}, ValueError, "metrics_port=-1: must be >= 0"),
+    ({"warmup_epochs": -1, "initial_lr": 0.1}, ValueError, "warmup_epochs=-1: must be >= 0"),
+    ({"warmup_epochs": -1}, ValueError, "warmup_epochs=-1: must be >= 0"),
+    ({"warmup_epochs": 2, "initial_lr": "0.1"}, TypeError, "initial_lr: expected a number, got str '0.1'"),
+    ({"batch_size": "32"}, TypeError, "batch_size: expected a whole number, got str '32'"),
+])
+def test_default_callbacks_refuse_bad_numbers_naming_them(
+    hvd, tmp_path: Path, arguments: dict, error: type[Exception], message: str
+) -> None:
+    if "checkpoint_dir" in arguments:
+        arguments["checkpoint_dir"] = tmp_path / arguments["checkpoint_dir"]
+    with pytest.raises(error) as refused:
+        hvd.default_callbacks(**arguments)
+    assert str(refused.value) == message

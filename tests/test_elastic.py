@@ -252,3 +252,24 @@ def test_an_error_in_the_script_fails_the_job(tmp_path: Path) -> None:
     assert "[0] ValueError: bad record 17" in proc.stdout
     assert "starts" not in proc.stdout and "a collective failed" not in proc.stdout
     assert proc.stderr.strip().splitlines()[-1] == "hvdk8s run: job failed: rank 0 raised ValueError: bad record 17"
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: elastic.KerasState(None), TypeError, "model: expected a keras.Model, got NoneType None"),
+    (lambda: elastic.KerasState(_model(), optimizer="sgd"), TypeError,
+     "optimizer: expected a keras.optimizers.Optimizer or None (the model's), got str 'sgd'"),
+    (lambda: elastic.CommitStateCallback(None, batches_per_commit=0), ValueError, "batches_per_commit=0: must be >= 1"),
+    (lambda: elastic.CommitStateCallback(None, batches_per_commit="2"), TypeError,
+     "batches_per_commit: expected a whole number, got str '2'"),
+])
+def test_elastic_state_and_commits_refuse_bad_arguments_when_made(make, error: type[Exception], message: str) -> None:
+    """Before: an AttributeError inside Horovod's ObjectState, or (batches_per_commit=0) commits at epoch ends only."""
+    with pytest.raises(error) as refused:
+        make()
+    assert str(refused.value) == message
+
+
+def _model():
+    import keras
+
+    return keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])

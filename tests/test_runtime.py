@@ -50,3 +50,23 @@ def test_each_rank_gets_its_own_gpu_and_more_ranks_than_gpus_is_refused(monkeypa
     assert str(refused.value).startswith("3 ranks on this host but 2 GPU(s) visible to them: hvdk8s gives each rank "
                                          "its own GPU. Start at most 2 rank(s) per host: fewer ranks (hvdk8s run -np")
     assert "slotsPerWorker" in str(refused.value) and pinned == []
+
+
+@pytest.mark.parametrize("threads, error, message", [
+    ("2", TypeError, "threads_per_rank: expected a whole number, got str '2'"),
+    (2.5, TypeError, "threads_per_rank: expected a whole number, got float 2.5"),
+    (-1, ValueError, "threads_per_rank=-1: must be >= 1"),
+    (0, ValueError, "threads_per_rank=0: must be >= 1"),
+])
+def test_init_refuses_a_bad_thread_count_before_horovod_starts(monkeypatch, threads, error, message) -> None:
+    """Before: a TypeError from deep inside once Horovod was up (without the pinning), or the value ignored."""
+    import horovod.tensorflow as hvd
+
+    from hvdk8s import runtime
+
+    started: list[object] = []
+    monkeypatch.setattr(hvd, "init", lambda **kwargs: started.append(kwargs))
+    monkeypatch.setattr(hvd, "is_initialized", lambda: False)
+    with pytest.raises(error) as refused:
+        runtime.init(threads_per_rank=threads, quiet=True)
+    assert str(refused.value) == message and started == []

@@ -136,3 +136,157 @@ def test_fp16_compression_and_sum(collectives: list[dict]) -> None:
         np.testing.assert_allclose(result["update_fp16"], [half] * 3, rtol=1e-6)
         assert abs(half - exact) > 1e-5  # fp16 really changed the numbers
         assert result["update_sum"] == [2.0, 1.0]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("arguments, error, message", [
+    ({"input_shape": (28, 28)}, ValueError, "input_shape=(28, 28): expected (height, width, channels)"),
+    ({"input_shape": (28, 28, 0)}, ValueError, "input_shape[2]=0: must be >= 1"),
+    ({"input_shape": (3, 28, 1)}, ValueError, "input_shape[0]=3: must be >= 4"),  # two 2x2 poolings: 3 → 1 → 0
+    ({"input_shape": (28, "28", 1)}, TypeError, "input_shape[1]: expected a whole number, got str '28'"),
+    ({"num_classes": 0}, ValueError, "num_classes=0: must be >= 1"),
+    ({"num_classes": 2.0}, TypeError, "num_classes: expected a whole number, got float 2.0"),
+])
+def test_cnn_refuses_shapes_and_class_counts_it_cannot_build(
+    arguments: dict, error: type[Exception], message: str
+) -> None:
+    from hvdk8s import models
+
+    for variant in models.VARIANTS:
+        with pytest.raises(error) as refused:
+            models.cnn(variant, **arguments)
+        assert str(refused.value) == message
+    assert models.cnn(input_shape=(4, 4, 1), num_classes=1).output_shape == (None, 1)
+
+
+# Bad arguments to the collectives and the distributed optimizer, in-process at one rank: each is refused where it
+# is passed, naming it, not by a TensorFlow or Horovod op error (or silently) later.
+
+
+@pytest.fixture(scope="module")
+def hvd_in_process():
+    import warnings
+
+    import hvdk8s
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TensorFlow may already run here: init then cannot pin threads
+        hvdk8s.init(quiet=True)
+    return hvdk8s
+
+
+OUTSIDE = "root_rank={}: not a rank of the process set (size 1: ranks 0 to 0)"
+ROOT_RANKS = [(-1, ValueError, "root_rank=-1: must be >= 0"), (1, ValueError, OUTSIDE.format(1)),
+              (3, ValueError, OUTSIDE.format(3)), ("0", TypeError, "root_rank: expected a whole number, got str '0'"),
+              (0.0, TypeError, "root_rank: expected a whole number, got float 0.0")]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("call", ["broadcast", "broadcast_object", "broadcast_variables"])
+@pytest.mark.parametrize("root_rank, error, message", ROOT_RANKS)
+def test_broadcasts_refuse_a_root_rank_outside_the_process_set(
+    hvd_in_process, call: str, root_rank: object, error: type[Exception], message: str
+) -> None:
+    import tensorflow as tf
+
+    hvd = hvd_in_process
+    variable = tf.Variable(1.0)
+    calls = {"broadcast": lambda: hvd.broadcast(1.0, root_rank), "broadcast_object": lambda: hvd.broadcast_object(
+        1, root_rank=root_rank), "broadcast_variables": lambda: hvd.broadcast_variables([variable], root_rank)}
+    with pytest.raises(error) as refused:
+        calls[call]()
+    assert str(refused.value) == message
+    hvd.broadcast_variables([variable], root_rank=0)  # and rank 0 still broadcasts
+    assert float(hvd.broadcast(2.0, 0)) == 2.0 and hvd.broadcast_object("x", root_rank=0) == "x"
+
+
+@pytest.mark.unit
+def test_a_process_sets_root_rank_is_one_of_its_global_ranks(hvd_in_process) -> None:
+    from types import SimpleNamespace
+
+    from hvdk8s import collectives as hc
+
+    odd = SimpleNamespace(ranks=[1, 3])  # a process set's ranks as Horovod holds them; broadcasts take global ranks
+    assert hc._root_rank(3, odd) == 3
+    with pytest.raises(ValueError) as refused:
+        hc._root_rank(2, odd)
+    assert str(refused.value) == "root_rank=2: not a rank of the process set (size 2: ranks [1, 3], global ranks as " \
+                                 "in Horovod)"
+
+
+OPS = ("hvdk8s.Average, hvdk8s.Sum, hvdk8s.Adasum, horovod.tensorflow.Min, horovod.tensorflow.Max, "
+       "horovod.tensorflow.Product")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("call, arguments, error, message", [
+    ("allreduce", {"op": "sum"}, ValueError, f"op='sum': expected one of {OPS}"),
+    ("allreduce", {"op": True}, ValueError, f"op=True: expected one of {OPS}"),  # True == Sum, but not an op
+    ("reducescatter", {"op": "sum"}, ValueError, f"op='sum': expected one of {OPS}"),
+    ("allreduce", {"compression": None}, TypeError, "compression: expected hvdk8s.Compression.none or "
+     "hvdk8s.Compression.fp16 (or their names), got NoneType None"),
+    ("allreduce", {"compression": True}, TypeError, "compression: expected hvdk8s.Compression.none or "
+     "hvdk8s.Compression.fp16 (or their names), got bool True"),
+    ("allreduce", {"compression": "gzip"}, ValueError, "compression='gzip': expected one of ['fp16', 'none']"),
+])
+def test_collectives_refuse_ops_and_compressions_horovod_has_not(
+    hvd_in_process, call: str, arguments: dict, error: type[Exception], message: str
+) -> None:
+    hvd = hvd_in_process
+    with pytest.raises(error) as refused:
+        getattr(hvd, call)([1.0, 2.0], **arguments)
+    assert str(refused.value) == message
+    for compression in (hvd.Compression.none, hvd.Compression.fp16, "none", "fp16"):  # Horovod's, and their names
+        assert hvd.allreduce([1.0, 2.0], op=hvd.Sum, compression=compression).numpy().tolist() == [1.0, 2.0]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("arguments, error, message", [
+    ({"backward_passes_per_step": "2"}, TypeError, "backward_passes_per_step: expected a whole number, got str '2'"),
+    ({"backward_passes_per_step": None}, TypeError,
+     "backward_passes_per_step: expected a whole number, got NoneType None"),
+    ({"backward_passes_per_step": 1.5}, TypeError, "backward_passes_per_step: expected a whole number, got float 1.5"),
+    ({"backward_passes_per_step": 0}, ValueError, "backward_passes_per_step=0: must be >= 1"),
+    ({"groups": 2.0}, ValueError, "groups: expected a positive integer or a list of lists of variables, got float"),
+    ({"gradient_predivide_factor": 0}, ValueError, "gradient_predivide_factor=0: must be > 0"),
+    ({"gradient_predivide_factor": "2"}, TypeError, "gradient_predivide_factor: expected a number, got str '2'"),
+    ({"process_set": [0]}, TypeError, "process_set: expected a hvdk8s.ProcessSet (hvdk8s.global_process_set, or one "
+     "from hvdk8s.add_process_set), got list [0]"),
+    ({"sparse_as_dense": "no"}, TypeError, "sparse_as_dense: expected True or False, got str 'no'"),
+    ({"compression": None}, TypeError, "compression: expected hvdk8s.Compression.none or hvdk8s.Compression.fp16 (or "
+     "their names), got NoneType None"),
+])
+def test_distributed_optimizer_refuses_bad_arguments_when_made(
+    hvd_in_process, arguments: dict, error: type[Exception], message: str
+) -> None:
+    """Before: a '<' TypeError, a float silently truncated, a ZeroDivisionError or AttributeError at the first step."""
+    import keras
+
+    hvd = hvd_in_process
+    with pytest.raises(error) as refused:
+        hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), **arguments)
+    assert str(refused.value) == message
+    if "backward_passes_per_step" not in arguments:  # the tape takes the same arguments, with the same checks
+        with pytest.raises(error) as refused:
+            hvd.DistributedGradientTape(**arguments)
+        assert str(refused.value) == message
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("local_layers, got", [("dense", "str"), ("kernel", "Variable"), (["kernel"], "Variable")])
+def test_partial_distributed_optimizer_takes_layers_only_as_horovod_does(
+    hvd_in_process, local_layers: object, got: str
+) -> None:
+    import keras
+
+    hvd = hvd_in_process
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2), keras.layers.Dense(1)])
+    kernel = model.layers[0].kernel
+    given = kernel if local_layers == "kernel" else [kernel] if local_layers == ["kernel"] else local_layers
+    with pytest.raises(ValueError) as refused:  # Horovod's type for this case
+        hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=given)
+    assert str(refused.value) == (f"local_layers: expected a Keras layer or several (their trainable weights stay "
+                                  f"local), got {got}; register a variable with the optimizer's register_local_var")
+    for layers in (model.layers[0], model.layers[:1], (layer for layer in model.layers[:1])):
+        opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1), local_layers=layers)
+        assert len(opt.distributed_state.local_keys) == 2  # the first layer's kernel and bias

@@ -35,6 +35,7 @@ from horovod.tensorflow import Compression
 
 from hvdk8s import collectives
 from hvdk8s.collectives import Average, GradientReduction, global_process_set, variable_key
+from hvdk8s.common import argcheck
 from hvdk8s.train import keras_compat, schedule
 from hvdk8s.train.fused import fused_bases
 
@@ -390,12 +391,15 @@ def DistributedOptimizer(
         The distributed optimizer, for ``model.compile`` or a custom loop's ``apply_gradients``.
 
     Raises:
-        TypeError: ``optimizer`` is not a ``keras.optimizers.Optimizer``.
+        TypeError: ``optimizer`` is not a ``keras.optimizers.Optimizer``; ``backward_passes_per_step`` is
+            not a whole number; ``gradient_predivide_factor`` is not a number; ``sparse_as_dense`` is not a
+            bool; ``process_set`` is not a ``ProcessSet``; ``compression`` is neither a Horovod compressor
+            nor a name (None, say).
         ValueError: ``backward_passes_per_step`` is below 1; ``op`` is not one of the three;
             ``compression`` is an unknown name; ``groups`` is neither a positive count nor a list of
-            variable lists; ``gradient_predivide_factor`` is not 1.0 with an ``op`` other than
-            ``Average``; ``Adasum`` with ``groups``, or on CPU with a number of ranks that is not a power
-            of two. At an update: a sparse gradient without ``sparse_as_dense`` where
+            variable lists; ``gradient_predivide_factor`` is not above 0, or not 1.0 with an ``op`` other
+            than ``Average``; ``Adasum`` with ``groups``, or on CPU with a number of ranks that is not a
+            power of two. At an update: a sparse gradient without ``sparse_as_dense`` where
             ``backward_passes_per_step`` > 1 (Horovod's message), with ``Adasum``, or with a
             ``gradient_predivide_factor`` other than 1.0; or gradients without their variables where
             ``groups`` lists variables or local variables are registered.
@@ -410,14 +414,13 @@ def DistributedOptimizer(
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"optimizer: expected a keras.optimizers.Optimizer, got {type(optimizer).__name__}")
-    if backward_passes_per_step < 1:
-        raise ValueError(f"backward_passes_per_step={backward_passes_per_step}: must be >= 1")
+    passes = argcheck.whole("backward_passes_per_step", backward_passes_per_step)
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         inner = DistributedOptimizer(
             optimizer.inner_optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
             compression=compression, sparse_as_dense=sparse_as_dense,
             gradient_predivide_factor=gradient_predivide_factor, op=op,
-            backward_passes_per_step=backward_passes_per_step,
+            backward_passes_per_step=passes,
             average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups, groups=groups,
             process_set=process_set, scale_local_gradients=scale_local_gradients,
         )
@@ -432,7 +435,7 @@ def DistributedOptimizer(
         name=name or f"Distributed{base.__name__}",
     )
     aggregation = Aggregation(
-        base=base, reduction=reduction, passes=int(backward_passes_per_step),
+        base=base, reduction=reduction, passes=passes,
         average_passes=bool(average_aggregated_gradients), scale_local=bool(scale_local_gradients),
     )
     cls: type[Any] = keras_compat.distributed_subclass(
@@ -475,29 +478,47 @@ def PartialDistributedOptimizer(
         op: ``hvdk8s.Average``, ``hvdk8s.Sum`` or ``hvdk8s.Adasum``.
         groups: How the reduced gradients are grouped into allreduces (``DistributedOptimizer``'s).
         process_set: The Horovod process set whose ranks reduce together.
-        local_layers: A Keras layer, or several, whose trainable weights keep their gradients local;
-            None for none.
+        local_layers: A Keras layer, or an iterable of them (``model.layers[:2]``), whose trainable weights
+            keep their gradients local; None for none. Variables are not taken (as in Horovod): register
+            them with the result's ``register_local_var``.
         scale_local_gradients: Divide the local gradients by the number of ranks.
 
     Returns:
         The distributed optimizer, with the local layers' weights registered (``register_local_var``).
 
     Raises:
-        TypeError: ``optimizer`` is not a ``keras.optimizers.Optimizer``.
-        ValueError: As ``DistributedOptimizer``; and at an update, gradients come without their
-            variables (``apply_gradients(zip(grads, variables))`` passes them).
+        TypeError: As ``DistributedOptimizer``.
+        ValueError: As ``DistributedOptimizer``; ``local_layers`` holds something other than Keras layers
+            (Horovod's check); and at an update, gradients come without their variables
+            (``apply_gradients(zip(grads, variables))`` passes them).
     """
+    layers = _local_layers(local_layers)
     opt = DistributedOptimizer(
         optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse, compression=compression,
         sparse_as_dense=sparse_as_dense, gradient_predivide_factor=gradient_predivide_factor, op=op,
         groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients,
     )
-    if isinstance(local_layers, keras.layers.Layer):
-        local_layers = [local_layers]
-    for layer in local_layers or []:
+    for layer in layers:
         for var in layer.trainable_weights:
             opt.register_local_var(var)
     return opt
+
+
+def _local_layers(local_layers: Any) -> list[keras.layers.Layer]:
+    """``PartialDistributedOptimizer``'s ``local_layers`` as a list: refused with Horovod's ``ValueError``
+    where it holds anything but layers (a string, variables), naming the first such item's type."""
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        return [local_layers]
+    iterable = isinstance(local_layers, Iterable) and not isinstance(local_layers, (str, tf.Variable))
+    items = list(local_layers) if iterable else [local_layers]
+    wrong = [item for item in items if not isinstance(item, keras.layers.Layer)]
+    if wrong:
+        raise ValueError(f"local_layers: expected a Keras layer or several (their trainable weights stay local), "
+                         f"got {type(wrong[0]).__name__}; register a variable with the optimizer's "
+                         "register_local_var")
+    return items
 
 
 def is_distributed(optimizer: Any) -> bool:
@@ -556,9 +577,11 @@ class DistributedGradientTape:
             for the tape it makes when ``gradtape`` is None.
 
     Raises:
+        TypeError: As ``DistributedOptimizer`` for these arguments: ``gradient_predivide_factor``,
+            ``sparse_as_dense``, ``process_set`` or ``compression`` of the wrong type.
         ValueError: As ``DistributedOptimizer`` for these arguments: ``op``, ``compression``,
-            ``groups``, or ``gradient_predivide_factor`` with an ``op`` other than ``Average``, or
-            ``Adasum``'s limits.
+            ``groups``, ``gradient_predivide_factor`` not above 0 or with an ``op`` other than ``Average``,
+            or ``Adasum``'s limits.
 
     Example:
         ```python
