@@ -16,6 +16,7 @@ hooks do only what their names say.
 """
 from __future__ import annotations
 
+import math
 import numbers
 import warnings
 from collections.abc import Callable, Iterable
@@ -218,14 +219,14 @@ class LearningRateScheduleCallback(DistributedFitCallback):
         end_epoch: Epoch at which it stops applying (exclusive); None for no end.
         staircase: Change the rate once per epoch (at its first batch) rather than at every batch.
         momentum_correction: Scale SGD's momentum by ``new_lr / old_lr`` when the rate changes (see above).
-        steps_per_epoch: Batches per epoch, needed without ``staircase``; None takes ``fit``'s number of
-            steps when training begins.
+        steps_per_epoch: Batches per epoch, needed without ``staircase``; None (or 0) takes ``fit``'s number
+            of steps when training begins.
 
     Raises:
-        TypeError: ``initial_lr``, a constant ``multiplier``, ``start_epoch`` or ``end_epoch`` is not a
-            number, or ``steps_per_epoch`` not a whole number.
+        TypeError: ``initial_lr``, a constant ``multiplier``, ``start_epoch``, ``end_epoch`` or
+            ``steps_per_epoch`` is not a number.
         ValueError: ``initial_lr`` is None (Horovod's message) or negative; a constant ``multiplier`` is
-            negative; ``steps_per_epoch`` is below 1; or, when training begins without ``staircase``, the
+            negative; ``steps_per_epoch`` is negative; or, when training begins without ``staircase``, the
             number of steps per epoch is neither given nor known to ``fit`` (a dataset of unknown length).
 
     Example:
@@ -244,11 +245,11 @@ class LearningRateScheduleCallback(DistributedFitCallback):
         self,
         initial_lr: float,
         multiplier: float | Callable[[float], float],
-        start_epoch: int = 0,
-        end_epoch: int | None = None,
+        start_epoch: float = 0,
+        end_epoch: float | None = None,
         staircase: bool = True,
         momentum_correction: bool = True,
-        steps_per_epoch: int | None = None,
+        steps_per_epoch: float | None = None,
     ) -> None:
         super().__init__()
         if initial_lr is None:
@@ -259,8 +260,8 @@ class LearningRateScheduleCallback(DistributedFitCallback):
         argcheck.real("start_epoch", start_epoch)
         if end_epoch is not None:
             argcheck.real("end_epoch", end_epoch)
-        if steps_per_epoch is not None:
-            argcheck.whole("steps_per_epoch", steps_per_epoch)
+        if steps_per_epoch:  # None or 0: fit's number, as in Horovod, which divides by it as a float
+            argcheck.real("steps_per_epoch", steps_per_epoch, above=0)
         self.start_epoch = start_epoch
         self.end_epoch = end_epoch
         self.staircase = staircase
@@ -314,7 +315,7 @@ class LearningRateScheduleCallback(DistributedFitCallback):
             return self.initial_lr * self.multiplier(epoch) if batch == 0 else None
         return self.initial_lr * self.multiplier(epoch + float(batch) / self._steps_per_epoch())
 
-    def _steps_per_epoch(self) -> int:
+    def _steps_per_epoch(self) -> float:
         """The per-batch schedule's ``steps_per_epoch``: given, or detected when training begins."""
         if not self.steps_per_epoch:
             raise ValueError(f"{type(self).__name__}: steps_per_epoch is unknown until training begins")
@@ -323,7 +324,7 @@ class LearningRateScheduleCallback(DistributedFitCallback):
     def _epoch_rates(self, epoch: int) -> dict[int, float]:
         """Horovod's assignments in this epoch, by batch: as many as the epoch runs, where ``fit`` knows it."""
         steps = self.params.get("steps") or self.steps_per_epoch or 1
-        rates = {batch: self._batch_rate(epoch, batch) for batch in range(steps)}
+        rates = {batch: self._batch_rate(epoch, batch) for batch in range(math.ceil(steps))}  # given as a float too
         return {batch: rate for batch, rate in rates.items() if rate is not None}
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
@@ -353,14 +354,13 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         initial_lr: The rate after warm-up, already scaled by ``size()``.
         warmup_epochs: Epochs the warm-up lasts; 0 for none.
         momentum_correction: Scale SGD's momentum by ``new_lr / old_lr`` as the rate changes.
-        steps_per_epoch: Batches per epoch; None takes ``fit``'s number of steps when training begins.
+        steps_per_epoch: Batches per epoch; None (or 0) takes ``fit``'s number of steps when training begins.
         verbose: 1 prints on rank 0 when the warm-up ends.
 
     Raises:
-        TypeError: ``initial_lr`` or ``warmup_epochs`` is not a number, or ``steps_per_epoch`` not a whole
-            number.
-        ValueError: ``initial_lr`` is None (Horovod's message) or negative; ``warmup_epochs`` is negative;
-            ``steps_per_epoch`` is below 1; or, when training begins, the number of steps per epoch is
+        TypeError: ``initial_lr``, ``warmup_epochs`` or ``steps_per_epoch`` is not a number.
+        ValueError: ``initial_lr`` is None (Horovod's message) or negative; ``warmup_epochs`` or
+            ``steps_per_epoch`` is negative; or, when training begins, the number of steps per epoch is
             neither given nor known to ``fit``.
 
     Example:
@@ -376,9 +376,9 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
     def __init__(
         self,
         initial_lr: float,
-        warmup_epochs: int = 5,
+        warmup_epochs: float = 5,
         momentum_correction: bool = True,
-        steps_per_epoch: int | None = None,
+        steps_per_epoch: float | None = None,
         verbose: int = 0,
     ) -> None:
         argcheck.real("warmup_epochs", warmup_epochs, least=0)  # a float, as Horovod's ImageNet example passes

@@ -128,14 +128,14 @@ class GradientReduction:
         """Validate Horovod's arguments with messages naming the argument.
 
         Raises:
-            TypeError: ``sparse_as_dense`` is not a bool, ``process_set`` not a ``ProcessSet``,
+            TypeError: ``sparse_as_dense`` is not True or False (or 1 or 0), ``process_set`` not a ``ProcessSet``,
                 ``gradient_predivide_factor`` not a number, or ``compression`` neither a compressor nor a name.
             ValueError: ``op`` is not ``Average``, ``Sum`` or ``Adasum``; ``compression`` is an unknown name;
                 ``groups`` is neither a positive count nor a list of variable lists; ``gradient_predivide_factor``
                 is not above 0, or not 1.0 with an ``op`` other than ``Average``; or ``Adasum``'s limits.
         """
         _check_op(op, (Average, Sum, Adasum))
-        if not isinstance(sparse_as_dense, bool):
+        if sparse_as_dense not in (True, False):  # == : 0 and 1 (argparse type=int, a config file), numpy bools
             raise TypeError(f"sparse_as_dense: expected True or False, got {type(sparse_as_dense).__name__} "
                             f"{sparse_as_dense!r}")
         if not isinstance(process_set, ProcessSet):
@@ -152,7 +152,7 @@ class GradientReduction:
         return cls(
             op=op,
             compression=resolve_compression(compression),
-            sparse_as_dense=sparse_as_dense,
+            sparse_as_dense=bool(sparse_as_dense),
             gradient_predivide_factor=predivide,
             groups=resolved,
             process_set=process_set,

@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdk8s import runtime
-from hvdk8s.common.argcheck import real, whole
+from hvdk8s.common.argcheck import real, sizes, whole
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")
 Arrays = tuple[np.ndarray, np.ndarray]
@@ -82,7 +82,7 @@ def from_arrays(
         A prefetched dataset of ``(x, y)`` batches.
 
     Raises:
-        ValueError: ``x`` and ``y`` differ in length, or ``batch_size`` is below 1 or above the examples of a
+        ValueError: The arrays of ``x`` and ``y`` differ in length, or ``batch_size`` is below 1 or above the examples of a
             rank's shard (there would be no batch).
         TypeError: ``batch_size`` is not a whole number.
 
@@ -93,19 +93,24 @@ def from_arrays(
         model.fit(train, epochs=10, callbacks=hvd.default_callbacks())
         ```
     """
-    if len(x) != len(y):
-        raise ValueError(f"from_arrays: x has {len(x)} examples and y {len(y)}; expected one label per example")
+    lengths = {name: sorted({len(a) for a in tf.nest.flatten(arrays)}) for name, arrays in (("x", x), ("y", y))}
+    for name, found in lengths.items():  # x (or y) may be a dict or tuple of arrays, one per input
+        if len(found) > 1:
+            raise ValueError(f"from_arrays: {name}'s arrays hold {found} examples; expected the same number in each")
+    n, labels = lengths["x"][0], lengths["y"][0]
+    if n != labels:
+        raise ValueError(f"from_arrays: x has {n} examples and y {labels}; expected one label per example")
     batch_size = whole("batch_size", batch_size)
     ranks = runtime.size() if shard_by_rank else 1
-    if batch_size > len(x) // ranks:
-        where = f"each rank's shard ({len(x)} over {ranks} ranks)" if shard_by_rank else "the data"
-        raise ValueError(f"batch_size={batch_size}: larger than the {len(x) // ranks} examples of {where}; "
+    if batch_size > n // ranks:
+        where = f"each rank's shard ({n} over {ranks} ranks)" if shard_by_rank else "the data"
+        raise ValueError(f"batch_size={batch_size}: larger than the {n // ranks} examples of {where}; "
                          "batches are full (drop_remainder), so there would be none")
     ds = tf.data.Dataset.from_tensor_slices((x, y))
     if shard_by_rank:
         ds = shard(ds)
     if shuffle:
-        ds = ds.shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
+        ds = ds.shuffle(n, seed=seed, reshuffle_each_iteration=True)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
@@ -182,9 +187,7 @@ def image_folder(
     """
     import keras
 
-    if not isinstance(image_size, (tuple, list)) or len(image_size) != 2:
-        raise ValueError(f"image_size={image_size!r}: expected (height, width)")
-    image_size = (whole("image_size[0]", image_size[0]), whole("image_size[1]", image_size[1]))
+    height, width = sizes("image_size", image_size, (1, 1), "(height, width)")
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"image folder {root}: no such directory")
@@ -198,7 +201,7 @@ def image_folder(
         labels="inferred",
         class_names=classes,
         color_mode=color_mode,
-        image_size=image_size,
+        image_size=(height, width),
         batch_size=None,
         shuffle=shuffle,
         seed=seed,

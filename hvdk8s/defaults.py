@@ -14,7 +14,7 @@ from hvdk8s.train.checkpoint import Checkpoint
 def default_callbacks(
     *,
     initial_lr: float | None = None,
-    warmup_epochs: int = 0,
+    warmup_epochs: float = 0,
     momentum_correction: bool = True,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     checkpoint_every: int = 1,
@@ -56,8 +56,9 @@ def default_callbacks(
         The callbacks, to pass to ``model.fit(callbacks=...)`` before any of your own.
 
     Raises:
-        TypeError: ``warmup_epochs``, ``checkpoint_every``, ``keep_checkpoints``, ``metrics_port`` or
-            ``batch_size`` is not a whole number; with a warm-up, ``initial_lr`` is not a number.
+        TypeError: ``warmup_epochs`` is not a number; ``checkpoint_every``, ``keep_checkpoints``,
+            ``metrics_port`` or ``batch_size`` is not a whole number; with a warm-up, ``initial_lr`` is not a
+            number.
         ValueError: ``warmup_epochs`` or ``metrics_port`` is negative; ``checkpoint_every``,
             ``keep_checkpoints`` or ``batch_size`` is below 1; with a warm-up, ``initial_lr`` is missing or
             negative.
@@ -73,7 +74,7 @@ def default_callbacks(
                                                   checkpoint_dir="checkpoints"))
         ```
     """
-    argcheck.whole("warmup_epochs", warmup_epochs, least=0)
+    argcheck.real("warmup_epochs", warmup_epochs, least=0)  # a float, as Horovod's ImageNet example passes
     argcheck.whole("checkpoint_every", checkpoint_every)
     argcheck.whole("keep_checkpoints", keep_checkpoints)
     if metrics_port is not None:

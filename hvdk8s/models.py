@@ -4,7 +4,7 @@ from __future__ import annotations
 import keras
 from keras import layers
 
-from hvdk8s.common.argcheck import whole
+from hvdk8s.common.argcheck import sizes, whole
 
 VARIANTS = ("cnn", "cnn_dropout", "cnn_bn")
 
@@ -46,10 +46,7 @@ def cnn(
     """
     if variant not in VARIANTS:
         raise ValueError(f"model variant {variant!r}: expected one of {VARIANTS}")
-    if not isinstance(input_shape, (tuple, list)) or len(input_shape) != 3:
-        raise ValueError(f"input_shape={input_shape!r}: expected (height, width, channels)")
-    for i, (side, least) in enumerate(zip(input_shape, (4, 4, 1))):
-        whole(f"input_shape[{i}]", side, least)
+    sizes("input_shape", input_shape, (4, 4, 1), "(height, width, channels)")
     whole("num_classes", num_classes)
     init = keras.initializers.GlorotUniform(seed=seed)
     bn = variant == "cnn_bn"

@@ -143,7 +143,9 @@ def test_broadcast_callback_refuses_a_root_rank_that_is_no_rank(hvd) -> None:
     (lambda cb: cb.LearningRateWarmupCallback(0.1, warmup_epochs=-1), ValueError, "warmup_epochs=-1: must be >= 0"),
     (lambda cb: cb.LearningRateWarmupCallback(0.1, warmup_epochs="5"), TypeError,
      "warmup_epochs: expected a number, got str '5'"),
-    (lambda cb: cb.LearningRateWarmupCallback(0.1, steps_per_epoch=0), ValueError, "steps_per_epoch=0: must be >= 1"),
+    (lambda cb: cb.LearningRateWarmupCallback(0.1, steps_per_epoch=-2), ValueError, "steps_per_epoch=-2: must be > 0"),
+    (lambda cb: cb.LearningRateWarmupCallback(0.1, steps_per_epoch="10"), TypeError,
+     "steps_per_epoch: expected a number, got str '10'"),
     (lambda cb: cb.LearningRateScheduleCallback(0.1, multiplier="x"), TypeError,
      "multiplier: expected a number, got str 'x'"),
     (lambda cb: cb.LearningRateScheduleCallback(0.1, multiplier=-0.5), ValueError, "multiplier=-0.5: must be >= 0"),
@@ -160,13 +162,17 @@ def test_rate_callbacks_refuse_non_numbers_when_made_not_at_fit(hvd, make, error
 
 
 def test_rate_callbacks_keep_what_horovod_takes(hvd) -> None:
-    """A callable multiplier, no warm-up (0 epochs), and a float warm-up (Horovod's ImageNet example's --warmup-epochs
-    is a float) still train."""
-    callbacks = [hvd.callbacks.LearningRateScheduleCallback(0.1, multiplier=lambda epoch: 0.5, start_epoch=1.0),
-                 hvd.callbacks.LearningRateWarmupCallback(0.1, warmup_epochs=0),
-                 hvd.callbacks.LearningRateWarmupCallback(0.1, warmup_epochs=1.0)]
+    """A callable multiplier, no warm-up (0 epochs), a float warm-up (Horovod's ImageNet example's --warmup-epochs
+    is a float), steps per epoch as a float or 0 (Horovod divides by it as a float; 0 takes fit's) and numpy
+    numbers still train, through default_callbacks too."""
+    callbacks = [hvd.callbacks.LearningRateScheduleCallback(0.1, multiplier=lambda epoch: 0.5, start_epoch=1.0,
+                                                            steps_per_epoch=np.float64(2.0)),
+                 hvd.callbacks.LearningRateWarmupCallback(0.1, warmup_epochs=0, steps_per_epoch=0),
+                 hvd.callbacks.LearningRateWarmupCallback(np.float32(0.1), warmup_epochs=1.0, steps_per_epoch=2.0)]
     history = model(hvd).fit(*DATA, epochs=2, batch_size=4, verbose=0, callbacks=callbacks).history
     assert history["lr"] == pytest.approx([0.1, 0.05])
+    made = hvd.default_callbacks(initial_lr=0.1, warmup_epochs=1.5, checkpoint_every=np.int64(1))
+    assert [c.warmup_epochs for c in made if isinstance(c, hvd.callbacks.LearningRateWarmupCallback)] == [1.5]
 
 
 @pytest.mark.parametrize("arguments, error, message", [

@@ -24,9 +24,13 @@ from conftest import HVDK8S, REPO, hvdk8s_cli, job_env, run_ranks
 
 
 def test_only_rank_0_writes_and_old_checkpoints_are_pruned(tmp_path: Path) -> None:
-    run_ranks(2, "checkpoint_per_rank.py", str(tmp_path))
+    proc = run_ranks(2, "checkpoint_per_rank.py", str(tmp_path))
     assert [p.name for _, p in checkpoint.list_checkpoints(tmp_path / "rank0")] == ["ckpt-0002.keras", "ckpt-0003.keras"]
     assert not (tmp_path / "rank1").exists()
+    # restore_latest given a checkpoint for its folder: rank 0 finds out, and both ranks raise it
+    said = (f"refused: checkpoint folder {tmp_path / 'rank0' / 'ckpt-0003.keras'}: is a file; expected the folder "
+            f"holding the ckpt-NNNN.keras checkpoints (Checkpoint's directory), such as {tmp_path / 'rank0'}")
+    assert sorted(line for line in proc.stdout.splitlines() if "refused:" in line) == [f"[0] {said}", f"[1] {said}"]
 
 
 def tiny_model() -> keras.Model:
@@ -220,13 +224,13 @@ def test_a_checkpoint_numbered_below_the_newest_one_warns(tmp_path: Path) -> Non
 
 
 @pytest.mark.unit
-def test_restore_refuses_a_checkpoint_file_for_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A checkpoint's own path used to give 0 (a fresh start): the resume was lost without a word."""
+def test_restore_refuses_a_checkpoint_file_for_the_folder(tmp_path: Path) -> None:
+    """A checkpoint's own path used to give 0 (a fresh start): the resume was lost without a word. (restore_latest
+    reads with load_latest on rank 0 and raises on every rank: test_only_rank_0_writes_and_old_checkpoints_are_pruned.)"""
     model = tiny_model()
     path = checkpoint.save_atomic(model, checkpoint.checkpoint_path(tmp_path, 7))
-    monkeypatch.setattr(checkpoint.runtime, "is_chief", lambda: True)  # rank 0 reads, before any collective
     with pytest.raises(ValueError) as refused:
-        checkpoint.restore_latest(model, path)
+        checkpoint.load_latest(model, path)
     assert str(refused.value) == (f"checkpoint folder {path}: is a file; expected the folder holding the "
                                   f"ckpt-NNNN.keras checkpoints (Checkpoint's directory), such as {tmp_path}")
     assert checkpoint.load_latest(model, tmp_path) == 7
@@ -277,11 +281,12 @@ def test_load_model_says_what_is_wrong_with_the_file(tmp_path: Path) -> None:
                 "is not one"),
         (other, f"model {other}: expected a .keras file (written by model.save('name.keras')) or a legacy .h5/.hdf5 "
                 "file; this one's name ends in '.txt'"),
-        (tmp_path, f"model {tmp_path}: is a directory; expected a .keras file (written by model.save('name.keras'))."),
     ]:
         with pytest.raises(ValueError) as refused:
             hvdk8s.load_model(path)
         assert str(refused.value) == message
+    tiny_model().save(tmp_path / "unzipped", zipped=False)  # a folder, which Keras loads itself
+    assert hvdk8s.load_model(tmp_path / "unzipped").count_params() == tiny_model().count_params()
 
 
 @pytest.mark.unit
@@ -299,3 +304,20 @@ def test_load_model_refuses_custom_optimizers_that_are_not_optimizer_classes(tmp
         with pytest.raises(TypeError) as refused:
             hvdk8s.load_model(path, custom_optimizers=custom)
         assert str(refused.value) == message
+
+
+class _Nesterov(keras.optimizers.SGD):
+    """An optimizer class Keras knows only when it is passed in: not registered."""
+
+
+@pytest.mark.unit
+def test_load_model_takes_custom_optimizers_from_any_iterable(tmp_path: Path) -> None:
+    import hvdk8s
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(_Nesterov(0.1, momentum=0.9), "mse")
+    model.save(path := tmp_path / "m.keras")
+    with pytest.raises(TypeError, match="_Nesterov"):  # unknown to Keras unless passed
+        hvdk8s.load_model(path)
+    loaded = hvdk8s.load_model(path, custom_optimizers=(cls for cls in [_Nesterov]))  # a generator, read once
+    assert isinstance(loaded.optimizer, _Nesterov) and loaded.optimizer.momentum == 0.9

@@ -49,6 +49,8 @@ def test_from_arrays_refuses_labels_that_do_not_match_and_batches_that_cannot_be
     x, y = np.zeros((10, 2), np.float32), np.zeros(10, np.int64)
     for arrays, batch_size, error, message in [
         ((x, y[:9]), 2, ValueError, "from_arrays: x has 10 examples and y 9; expected one label per example"),
+        (({"a": x, "b": x[:8]}, y), 2, ValueError,
+         "from_arrays: x's arrays hold [8, 10] examples; expected the same number in each"),
         ((x, y), 0, ValueError, "batch_size=0: must be >= 1"),
         ((x, y), -1, ValueError, "batch_size=-1: must be >= 1"),
         ((x, y), "2", TypeError, "batch_size: expected a whole number, got str '2'"),
@@ -59,6 +61,8 @@ def test_from_arrays_refuses_labels_that_do_not_match_and_batches_that_cannot_be
             data.from_arrays(*arrays, batch_size, shard_by_rank=False)
         assert str(refused.value) == message
     assert len(list(data.from_arrays(x, y, 10, shard_by_rank=False))) == 1
+    # several inputs, as fit takes them: the examples are counted along each array, not the inputs
+    assert len(list(data.from_arrays({"a": x, "b": x[:, :1]}, y, 5, shard_by_rank=False))) == 2
 
 
 def test_from_arrays_refuses_a_batch_larger_than_a_rank_s_shard(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -556,9 +556,17 @@ def test_predict_cli_on_a_directory_says_it_wants_image_files(tmp_path, capsys):
            f"e.g. {tmp_path / '*.png'}" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("version", [-1, 2**63])  # 2**63: beyond TF Serving's int64 versions
-def test_rejected_export_leaves_no_base_path_behind(tmp_path, trained, version):
-    with pytest.raises(ValueError, match=rf"version: expected a non-negative integer up to {2**63 - 1} \(int64\), "
-                                         rf"got {version}$"):
+@pytest.mark.parametrize("version, error, message", [
+    (-1, ValueError, "version=-1: must be >= 0"),
+    (2**63, ValueError, f"version={2**63}: must be <= {2**63 - 1} (TF Serving's versions are int64)"),
+    ("3", TypeError, "version: expected a whole number, got str '3'"),
+])
+def test_rejected_export_leaves_no_base_path_behind(tmp_path, trained, version, error, message):
+    with pytest.raises(error) as refused:
         serving.export(trained, tmp_path / "new", version=version)
+    assert str(refused.value) == message
     assert not (tmp_path / "new").exists()
+
+
+def test_export_takes_a_numpy_version(tmp_path, trained):
+    assert serving.export(trained, tmp_path / "m", version=np.int64(4)) == tmp_path / "m" / "4"

@@ -273,6 +273,21 @@ def test_distributed_optimizer_refuses_bad_arguments_when_made(
 
 
 @pytest.mark.unit
+def test_distributed_optimizer_takes_the_values_horovod_scripts_pass(hvd_in_process) -> None:
+    """numpy integers (a count read from an array), 0 and 1 and numpy bools for a flag (argparse type=int, a config
+    file), Horovod's compressor objects."""
+    import keras
+
+    hvd = hvd_in_process
+    for arguments in ({"backward_passes_per_step": np.int64(2), "groups": np.int32(2)}, {"sparse_as_dense": 1},
+                      {"sparse_as_dense": np.bool_(False)}, {"compression": hvd.Compression.fp16}):
+        reduction = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1), **arguments).aggregation.reduction
+        if "sparse_as_dense" in arguments:
+            assert reduction.sparse_as_dense is bool(arguments["sparse_as_dense"])
+    assert hvd.broadcast(np.float32(3.0), root_rank=np.int64(0)).numpy() == 3.0
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("local_layers, got", [("dense", "str"), ("kernel", "Variable"), (["kernel"], "Variable")])
 def test_partial_distributed_optimizer_takes_layers_only_as_horovod_does(
     hvd_in_process, local_layers: object, got: str

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 
 
 def whole(name: str, value: object, least: int = 1) -> int:
@@ -32,3 +33,11 @@ def real(name: str, value: object, above: float | None = None, least: float | No
     if least is not None and number < least:
         raise ValueError(f"{name}={value}: must be >= {least:g}")
     return number
+
+
+def sizes(name: str, value: object, least: Sequence[int], shape: str) -> tuple[int, ...]:
+    """``value`` as a tuple of ``len(least)`` whole numbers, the i-th at least ``least[i]``: ValueError naming
+    ``shape`` (e.g. ``"(height, width)"``) for anything but a tuple or list of that length."""
+    if not isinstance(value, (tuple, list)) or len(value) != len(least):
+        raise ValueError(f"{name}={value!r}: expected {shape}")
+    return tuple(whole(f"{name}[{i}]", side, low) for i, (side, low) in enumerate(zip(value, least)))

@@ -38,7 +38,7 @@ def read_text(path: str | os.PathLike[str], source: str) -> str:
 
 
 def check_model_file(path: str | os.PathLike[str]) -> Path:
-    """``path`` as a ``Path`` if it is a file Keras can load a model from, else a ``ValueError`` saying what is wrong.
+    """``path`` as a ``Path`` if it is a local file that can hold a Keras model, else a ``ValueError`` saying why not.
 
     Keras itself calls a truncated or non-zip ``.keras`` file "File not
     found", h5py a missing or non-HDF5 ``.h5`` file "Unable to synchronously

@@ -152,8 +152,8 @@ def restore_latest(model: keras.Model, directory: str | os.PathLike[str]) -> int
         ``fit(initial_epoch=...)``.
 
     Raises:
-        ValueError: On rank 0: ``directory`` is a file, or its newest checkpoint does not fit ``model``
-            (``load_latest``).
+        ValueError: ``directory`` is a file, or its newest checkpoint does not fit ``model`` (``load_latest``,
+            on rank 0, which tells every rank).
 
     Example:
         ```python
@@ -163,8 +163,18 @@ def restore_latest(model: keras.Model, directory: str | os.PathLike[str]) -> int
                   callbacks=hvd.default_callbacks(checkpoint_dir="checkpoints"))
         ```
     """
-    epoch = load_latest(model, directory) if runtime.is_chief() else 0
-    return int(collectives.broadcast_object(epoch, name="hvdk8s.resume_epoch"))
+    epoch, refused = 0, None
+    if runtime.is_chief():
+        try:
+            epoch = load_latest(model, directory)
+        except ValueError as err:  # said on every rank, not only where it was found while the others wait
+            refused = err
+    epoch, problem = collectives.broadcast_object((epoch, refused and str(refused)), name="hvdk8s.resume_epoch")
+    if refused:
+        raise refused
+    if problem:
+        raise ValueError(problem)
+    return int(epoch)
 
 
 def load_latest(model: keras.Model, directory: str | os.PathLike[str]) -> int:

@@ -63,8 +63,9 @@ def load_model(
         The model, compiled with its optimizer wrapped in ``DistributedOptimizer`` when it was saved with one.
 
     Raises:
-        ValueError: ``legacy_opts`` is True; ``filepath`` is no model file (``check_model_file``), or a legacy
-            HDF5 model saved with its optimizer.
+        ValueError: ``legacy_opts`` is True; ``filepath`` is a local file that is no model file
+            (``hvdk8s.common.files.check_model_file``; URLs and folders are Keras's to read), or a legacy HDF5
+            model saved with its optimizer.
         TypeError: ``custom_optimizers`` is not a list of optimizer classes.
 
     Example:
@@ -78,7 +79,8 @@ def load_model(
     if legacy_opts:
         raise ValueError("load_model(legacy_opts=True): Keras 3 has no keras.optimizers.legacy optimizers")
     custom = _optimizer_classes(custom_optimizers)
-    check_model_file(filepath)
+    if "://" not in os.fspath(filepath) and not os.path.isdir(filepath):  # Keras reads URLs and model folders itself
+        check_model_file(filepath)
     _refuse_legacy_h5(filepath)
 
     def distributed(cls: type[Any], config: dict) -> keras.optimizers.Optimizer:
@@ -97,11 +99,12 @@ def _optimizer_classes(custom_optimizers: Sequence[type] | None) -> list[type]:
         return []
     if isinstance(custom_optimizers, (str, type)):
         raise TypeError(f"custom_optimizers: expected a list of optimizer classes, got {custom_optimizers!r}")
-    for entry in custom_optimizers:
+    classes = list(custom_optimizers)  # once: a generator is used up by reading it
+    for entry in classes:
         if not (isinstance(entry, type) and issubclass(entry, keras.optimizers.Optimizer)):
             raise TypeError("custom_optimizers: expected optimizer classes (keras.optimizers.Optimizer subclasses), "
                             f"got {type(entry).__name__} {entry!r}")
-    return list(custom_optimizers)
+    return classes
 
 
 LEGACY_H5_MESSAGE = (

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hvdk8s.common import argcheck
 from hvdk8s.common.atomic import atomic_directory
 
 SERVING_SIGNATURE = "serving_default"
@@ -153,10 +154,10 @@ def export(
 
     Raises:
         ValueError: The model is not a one-input, one-output image classifier; ``class_names`` does not
-            match its outputs; ``version`` is not an integer from 0 to ``MAX_VERSION``; ``preprocessing`` is
+            match its outputs; ``version`` is below 0 or above ``MAX_VERSION``; ``preprocessing`` is
             unknown; or ``metadata`` uses a reserved key.
-        TypeError: ``class_names`` is a string or holds a name that is not one; a ``metadata`` entry cannot be
-            stored as JSON.
+        TypeError: ``version`` is not a whole number; ``class_names`` is a string or holds a name that is not
+            one; a ``metadata`` entry cannot be stored as JSON.
         FileExistsError: The version exists already.
 
     Example:
@@ -174,8 +175,9 @@ def export(
         raise ValueError(f"class_names: {len(names)} names for a model with {num_classes} outputs")
     root = Path(base_path)
     version = next_version(root) if version is None else version
-    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_VERSION:
-        raise ValueError(f"version: expected a non-negative integer up to {MAX_VERSION} (int64), got {version!r}")
+    version = argcheck.whole("version", version, 0)
+    if version > MAX_VERSION:
+        raise ValueError(f"version={version}: must be <= {MAX_VERSION} (TF Serving's versions are int64)")
     final = root / str(version)
     if final.exists():
         raise FileExistsError(f"version {version} already exists at {final}")
